@@ -1,0 +1,3 @@
+from polar.cli import main
+
+main()

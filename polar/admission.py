@@ -1,0 +1,43 @@
+"""The bounded READY buffer (DESIGN.md §2): admit pending sessions into ``init`` while init + ready < bound.
+
+Admission runs under a database lock so concurrent admitters (the API after a submit, run workers as sessions
+leave ``ready``, the reconciler) never overshoot the bound together. Init tasks are sent after commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import sqlalchemy as sa
+
+from polar.dispatch import Stage
+from polar.lifecycle import transition
+from polar.services import Services
+from polar.states import BUFFERED, State
+from polar.storage.locks import ADMISSION, exclusive
+from polar.storage.models import Session
+
+
+def admit(services: Services) -> list[uuid.UUID]:
+    """Admit as many pending sessions (oldest first) as the READY buffer has room for; returns their ids."""
+    admitted: list[uuid.UUID] = []
+    with services.db.unit() as db:
+        exclusive(db, ADMISSION)
+        occupied = db.scalar(
+            sa.select(sa.func.count()).select_from(Session).where(Session.state.in_([s.value for s in BUFFERED]))
+        )
+        room = services.config.ready_buffer - int(occupied or 0)
+        if room <= 0:
+            return []
+        candidates = db.scalars(
+            sa.select(Session.id)
+            .where(Session.state == State.PENDING.value)
+            .order_by(Session.created_at, Session.batch_id, Session.task_pk, Session.sample_index)
+            .limit(room)
+        ).all()
+        for session_id in candidates:
+            if transition(db, session_id, State.PENDING, State.INIT, worker=services.worker, detail="admitted"):
+                admitted.append(session_id)
+    for session_id in admitted:
+        services.dispatch(Stage.INIT, session_id)
+    return admitted

@@ -1,0 +1,1 @@
+"""Small agents that ship with Polar, used as demo harnesses (they call the proxy with official SDKs)."""

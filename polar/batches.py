@@ -1,0 +1,169 @@
+"""Submitting batches and reading their progress.
+
+A submission is validated completely before anything is written, and written in one transaction: a task with
+``num_samples = n`` becomes n pending sessions (one GRPO group). ``Idempotency-Key`` replays return the batch
+the first request created.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from polar.admission import admit
+from polar.clock import utcnow
+from polar.errors import Conflict, NotFound, ValidationError
+from polar.evaluators import check_evaluator
+from polar.harnesses import check_harness
+from polar.runtimes import check_runtime
+from polar.services import Services
+from polar.states import TERMINAL, State
+from polar.storage.models import Batch, Session, SessionEvent, Task
+from polar.task_request import BatchRequest, task_to_json
+
+
+@dataclass(frozen=True)
+class Submitted:
+    batch_id: uuid.UUID
+    num_sessions: int
+    created: bool
+
+
+def request_hash(body: Any) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _check_available(request: BatchRequest) -> None:
+    for index, task in enumerate(request.tasks):
+        prefix = f"tasks[{index}]"
+        check_runtime(task.runtime, f"{prefix}.runtime")
+        check_harness(task.harness, f"{prefix}.harness")
+        check_evaluator(task.evaluator, f"{prefix}.evaluator")
+        if task.reconstruction != "per_request":
+            raise ValidationError(
+                f"{prefix}.reconstruction: {task.reconstruction!r} is not available yet; use 'per_request'",
+                field=f"{prefix}.reconstruction",
+            )
+
+
+def _existing(services: Services, key: str, digest: str) -> Submitted:
+    with services.db.unit() as db:
+        batch = db.scalars(sa.select(Batch).where(Batch.idempotency_key == key)).one()
+    if batch.request_hash != digest:
+        raise Conflict(f"Idempotency-Key {key!r} was already used with a different request body")
+    return Submitted(batch.id, batch.num_sessions, created=False)
+
+
+def submit_batch(
+    services: Services, request: BatchRequest, digest: str, idempotency_key: str | None = None
+) -> Submitted:
+    """Store the batch and its pending sessions, then admit what the READY buffer has room for."""
+    _check_available(request)
+    if idempotency_key:
+        try:
+            return _existing(services, idempotency_key, digest)
+        except sa.exc.NoResultFound:
+            pass
+    batch_id = uuid.uuid4()
+    now = utcnow()
+    tasks: list[dict[str, Any]] = []
+    sessions: list[dict[str, Any]] = []
+    for position, task in enumerate(request.tasks):
+        task_pk = uuid.uuid4()
+        tasks.append(
+            {
+                "id": task_pk,
+                "batch_id": batch_id,
+                "position": position,
+                "task_id": task.task_id,
+                "num_samples": task.num_samples,
+                "spec": task_to_json(task),
+            }
+        )
+        sessions.extend(
+            {
+                "id": uuid.uuid4(),
+                "batch_id": batch_id,
+                "task_pk": task_pk,
+                "task_id": task.task_id,
+                "sample_index": sample,
+                "state": State.PENDING.value,
+                "created_at": now,
+            }
+            for sample in range(task.num_samples)
+        )
+    events = [
+        {
+            "session_id": row["id"],
+            "to_state": State.PENDING.value,
+            "at": now,
+            "worker": services.worker,
+            "detail": "submitted",
+        }
+        for row in sessions
+    ]
+    try:
+        with services.db.unit() as db:
+            db.add(
+                Batch(
+                    id=batch_id,
+                    name=request.name,
+                    defaults=request.defaults,
+                    idempotency_key=idempotency_key,
+                    request_hash=digest,
+                    num_sessions=request.num_sessions,
+                )
+            )
+            db.flush()
+            db.execute(sa.insert(Task), tasks)
+            db.execute(sa.insert(Session), sessions)
+            db.execute(sa.insert(SessionEvent), events)
+    except IntegrityError:
+        if idempotency_key:  # a concurrent request with the same key won the race
+            return _existing(services, idempotency_key, digest)
+        raise
+    admit(services)
+    return Submitted(batch_id, request.num_sessions, created=True)
+
+
+def _state_counts(db: Any, batch_id: uuid.UUID) -> dict[str, int]:
+    rows = db.execute(
+        sa.select(Session.state, sa.func.count()).where(Session.batch_id == batch_id).group_by(Session.state)
+    ).all()
+    return {state: int(count) for state, count in rows}
+
+
+def batch_status(services: Services, batch_id: uuid.UUID) -> dict[str, Any]:
+    """The batch's counts per state and an overall status (pending, running, finished)."""
+    with services.db.unit() as db:
+        batch = db.get(Batch, batch_id)
+        if batch is None:
+            raise NotFound(f"batch {batch_id} not found")
+        counts = _state_counts(db, batch_id)
+    finished = sum(n for state, n in counts.items() if State(state) in TERMINAL)
+    if finished == batch.num_sessions:
+        status = "finished"
+    elif counts.get(State.PENDING.value, 0) == batch.num_sessions:
+        status = "pending"
+    else:
+        status = "running"
+    return {"batch": batch, "status": status, "counts": counts}
+
+
+def mark_batch_finished(db: Any, batch_id: uuid.UUID) -> None:
+    """Stamp ``finished_at`` once no session of the batch is left outside a terminal state."""
+    open_sessions = db.scalar(
+        sa.select(sa.func.count())
+        .select_from(Session)
+        .where(Session.batch_id == batch_id, Session.state.not_in([s.value for s in TERMINAL]))
+    )
+    if not open_sessions:
+        db.execute(
+            sa.update(Batch).where(Batch.id == batch_id, Batch.finished_at.is_(None)).values(finished_at=utcnow())
+        )

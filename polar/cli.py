@@ -1,0 +1,186 @@
+"""The ``polar`` command: flags are parsed here and everything else is called in ``polar``."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from polar.client import APIError, PolarClient
+from polar.config import load_config
+
+
+@click.group()
+def main() -> None:
+    """Polar: RL and SFT rollouts over unmodified agent harnesses."""
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--model", default="polar-reference", show_default=True, help="Served model name.")
+@click.option("--policy", default="scripted", show_default=True, help="Policy name or module:Class.")
+@click.option("--policy-config", default="{}", help="Policy configuration as JSON.")
+@click.option("--strip-earlier-reasoning", is_flag=True, help="Drop <think> of earlier turns, as Qwen3 does.")
+@click.option("--max-num-seqs", default=256, show_default=True, type=int)
+@click.option("--prefill-rate", default=0.0, show_default=True, type=float, help="Prompt tokens/s (0: instant).")
+@click.option("--decode-rate", default=0.0, show_default=True, type=float, help="Sampled tokens/s (0: instant).")
+@click.option("--max-model-len", default=32768, show_default=True, type=int)
+@click.option("--log", "log_path", default=None, help="Append every served request's token ids to this JSONL file.")
+@click.option("--seed", default=0, show_default=True, type=int)
+def engine(**options: Any) -> None:
+    """Run the reference engine (vLLM's OpenAI-compatible protocol on the CPU)."""
+    from polar.engine import EngineSettings, serve
+
+    try:
+        policy_config = json.loads(options.pop("policy_config"))
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--policy-config") from exc
+    settings = EngineSettings(
+        host=options["host"],
+        port=options["port"],
+        model=options["model"],
+        policy=options["policy"],
+        policy_config=policy_config,
+        strip_earlier_reasoning=options["strip_earlier_reasoning"],
+        max_num_seqs=options["max_num_seqs"],
+        prefill_tokens_per_s=options["prefill_rate"],
+        decode_tokens_per_s=options["decode_rate"],
+        max_model_len=options["max_model_len"],
+        log_path=options["log_path"],
+        seed=options["seed"],
+    )
+    serve(settings)
+
+
+@main.group()
+def db() -> None:
+    """Database schema."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+def db_upgrade(revision: str) -> None:
+    """Apply the migrations to POLAR_DATABASE_URL."""
+    from polar.storage.migration import upgrade
+
+    config = load_config()
+    upgrade(config.database_url, revision)
+    click.echo(f"migrated to {revision}")
+
+
+def _client(api: str | None, token: str | None) -> PolarClient:
+    config = load_config()
+    return PolarClient(api or config.api_url, token or config.api_token)
+
+
+def _progress_printer(total_hint: int | None = None) -> Any:
+    bar: dict[str, Any] = {}
+
+    def show(status: dict[str, Any]) -> None:
+        counts = status["counts"]
+        total = status.get("num_sessions") or total_hint or sum(counts.values())
+        done = sum(counts.get(s, 0) for s in ("completed", "failed", "timed_out", "cancelled"))
+        if "bar" not in bar:
+            bar["bar"] = click.progressbar(length=total, label="sessions", show_pos=True, file=sys.stderr)
+            bar["bar"].__enter__()
+            bar["done"] = 0
+        bar["bar"].update(done - bar["done"])
+        bar["done"] = done
+        if done >= total:
+            bar["bar"].__exit__(None, None, None)
+
+    return show
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--wait", is_flag=True, help="Wait for the batch to finish, with a progress bar.")
+@click.option("--api", default=None, help="Rollout API URL (default POLAR_API_URL).")
+@click.option("--token", default=None, help="API token (default POLAR_API_TOKEN).")
+@click.option("--idempotency-key", default=None)
+def submit(file: Path, wait: bool, api: str | None, token: str | None, idempotency_key: str | None) -> None:
+    """Submit a batch from a JSON or YAML FILE."""
+    text = file.read_text()
+    batch = yaml.safe_load(text) if file.suffix in {".yaml", ".yml"} else json.loads(text)
+    client = _client(api, token)
+    try:
+        submitted = client.submit(batch, idempotency_key)
+        click.echo(json.dumps(submitted))
+        if wait:
+            final = client.wait(submitted["batch_id"], on_progress=_progress_printer(submitted["num_sessions"]))
+            click.echo(json.dumps(final["counts"]))
+    except APIError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@main.command()
+@click.argument("batch_id")
+@click.option("--api", default=None)
+@click.option("--token", default=None)
+def status(batch_id: str, api: str | None, token: str | None) -> None:
+    """Show a batch's state counts."""
+    try:
+        click.echo(json.dumps(_client(api, token).batch(batch_id), indent=2))
+    except APIError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@main.command()
+@click.option("--dir", "state_dir", default=".polar", show_default=True, type=click.Path(path_type=Path))
+@click.option("--run-concurrency", default=4, show_default=True, type=int)
+def up(state_dir: Path, run_concurrency: int) -> None:
+    """Run everything on embedded defaults and stay up (Ctrl-C stops)."""
+    from polar.embedded import embedded_stack
+
+    deployment, stack = embedded_stack(state_dir, run_concurrency)
+    stack.start()
+    click.echo(f"Polar is up: API {deployment.api_url}  proxy http://127.0.0.1:{deployment.ports['proxy']}")
+    click.echo(f"  engine http://127.0.0.1:{deployment.ports['engine']}  logs {stack.log_dir}")
+    click.echo(f"  export POLAR_API_URL={deployment.api_url}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while True:
+            for name, process in stack.processes.items():
+                if process.poll() is not None:
+                    raise click.ClickException(f"{name} exited ({process.returncode}); see {stack.log(name)}")
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()
+
+
+@main.command()
+@click.option("--dir", "state_dir", default=".polar", show_default=True, type=click.Path(path_type=Path))
+@click.option("--tasks", default=8, show_default=True, type=int)
+@click.option("--samples", default=4, show_default=True, type=int)
+@click.option("--out", default="demo-trajectories.jsonl", show_default=True, type=click.Path(path_type=Path))
+@click.option("--run-concurrency", default=4, show_default=True, type=int)
+def demo(state_dir: Path, tasks: int, samples: int, out: Path, run_concurrency: int) -> None:
+    """Run the arithmetic demo end to end on embedded defaults."""
+    from polar.demo import run_demo
+    from polar.embedded import embedded_stack
+
+    deployment, stack = embedded_stack(state_dir, run_concurrency)
+    click.echo(f"starting engine, API, proxy and four stage workers (logs in {stack.log_dir}) ...")
+    started = time.monotonic()
+    with stack:
+        client = PolarClient(deployment.api_url)
+        rows = run_demo(client, tasks, samples, out, _progress_printer(tasks * samples))
+    click.echo(f"\n{'task':<10} {'expression':<20} {'expected':>9} {'correct':>8}  rewards")
+    for row in rows:
+        rewards = " ".join("-" if r is None else f"{r:.1f}" for r in row["rewards"])
+        click.echo(f"{row['task_id']:<10} {row['expression']:<20} {row['expected']:>9} "
+                   f"{row['correct']:>4}/{len(row['rewards']):<3}  {rewards}")  # fmt: skip
+    states = [s for row in rows for s in row["states"]]
+    click.echo(f"\n{len(states)} sessions, {states.count('completed')} completed, in {time.monotonic() - started:.1f}s")
+    click.echo(f"trajectories written to {out}")
+    if states.count("completed") != len(states):
+        raise click.ClickException("some sessions did not complete; see the logs above")

@@ -1,0 +1,118 @@
+"""Typed configuration, read from the environment (or a ``.env`` / YAML file setting the same names).
+
+Every process builds one ``Config`` at start-up and passes it down; nothing reads the environment later.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from polar.errors import ValidationError
+
+EMBEDDED_DIR = ".polar"
+
+
+@dataclass(frozen=True)
+class Config:
+    database_url: str
+    broker_url: str
+    redis_url: str | None
+    proxy_url: str = "http://127.0.0.1:8100"
+    engine_urls: tuple[str, ...] = ("http://127.0.0.1:8000",)
+    api_token: str | None = None
+    run_concurrency: int = 4
+    ready_buffer: int = 8
+    state_dir: str = field(default_factory=lambda: str(Path(EMBEDDED_DIR).resolve()))
+    work_root: str = field(default_factory=lambda: str(Path(EMBEDDED_DIR, "sessions").resolve()))
+    api_url: str = "http://127.0.0.1:8200"
+    node: str = field(default_factory=socket.gethostname)
+    served_model: str | None = None
+    engine_timeout_s: float = 600.0
+    heartbeat_interval_s: float = 5.0
+    stale_after_s: float = 30.0
+    requeue_after_s: float = 300.0
+    reconcile_interval_s: float = 5.0
+    max_body_bytes: int = 32 * 1024 * 1024
+
+    @property
+    def embedded(self) -> bool:
+        """True when running on the embedded defaults (SQLite + an in-process broker)."""
+        return self.database_url.startswith("sqlite")
+
+    def with_overrides(self, **changes: Any) -> Config:
+        return replace(self, **changes)
+
+
+def _read_file_settings(path: Path) -> dict[str, str]:
+    if not path.exists():
+        return {}
+    text = path.read_text()
+    if path.suffix in {".yaml", ".yml"}:
+        loaded = yaml.safe_load(text) or {}
+        return {str(k): str(v) for k, v in loaded.items()}
+    settings: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            settings[key.strip()] = value.strip().strip("'\"")
+    return settings
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ValidationError(f"{name} must be a number, got {raw!r}", field=name) from exc
+
+
+def embedded_urls(root: Path) -> tuple[str, str]:
+    """The SQLite database and filesystem broker an embedded deployment uses under ``root``."""
+    return f"sqlite:///{(root / 'polar.db').resolve()}", "filesystem://"
+
+
+def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Config:
+    """Build the configuration from ``env`` (default: the process environment plus ``.env``/``polar.yaml``)."""
+    cwd = cwd or Path.cwd()
+    if env is None:
+        merged = {**_read_file_settings(cwd / "polar.yaml"), **_read_file_settings(cwd / ".env")}
+        merged.update(os.environ)
+        env = merged
+    state_dir = Path(env.get("POLAR_STATE_DIR") or cwd / EMBEDDED_DIR).resolve()
+    default_db, default_broker = embedded_urls(state_dir)
+    broker = env.get("POLAR_BROKER_URL") or default_broker
+    redis_url = env.get("POLAR_REDIS_URL") or (broker if broker.startswith("redis") else None)
+    run_concurrency = int(_number(env, "POLAR_RUN_CONCURRENCY", 4))
+    engines = tuple(u.strip().rstrip("/") for u in env.get("POLAR_ENGINE_URLS", "").split(",") if u.strip())
+    base = Config(database_url=default_db, broker_url=broker, redis_url=redis_url)
+    return Config(
+        database_url=env.get("POLAR_DATABASE_URL") or default_db,
+        broker_url=broker,
+        redis_url=redis_url,
+        proxy_url=(env.get("POLAR_PROXY_URL") or base.proxy_url).rstrip("/"),
+        engine_urls=engines or base.engine_urls,
+        api_token=env.get("POLAR_API_TOKEN") or None,
+        run_concurrency=run_concurrency,
+        ready_buffer=int(_number(env, "POLAR_READY_BUFFER", 2 * run_concurrency)),
+        state_dir=str(state_dir),
+        work_root=env.get("POLAR_WORK_ROOT") or str(state_dir / "sessions"),
+        api_url=(env.get("POLAR_API_URL") or base.api_url).rstrip("/"),
+        node=env.get("POLAR_NODE") or socket.gethostname(),
+        served_model=env.get("POLAR_SERVED_MODEL") or None,
+        engine_timeout_s=_number(env, "POLAR_ENGINE_TIMEOUT", base.engine_timeout_s),
+        heartbeat_interval_s=_number(env, "POLAR_HEARTBEAT_INTERVAL", base.heartbeat_interval_s),
+        stale_after_s=_number(env, "POLAR_STALE_AFTER", base.stale_after_s),
+        requeue_after_s=_number(env, "POLAR_REQUEUE_AFTER", base.requeue_after_s),
+        reconcile_interval_s=_number(env, "POLAR_RECONCILE_INTERVAL", base.reconcile_interval_s),
+        max_body_bytes=int(_number(env, "POLAR_MAX_BODY_BYTES", base.max_body_bytes)),
+    )

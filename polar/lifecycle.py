@@ -1,0 +1,90 @@
+"""Session state changes: every one is a compare-and-set on the session row plus a ``session_events`` row.
+
+A redelivered Celery message therefore changes nothing: its compare-and-set finds the row already moved on.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session as DbSession
+
+from polar.clock import utcnow
+from polar.states import ALLOWED, State
+from polar.storage.models import Session, SessionEvent
+
+_STAMP = {
+    State.INIT: None,
+    State.READY: "ready_at",
+    State.RUNNING: "run_started_at",
+    State.POSTRUN: "postrun_started_at",
+}
+
+
+def transition(
+    db: DbSession,
+    session_id: uuid.UUID,
+    expected: State | Iterable[State],
+    new: State,
+    *,
+    worker: str | None = None,
+    detail: str | None = None,
+    where: Iterable[sa.ColumnElement[bool]] = (),
+    **fields: Any,
+) -> bool:
+    """Move ``session_id`` from one of ``expected`` to ``new`` if it is still there; True when it moved.
+
+    ``fields`` are set in the same UPDATE; ``where`` adds conditions (e.g. a stale heartbeat). The caller's
+    transaction commits both the row and its event together.
+    """
+    expected_set = {expected} if isinstance(expected, State) else set(expected)
+    for state in expected_set:
+        if new not in ALLOWED.get(state, frozenset()):
+            raise ValueError(f"transition {state} -> {new} is not allowed")
+    now: datetime = utcnow()
+    values: dict[str, Any] = {"state": new.value, "heartbeat_at": None, **fields}
+    if worker is not None:
+        values["worker"] = worker
+    stamp = _STAMP.get(new)
+    if stamp and stamp not in values:
+        values[stamp] = now
+    if new in (State.COMPLETED, State.FAILED, State.TIMED_OUT, State.CANCELLED):
+        values.setdefault("finished_at", now)
+    conditions = list(where)
+    # One compare-and-set per expected state, so the event records the state the row really left.
+    for state in expected_set:
+        result = db.execute(
+            sa.update(Session)
+            .where(Session.id == session_id, Session.state == state.value, *conditions)
+            .values(**values)
+            .returning(Session.id)
+        )
+        if result.first() is not None:
+            record_event(db, session_id, state, new, worker, detail, now)
+            return True
+    return False
+
+
+def record_event(
+    db: DbSession,
+    session_id: uuid.UUID,
+    from_state: State | None,
+    to_state: State,
+    worker: str | None,
+    detail: str | None,
+    at: datetime | None = None,
+) -> None:
+    db.add(
+        SessionEvent(
+            session_id=session_id,
+            from_state=from_state.value if from_state else None,
+            to_state=to_state.value,
+            at=at or utcnow(),
+            worker=worker,
+            detail=detail,
+        )
+    )

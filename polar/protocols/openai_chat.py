@@ -1,0 +1,159 @@
+"""OpenAI Chat Completions (``/v1/chat/completions``): the shape the engine itself speaks, so normalising is
+mostly validation and rendering is mostly removing the capture fields the client did not ask for."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from polar.errors import ValidationError
+from polar.protocols._base import ClientRequest, EngineAnswer, sse
+
+PROVIDER = "openai_chat"
+
+# Request fields forwarded to the engine; anything else a client sends is dropped rather than rejected, as
+# clients send vendor extras (``store``, ``metadata``, ``user``) the engine would refuse.
+FORWARDED = (
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "response_format",
+    "logprobs",
+    "top_logprobs",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+)
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+CAPTURE_FIELDS = ("prompt_token_ids", "prompt_logprobs", "kv_transfer_params")
+CHOICE_CAPTURE_FIELDS = ("token_ids", "stop_reason")
+
+
+def _check_types(body: dict[str, Any]) -> None:
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise ValidationError("model: required, a non-empty string", field="model")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValidationError("messages: required, a non-empty array", field="messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ValidationError(f"messages[{index}]: must be an object", field=f"messages[{index}]")
+        if message.get("role") not in ROLES:
+            raise ValidationError(
+                f"messages[{index}].role: must be one of {', '.join(sorted(ROLES))}", field=f"messages[{index}].role"
+            )
+    for name, kind in (("stream", bool), ("tools", list), ("stop", (str, list)), ("stream_options", dict)):
+        if name in body and body[name] is not None and not isinstance(body[name], kind):
+            raise ValidationError(f"{name}: wrong type", field=name)
+    for name in ("max_tokens", "max_completion_tokens", "n"):
+        value = body.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValidationError(f"{name}: must be a positive integer", field=name)
+    if body.get("n", 1) != 1:
+        raise ValidationError("n: only n=1 is supported (each sample is its own session)", field="n")
+    if body.get("stream_options") and not body.get("stream"):
+        raise ValidationError("stream_options: only allowed when stream is true", field="stream_options")
+
+
+def normalize(body: Any) -> ClientRequest:
+    if not isinstance(body, dict):
+        raise ValidationError("request body must be a JSON object")
+    _check_types(body)
+    engine_body = {name: copy.deepcopy(body[name]) for name in FORWARDED if name in body and body[name] is not None}
+    stream = bool(body.get("stream"))
+    options = {
+        "include_usage": bool((body.get("stream_options") or {}).get("include_usage")),
+        "logprobs": bool(body.get("logprobs")),
+        "return_token_ids": bool(body.get("return_token_ids")),
+    }
+    return ClientRequest(PROVIDER, engine_body, stream, body["model"], options)
+
+
+def render_response(request: ClientRequest, answer: EngineAnswer) -> dict[str, Any]:
+    body = copy.deepcopy(answer.body)
+    body["model"] = request.model or body.get("model")
+    if not request.options.get("return_token_ids"):
+        for name in CAPTURE_FIELDS:
+            body.pop(name, None)
+    for choice in body.get("choices", []):
+        if not request.options.get("return_token_ids"):
+            for name in CHOICE_CAPTURE_FIELDS:
+                choice.pop(name, None)
+        if not request.options.get("logprobs"):
+            choice["logprobs"] = None
+    return body
+
+
+def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+    choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, **extra}
+    return sse({**base, "choices": [choice]})
+
+
+def render_stream(request: ClientRequest, answer: EngineAnswer) -> Iterator[bytes]:
+    full = render_response(request, answer)
+    base = {
+        "id": full.get("id", "chatcmpl-polar"),
+        "object": "chat.completion.chunk",
+        "created": full.get("created", int(time.time())),
+        "model": full["model"],
+    }
+    if request.options.get("include_usage"):
+        base["usage"] = None
+    choice = full["choices"][0]
+    message = choice.get("message") or {}
+    yield _chunk(base, {"role": "assistant", "content": ""})
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if reasoning:
+        yield _chunk(base, {"reasoning_content": reasoning})
+    if message.get("content"):
+        yield _chunk(base, {"content": message["content"]})
+    for index, call in enumerate(message.get("tool_calls") or []):
+        function = call.get("function") or {}
+        head = {"index": index, "id": call.get("id"), "type": "function"}
+        yield _chunk(base, {"tool_calls": [{**head, "function": {"name": function.get("name"), "arguments": ""}}]})
+        yield _chunk(base, {"tool_calls": [{"index": index, "function": {"arguments": function.get("arguments", "")}}]})
+    extra = {"logprobs": choice.get("logprobs")} if request.options.get("logprobs") else {}
+    yield _chunk(base, {}, choice.get("finish_reason"), **extra)
+    if request.options.get("include_usage"):
+        yield sse({**base, "choices": [], "usage": full.get("usage")})
+    yield sse("[DONE]")
+
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_exceeded",
+}
+_ERROR_CODES = {401: "invalid_api_key", 429: "rate_limit_exceeded", 504: "timeout"}
+
+
+def render_error(status: int, message: str) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": message,
+            "type": _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error"),
+            "param": None,
+            "code": _ERROR_CODES.get(status),
+        }
+    }
+
+
+def render_models(model_ids: list[str]) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [{"id": m, "object": "model", "created": 0, "owned_by": "polar"} for m in model_ids],
+    }

@@ -1,0 +1,34 @@
+"""Values that reconstruction reads and writes: captured calls in, trajectories out. Pure data, no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class CapturedCall:
+    call_id: str
+    seq: int
+    agent: str | None
+    prompt_token_ids: Sequence[int]
+    completion_token_ids: Sequence[int]
+    logprobs: Sequence[float]
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class TrajectoryData:
+    agent: str | None
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    call_ids: list[str]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class Reconstruction(Protocol):
+    def __call__(self, calls: Sequence[CapturedCall]) -> list[TrajectoryData]:
+        """Training sequences from a session's calls, in call order."""
+        ...

@@ -1,0 +1,155 @@
+"""The ``local`` runtime: a private directory per session, commands as host subprocesses in their own group.
+
+Each command starts a new process group (session), so a timeout or a lost worker kills the harness and
+everything it spawned. Output goes to ``logs/<name>.log`` in the session directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from polar.config import Config
+from polar.errors import RuntimeFailure
+from polar.runtimes.base import OUTPUT_TAIL_BYTES, ExecResult, Runtime, StartHook, TickHook
+from polar.task_request import RuntimeSpec
+
+TICK_S = 0.2
+KILL_GRACE_S = 2.0
+
+
+def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> None:
+    """SIGTERM a process group, then SIGKILL whatever is left after ``grace_s``."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+
+
+def _tail(path: Path) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - OUTPUT_TAIL_BYTES))
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+class LocalRuntime(Runtime):
+    backend = "local"
+
+    def __init__(self, root: Path, pgids: list[int]) -> None:
+        self._root = root
+        self._pgids = pgids
+
+    @classmethod
+    def create(cls, session_id: uuid.UUID, spec: RuntimeSpec, config: Config) -> LocalRuntime:
+        root = Path(config.work_root) / str(session_id)
+        shutil.rmtree(root, ignore_errors=True)
+        try:
+            for sub in ("work", "home", "logs"):
+                (root / sub).mkdir(parents=True, exist_ok=True)
+            root.chmod(0o700)
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot create session directory {root}: {exc}") from exc
+        return cls(root, [])
+
+    @classmethod
+    def attach(cls, handle: Mapping[str, Any], config: Config) -> LocalRuntime:
+        return cls(Path(handle["root"]), list(handle.get("pgids", [])))
+
+    @property
+    def handle(self) -> dict[str, Any]:
+        return {"backend": self.backend, "root": str(self._root), "pgids": list(self._pgids)}
+
+    @property
+    def session_dir(self) -> Path:
+        return self._root
+
+    def exec(
+        self,
+        command: list[str],
+        env: Mapping[str, str],
+        timeout_s: float,
+        log_name: str,
+        on_start: StartHook | None = None,
+        on_tick: TickHook | None = None,
+    ) -> ExecResult:
+        log_path = self._root / "logs" / f"{log_name}.log"
+        started = time.monotonic()
+        with log_path.open("ab") as log:
+            try:
+                process = subprocess.Popen(
+                    command,
+                    cwd=self._root / "work",
+                    env=dict(env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise RuntimeFailure(f"cannot start {command[0]!r}: {exc}") from exc
+        self._pgids.append(process.pid)
+        if on_start:
+            on_start(process.pid)
+        timed_out = False
+        try:
+            while process.poll() is None:
+                if time.monotonic() - started >= timeout_s:
+                    timed_out = True
+                    break
+                if on_tick:
+                    on_tick()
+                try:
+                    process.wait(timeout=min(TICK_S, max(0.0, timeout_s - (time.monotonic() - started))))
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            # The harness may have left children behind even when it exited on its own.
+            kill_group(process.pid, grace_s=KILL_GRACE_S if timed_out else 0.2)
+            process.wait()
+        return ExecResult(
+            exit_code=None if timed_out else process.returncode,
+            timed_out=timed_out,
+            duration_s=time.monotonic() - started,
+            output_tail=_tail(log_path),
+        )
+
+    def copy_in(self, host_path: Path, runtime_path: str) -> None:
+        target = Path(runtime_path)
+        target = target if target.is_absolute() else self._root / "work" / target
+        try:
+            if host_path.is_dir():
+                shutil.copytree(host_path, target, dirs_exist_ok=True)
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(host_path, target)
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot copy {host_path} to {runtime_path}: {exc}") from exc
+
+    def is_alive(self) -> bool:
+        return (self._root / "work").is_dir()
+
+    def kill_processes(self) -> None:
+        for pgid in self._pgids:
+            kill_group(pgid, grace_s=0.5)
+
+    def destroy(self) -> None:
+        self.kill_processes()
+        shutil.rmtree(self._root, ignore_errors=True)

@@ -1,0 +1,91 @@
+"""Rows to the JSON the rollout API returns (DESIGN.md §5 field names)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polar.clock import as_utc, iso
+from polar.storage.models import Batch, ModelCall, Session, Trajectory
+
+
+def _seconds(start: Any, end: Any) -> float | None:
+    start, end = as_utc(start), as_utc(end)
+    return round((end - start).total_seconds(), 3) if start and end else None
+
+
+def batch_json(batch: Batch, status: str, counts: dict[str, int]) -> dict[str, Any]:
+    return {
+        "batch_id": str(batch.id),
+        "name": batch.name,
+        "status": status,
+        "num_sessions": batch.num_sessions,
+        "counts": counts,
+        "created_at": iso(batch.created_at),
+        "finished_at": iso(batch.finished_at),
+    }
+
+
+def session_json(session: Session) -> dict[str, Any]:
+    return {
+        "session_id": str(session.id),
+        "batch_id": str(session.batch_id),
+        "task_id": session.task_id,
+        "sample_index": session.sample_index,
+        "state": session.state,
+        "outcome": session.outcome,
+        "reward": session.reward,
+        "exit_code": session.exit_code,
+        "error": session.error,
+        "evaluation": session.evaluation,
+        "num_calls": session.num_calls,
+        "worker": session.worker,
+        "created_at": iso(session.created_at),
+        "finished_at": iso(session.finished_at),
+        "timings": {
+            "pending_s": _seconds(session.created_at, session.init_started_at),
+            "init_s": _seconds(session.init_started_at, session.ready_at),
+            "ready_s": _seconds(session.ready_at, session.run_started_at),
+            "run_s": _seconds(session.run_started_at, session.run_finished_at or session.postrun_started_at),
+            "postrun_s": _seconds(session.postrun_started_at, session.finished_at),
+            "total_s": _seconds(session.init_started_at, session.finished_at),
+        },
+    }
+
+
+def call_json(call: ModelCall) -> dict[str, Any]:
+    return {
+        "call_id": str(call.id),
+        "session_id": str(call.session_id),
+        "seq": call.seq,
+        "agent": call.agent,
+        "provider": call.provider,
+        "model": call.model,
+        "stream": call.stream,
+        "prompt_token_ids": list(call.prompt_token_ids),
+        "completion_token_ids": list(call.completion_token_ids),
+        "logprobs": list(call.logprobs),
+        "finish_reason": call.finish_reason,
+        "status_code": call.status_code,
+        "latency_ms": call.latency_ms,
+        "engine_latency_ms": call.engine_latency_ms,
+        "policy_version": call.policy_version,
+        "request": call.request,
+        "normalized_request": call.normalized_request,
+        "response": call.response,
+        "created_at": iso(call.created_at),
+    }
+
+
+def trajectory_json(trajectory: Trajectory) -> dict[str, Any]:
+    return {
+        "trajectory_id": str(trajectory.id),
+        "session_id": str(trajectory.session_id),
+        "agent": trajectory.agent,
+        "reconstruction": trajectory.reconstruction,
+        "token_ids": list(trajectory.token_ids),
+        "loss_mask": list(trajectory.loss_mask),
+        "logprobs": list(trajectory.logprobs),
+        "call_ids": [str(c) for c in trajectory.call_ids],
+        "reward": trajectory.reward,
+        "stats": trajectory.stats,
+    }

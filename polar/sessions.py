@@ -1,0 +1,60 @@
+"""Reading sessions and what they captured: the queries behind the rollout API's session endpoints."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import sqlalchemy as sa
+
+from polar.errors import NotFound
+from polar.serialization import call_json, session_json, trajectory_json
+from polar.services import Services
+from polar.storage.models import Batch, ModelCall, Session, Trajectory
+
+
+def get_session(services: Services, session_id: uuid.UUID) -> dict[str, Any]:
+    with services.db.unit() as db:
+        session = db.get(Session, session_id)
+        if session is None:
+            raise NotFound(f"session {session_id} not found")
+        return session_json(session)
+
+
+def list_sessions(services: Services, batch_id: uuid.UUID, limit: int, offset: int) -> dict[str, Any]:
+    """A page of a batch's sessions, in task order then sample order."""
+    with services.db.unit() as db:
+        if db.get(Batch, batch_id) is None:
+            raise NotFound(f"batch {batch_id} not found")
+        total = db.scalar(sa.select(sa.func.count()).select_from(Session).where(Session.batch_id == batch_id))
+        rows = db.scalars(
+            sa.select(Session)
+            .where(Session.batch_id == batch_id)
+            .order_by(Session.created_at, Session.task_pk, Session.sample_index, Session.id)
+            .limit(limit)
+            .offset(offset)
+        ).all()
+        items = [session_json(row) for row in rows]
+    next_offset = offset + len(items)
+    return {"items": items, "total": total, "next_offset": next_offset if next_offset < (total or 0) else None}
+
+
+def _require_session(db: Any, session_id: uuid.UUID) -> None:
+    if db.get(Session, session_id) is None:
+        raise NotFound(f"session {session_id} not found")
+
+
+def session_calls(services: Services, session_id: uuid.UUID) -> list[dict[str, Any]]:
+    with services.db.unit() as db:
+        _require_session(db, session_id)
+        rows = db.scalars(sa.select(ModelCall).where(ModelCall.session_id == session_id).order_by(ModelCall.seq))
+        return [call_json(row) for row in rows]
+
+
+def session_trajectories(services: Services, session_id: uuid.UUID) -> list[dict[str, Any]]:
+    with services.db.unit() as db:
+        _require_session(db, session_id)
+        rows = db.scalars(
+            sa.select(Trajectory).where(Trajectory.session_id == session_id).order_by(Trajectory.position)
+        )
+        return [trajectory_json(row) for row in rows]

@@ -1,0 +1,46 @@
+"""Moving a session on to ``postrun`` from any earlier stage: the one exit every path takes."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import sqlalchemy as sa
+
+from polar.admission import admit
+from polar.dispatch import Stage
+from polar.lifecycle import transition
+from polar.services import Services
+from polar.states import BUFFERED, Outcome, State
+
+
+def send_to_postrun(
+    services: Services,
+    session_id: uuid.UUID,
+    expected: State | Iterable[State],
+    outcome: Outcome,
+    error: str | None = None,
+    where: Iterable[sa.ColumnElement[bool]] = (),
+    **fields: Any,
+) -> bool:
+    """Compare-and-set the session into ``postrun`` with its outcome, queue postrun, refill the READY buffer."""
+    expected_set = {expected} if isinstance(expected, State) else set(expected)
+    with services.db.unit() as db:
+        moved = transition(
+            db,
+            session_id,
+            expected_set,
+            State.POSTRUN,
+            worker=services.worker,
+            detail=outcome.value if not error else f"{outcome.value}: {error[:200]}",
+            where=where,
+            outcome=outcome.value,
+            error=error,
+            **fields,
+        )
+    if moved:
+        services.dispatch(Stage.POSTRUN, session_id)
+        if expected_set & BUFFERED:
+            admit(services)
+    return moved

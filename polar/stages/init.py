@@ -1,0 +1,89 @@
+"""Stage ``init``: create the session's runtime and run the task's prepare steps, within the session budget.
+
+The budget starts here (not while pending): ``deadline_at = init start + timeout_seconds``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from polar.clock import utcnow
+from polar.dispatch import Stage
+from polar.errors import RuntimeFailure
+from polar.harnesses.base import PASSTHROUGH
+from polar.lifecycle import transition
+from polar.runtimes import Runtime, create_runtime
+from polar.services import Services
+from polar.stages.handoff import send_to_postrun
+from polar.stages.lease import Claimed, claim, heartbeat
+from polar.states import Outcome, State
+from polar.storage.models import Session
+from polar.task_request import CopyStep, RunStep
+
+
+class _BudgetExhausted(Exception):
+    """The session's time ran out during init."""
+
+
+def _start_budget(services: Services, claimed: Claimed) -> Claimed:
+    if claimed.session.deadline_at is not None:
+        return claimed
+    now = utcnow()
+    deadline = now + timedelta(seconds=claimed.task.timeout_seconds)
+    with services.db.unit() as db:
+        db.execute(
+            sa.update(Session)
+            .where(Session.id == claimed.session.id)
+            .values(init_started_at=now, deadline_at=deadline, node=services.config.node)
+        )
+    claimed.session.init_started_at, claimed.session.deadline_at = now, deadline
+    return claimed
+
+
+def _prepare(runtime: Runtime, claimed: Claimed) -> None:
+    env = {name: os.environ[name] for name in PASSTHROUGH if name in os.environ}
+    env.update({"HOME": str(runtime.session_dir / "home"), **claimed.task.runtime.env})
+    for index, step in enumerate(claimed.task.runtime.prepare):
+        remaining = claimed.remaining_s
+        if remaining <= 0:
+            raise _BudgetExhausted(f"budget exhausted before prepare step {index}")
+        if isinstance(step, CopyStep):
+            runtime.copy_in(Path(step.copy_), step.to)
+            continue
+        assert isinstance(step, RunStep)
+        limit = min(remaining, step.timeout_seconds or remaining)
+        result = runtime.exec(["/bin/sh", "-c", step.run], env, limit, log_name="prepare")
+        if result.timed_out and limit >= remaining:
+            raise _BudgetExhausted(f"prepare step {index} ran past the session budget")
+        if result.timed_out or result.exit_code != 0:
+            status = "timed out" if result.timed_out else f"exited with code {result.exit_code}"
+            raise RuntimeFailure(f"prepare step {index} ({step.run!r}) {status}: {result.output_tail[-500:]}")
+
+
+def init_session(services: Services, session_id: uuid.UUID) -> None:
+    """Prepare the session's runtime and hand the session to ``ready`` (or to ``postrun`` if preparing failed)."""
+    claimed = claim(services, session_id, State.INIT)
+    if claimed is None:
+        return
+    claimed = _start_budget(services, claimed)
+    with heartbeat(services, session_id, State.INIT):
+        try:
+            runtime = create_runtime(session_id, claimed.task.runtime, services.config)
+            with services.db.unit() as db:
+                db.execute(sa.update(Session).where(Session.id == session_id).values(runtime_handle=runtime.handle))
+            _prepare(runtime, claimed)
+        except _BudgetExhausted as exc:
+            send_to_postrun(services, session_id, State.INIT, Outcome.TIMEOUT, str(exc))
+            return
+        except RuntimeFailure as exc:
+            send_to_postrun(services, session_id, State.INIT, Outcome.ERROR, str(exc))
+            return
+    with services.db.unit() as db:
+        moved = transition(db, session_id, State.INIT, State.READY, worker=services.worker)
+    if moved:
+        services.dispatch(Stage.READY, session_id)

@@ -1,0 +1,93 @@
+"""A stage task's hold on a session: claimed by compare-and-set, kept alive by a heartbeat.
+
+A claim succeeds only when nobody holds a live lease, so a redelivered or duplicated task message finds the
+session taken and does nothing; a worker that dies stops heartbeating and the reconciler hands the session on.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+
+from polar.clock import as_utc, utcnow
+from polar.services import Services
+from polar.states import State
+from polar.storage.models import Session, Task
+from polar.task_request import TaskRequest, task_from_json
+
+
+@dataclass(frozen=True)
+class Claimed:
+    session: Session
+    task: TaskRequest
+
+    @property
+    def remaining_s(self) -> float:
+        deadline = as_utc(self.session.deadline_at)
+        return (deadline - utcnow()).total_seconds() if deadline else float("inf")
+
+
+def load(services: Services, session_id: uuid.UUID) -> Claimed | None:
+    with services.db.unit() as db:
+        row = db.execute(
+            sa.select(Session, Task.spec).join(Task, Task.id == Session.task_pk).where(Session.id == session_id)
+        ).first()
+    if row is None:
+        return None
+    return Claimed(row[0], task_from_json(row[1]))
+
+
+def claim(services: Services, session_id: uuid.UUID, state: State) -> Claimed | None:
+    """Take the session if it is in ``state`` and nobody holds a live lease on it."""
+    now = utcnow()
+    stale = now - timedelta(seconds=services.config.stale_after_s)
+    with services.db.unit() as db:
+        taken = db.execute(
+            sa.update(Session)
+            .where(
+                Session.id == session_id,
+                Session.state == state.value,
+                sa.or_(Session.heartbeat_at.is_(None), Session.heartbeat_at < stale),
+            )
+            .values(heartbeat_at=now, worker=services.worker)
+            .returning(Session.id)
+        ).first()
+    return load(services, session_id) if taken else None
+
+
+def _beat(services: Services, session_id: uuid.UUID, state: State) -> datetime:
+    now = utcnow()
+    with services.db.unit() as db:
+        db.execute(
+            sa.update(Session)
+            .where(Session.id == session_id, Session.state == state.value, Session.worker == services.worker)
+            .values(heartbeat_at=now)
+        )
+    return now
+
+
+@contextmanager
+def heartbeat(services: Services, session_id: uuid.UUID, state: State) -> Iterator[None]:
+    """Refresh the lease every ``heartbeat_interval_s`` while the body runs."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(services.config.heartbeat_interval_s):
+            try:
+                _beat(services, session_id, state)
+            except Exception:
+                continue
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{session_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

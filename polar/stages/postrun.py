@@ -1,0 +1,149 @@
+"""Stage ``postrun``: always entered. Rebuild trajectories from the captured calls, evaluate, store the reward,
+end the session in its terminal state, then tear the runtime down.
+
+The terminal compare-and-set, the trajectory rows and the reward commit in one transaction, so a redelivered
+postrun can never leave duplicate trajectories.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+
+from polar.batches import mark_batch_finished
+from polar.errors import RuntimeFailure
+from polar.evaluators import Evaluation, EvaluationContext, load_evaluator
+from polar.lifecycle import transition
+from polar.reconstruction import RECONSTRUCTIONS, CapturedCall, TrajectoryData
+from polar.runtimes import Runtime, attach_runtime
+from polar.services import Services
+from polar.stages.lease import Claimed, claim, heartbeat
+from polar.states import Outcome, State
+from polar.storage.models import ModelCall, Session, Trajectory
+
+
+def captured_calls(services: Services, session_id: uuid.UUID) -> list[CapturedCall]:
+    with services.db.unit() as db:
+        rows = db.execute(
+            sa.select(
+                ModelCall.id,
+                ModelCall.seq,
+                ModelCall.agent,
+                ModelCall.prompt_token_ids,
+                ModelCall.completion_token_ids,
+                ModelCall.logprobs,
+                ModelCall.finish_reason,
+            )
+            .where(ModelCall.session_id == session_id, ModelCall.status_code == 200)
+            .order_by(ModelCall.seq)
+        ).all()
+    return [CapturedCall(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows]
+
+
+def final_state(outcome: Outcome, exit_code: int | None, evaluator_error: str | None) -> State:
+    if outcome is Outcome.CANCELLED:
+        return State.CANCELLED
+    if outcome is Outcome.TIMEOUT:
+        return State.TIMED_OUT
+    if evaluator_error or outcome is not Outcome.EXITED or exit_code != 0:
+        return State.FAILED
+    return State.COMPLETED
+
+
+def _evaluate(
+    claimed: Claimed,
+    runtime: Runtime | None,
+    calls: Sequence[CapturedCall],
+    trajectories: Sequence[TrajectoryData],
+) -> tuple[Evaluation | None, str | None]:
+    session = claimed.session
+    context = EvaluationContext(
+        session_id=session.id,
+        task=claimed.task,
+        outcome=Outcome(session.outcome or Outcome.ERROR.value),
+        exit_code=session.exit_code,
+        runtime=runtime,
+        calls=calls,
+        trajectories=trajectories,
+        remaining_s=max(0.0, claimed.remaining_s),
+    )
+    try:
+        return load_evaluator(claimed.task.evaluator).evaluate(context), None
+    except Exception as exc:
+        return None, f"evaluator {claimed.task.evaluator.name!r} failed: {type(exc).__name__}: {exc}"
+
+
+def _attach(services: Services, claimed: Claimed) -> Runtime | None:
+    if not claimed.session.runtime_handle:
+        return None
+    try:
+        return attach_runtime(claimed.session.runtime_handle, services.config)
+    except RuntimeFailure:
+        return None
+
+
+def _store(
+    services: Services,
+    claimed: Claimed,
+    trajectories: Sequence[TrajectoryData],
+    evaluation: Evaluation | None,
+    evaluator_error: str | None,
+) -> bool:
+    session = claimed.session
+    state = final_state(Outcome(session.outcome or Outcome.ERROR.value), session.exit_code, evaluator_error)
+    reward = evaluation.reward if evaluation else None
+    per_trajectory = list(evaluation.trajectory_rewards or []) if evaluation else []
+    with services.db.unit() as db:
+        moved = transition(
+            db,
+            session.id,
+            State.POSTRUN,
+            state,
+            worker=services.worker,
+            detail=evaluator_error,
+            where=[Session.worker == services.worker],
+            reward=reward,
+            evaluation=dict(evaluation.details) if evaluation else None,
+            error=session.error or evaluator_error,
+        )
+        if not moved:
+            return False
+        db.execute(sa.delete(Trajectory).where(Trajectory.session_id == session.id))
+        for position, trajectory in enumerate(trajectories):
+            db.add(
+                Trajectory(
+                    session_id=session.id,
+                    position=position,
+                    agent=trajectory.agent,
+                    reconstruction=claimed.task.reconstruction,
+                    token_ids=trajectory.token_ids,
+                    loss_mask=trajectory.loss_mask,
+                    logprobs=trajectory.logprobs,
+                    call_ids=trajectory.call_ids,
+                    reward=per_trajectory[position] if position < len(per_trajectory) else reward,
+                    stats=trajectory.stats,
+                )
+            )
+        mark_batch_finished(db, session.batch_id)
+    return True
+
+
+def postrun_session(services: Services, session_id: uuid.UUID) -> None:
+    claimed = claim(services, session_id, State.POSTRUN)
+    if claimed is None:
+        return
+    with heartbeat(services, session_id, State.POSTRUN):
+        calls = captured_calls(services, session_id)
+        trajectories = RECONSTRUCTIONS[claimed.task.reconstruction](calls)
+        runtime = _attach(services, claimed)
+        if runtime is not None:
+            runtime.kill_processes()
+        evaluation, evaluator_error = _evaluate(claimed, runtime, calls, trajectories)
+        if not _store(services, claimed, trajectories, evaluation, evaluator_error):
+            return
+    if runtime is not None:
+        runtime.destroy()
+    with services.db.unit() as db:
+        db.execute(sa.update(Session).where(Session.id == session_id).values(runtime_handle=None))

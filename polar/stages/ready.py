@@ -1,0 +1,33 @@
+"""Stage ``ready``: a prepared session is checked and handed to the run queue, where it waits for a run slot.
+
+It stays in ``ready`` (holding its READY-buffer slot) until a run worker takes it.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from polar.dispatch import Stage
+from polar.errors import RuntimeFailure
+from polar.runtimes import attach_runtime
+from polar.services import Services
+from polar.stages.handoff import send_to_postrun
+from polar.stages.lease import load
+from polar.states import Outcome, State
+
+
+def ready_session(services: Services, session_id: uuid.UUID) -> None:
+    loaded = load(services, session_id)
+    if loaded is None or loaded.session.state != State.READY.value:
+        return
+    if loaded.remaining_s <= 0:
+        send_to_postrun(services, session_id, State.READY, Outcome.TIMEOUT, "budget exhausted while ready")
+        return
+    try:
+        alive = attach_runtime(loaded.session.runtime_handle or {}, services.config).is_alive()
+    except RuntimeFailure:
+        alive = False
+    if not alive:
+        send_to_postrun(services, session_id, State.READY, Outcome.ERROR, "the session's runtime disappeared")
+        return
+    services.dispatch(Stage.RUN, session_id)

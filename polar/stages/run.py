@@ -1,0 +1,93 @@
+"""Stage ``run``: mint the proxy key, start the harness in the runtime, enforce the remaining budget."""
+
+from __future__ import annotations
+
+import uuid
+
+import sqlalchemy as sa
+
+from polar.admission import admit
+from polar.clock import utcnow
+from polar.errors import RuntimeFailure
+from polar.harnesses import HARNESSES, HarnessContext
+from polar.lifecycle import transition
+from polar.proxy.keys import hash_key, mint_key
+from polar.runtimes import Runtime, attach_runtime
+from polar.services import Services
+from polar.stages.handoff import send_to_postrun
+from polar.stages.lease import Claimed, heartbeat, load
+from polar.states import Outcome, State
+from polar.storage.models import Session
+
+
+def _start(services: Services, session_id: uuid.UUID, key: str) -> bool:
+    with services.db.unit() as db:
+        return transition(
+            db,
+            session_id,
+            State.READY,
+            State.RUNNING,
+            worker=services.worker,
+            proxy_key_hash=hash_key(key),
+            heartbeat_at=utcnow(),
+        )
+
+
+def _record_handle(services: Services, session_id: uuid.UUID, runtime: Runtime) -> None:
+    with services.db.unit() as db:
+        db.execute(sa.update(Session).where(Session.id == session_id).values(runtime_handle=runtime.handle))
+
+
+def _execute(services: Services, claimed: Claimed, key: str) -> tuple[Outcome, int | None, str | None]:
+    session, task = claimed.session, claimed.task
+    runtime = attach_runtime(session.runtime_handle or {}, services.config)
+    context = HarnessContext(
+        session_id=session.id,
+        task_id=session.task_id,
+        instruction=task.instruction,
+        spec=task.harness,
+        proxy_url=services.config.proxy_url,
+        proxy_key=key,
+        session_dir=runtime.session_dir,
+        runtime_env=dict(task.runtime.env),
+    )
+    launch = HARNESSES[task.harness.name].launch(context)
+    result = runtime.exec(
+        launch.command,
+        launch.env,
+        claimed.remaining_s,
+        log_name="harness",
+        on_start=lambda _pid: _record_handle(services, session.id, runtime),
+    )
+    if result.timed_out:
+        return Outcome.TIMEOUT, None, f"harness exceeded the session budget of {task.timeout_seconds:g}s"
+    error = None if result.exit_code == 0 else f"harness exited with code {result.exit_code}"
+    return Outcome.EXITED, result.exit_code, error
+
+
+def run_session(services: Services, session_id: uuid.UUID) -> None:
+    """Run the harness to its end (or its budget's) and hand the session to postrun."""
+    key = mint_key()
+    if not _start(services, session_id, key):
+        return
+    admit(services)  # leaving ready frees a READY-buffer slot
+    claimed = load(services, session_id)
+    assert claimed is not None
+    if claimed.remaining_s <= 0:
+        outcome, exit_code, error = Outcome.TIMEOUT, None, "budget exhausted before the harness started"
+    else:
+        with heartbeat(services, session_id, State.RUNNING):
+            try:
+                outcome, exit_code, error = _execute(services, claimed, key)
+            except RuntimeFailure as exc:
+                outcome, exit_code, error = Outcome.ERROR, None, str(exc)
+    send_to_postrun(
+        services,
+        session_id,
+        State.RUNNING,
+        outcome,
+        error,
+        where=[Session.worker == services.worker],
+        exit_code=exit_code,
+        run_finished_at=utcnow(),
+    )

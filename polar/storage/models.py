@@ -1,0 +1,158 @@
+"""The system of record (DESIGN.md §7) as SQLAlchemy 2 models.
+
+Token sequences and logprobs are Postgres arrays (JSON on SQLite). Ids are UUIDs, except ``session_events``
+which is an append-only log keyed by a bigint identity. The Alembic migration in ``migrations/`` creates exactly
+this schema (a test compares them).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from polar.storage.columns import int_array, json_document, real_array, small_int_array, text_array
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = sa.MetaData(naming_convention=NAMING)
+
+
+def _uuid() -> Mapped[uuid.UUID]:
+    return mapped_column(sa.Uuid(), primary_key=True, default=uuid.uuid4)
+
+
+def _created() -> Mapped[datetime]:
+    return mapped_column(sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
+
+
+class Batch(Base):
+    __tablename__ = "batches"
+
+    id: Mapped[uuid.UUID] = _uuid()
+    name: Mapped[str | None] = mapped_column(sa.Text())
+    defaults: Mapped[dict[str, Any]] = mapped_column(json_document(), nullable=False, default=dict)
+    idempotency_key: Mapped[str | None] = mapped_column(sa.Text(), unique=True)
+    request_hash: Mapped[str] = mapped_column(sa.Text(), nullable=False)
+    num_sessions: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
+    created_at: Mapped[datetime] = _created()
+    finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+
+
+class Task(Base):
+    __tablename__ = "tasks"
+    __table_args__ = (sa.UniqueConstraint("batch_id", "position"),)
+
+    id: Mapped[uuid.UUID] = _uuid()
+    batch_id: Mapped[uuid.UUID] = mapped_column(sa.ForeignKey("batches.id", ondelete="CASCADE"), nullable=False)
+    position: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
+    task_id: Mapped[str] = mapped_column(sa.Text(), nullable=False)
+    num_samples: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
+    spec: Mapped[dict[str, Any]] = mapped_column(json_document(), nullable=False)
+    created_at: Mapped[datetime] = _created()
+
+
+class Session(Base):
+    __tablename__ = "sessions"
+    __table_args__ = (
+        sa.UniqueConstraint("task_pk", "sample_index"),
+        sa.Index("ix_sessions_state_created_at", "state", "created_at"),
+        sa.Index("ix_sessions_batch_id", "batch_id"),
+    )
+
+    id: Mapped[uuid.UUID] = _uuid()
+    batch_id: Mapped[uuid.UUID] = mapped_column(sa.ForeignKey("batches.id", ondelete="CASCADE"), nullable=False)
+    task_pk: Mapped[uuid.UUID] = mapped_column(sa.ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False)
+    task_id: Mapped[str] = mapped_column(sa.Text(), nullable=False)
+    sample_index: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
+    state: Mapped[str] = mapped_column(sa.Text(), nullable=False, default="pending")
+    outcome: Mapped[str | None] = mapped_column(sa.Text())
+    reward: Mapped[float | None] = mapped_column(sa.Float())
+    exit_code: Mapped[int | None] = mapped_column(sa.Integer())
+    error: Mapped[str | None] = mapped_column(sa.Text())
+    evaluation: Mapped[dict[str, Any] | None] = mapped_column(json_document())
+    # sha256 of the proxy key: the key itself is a secret that only the harness holds.
+    proxy_key_hash: Mapped[str | None] = mapped_column(sa.Text(), unique=True)
+    runtime_handle: Mapped[dict[str, Any] | None] = mapped_column(json_document())
+    node: Mapped[str | None] = mapped_column(sa.Text())
+    worker: Mapped[str | None] = mapped_column(sa.Text())
+    heartbeat_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    stage_enqueued_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    deadline_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    num_calls: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=0, server_default="0")
+    created_at: Mapped[datetime] = _created()
+    init_started_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    ready_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    run_started_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    run_finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    postrun_started_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+
+
+class ModelCall(Base):
+    __tablename__ = "model_calls"
+    __table_args__ = (sa.UniqueConstraint("session_id", "seq"),)
+
+    id: Mapped[uuid.UUID] = _uuid()
+    session_id: Mapped[uuid.UUID] = mapped_column(sa.ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False)
+    seq: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
+    agent: Mapped[str | None] = mapped_column(sa.Text())
+    provider: Mapped[str] = mapped_column(sa.Text(), nullable=False)
+    model: Mapped[str | None] = mapped_column(sa.Text())
+    stream: Mapped[bool] = mapped_column(sa.Boolean(), nullable=False, default=False)
+    prompt_token_ids: Mapped[list[int]] = mapped_column(int_array(), nullable=False)
+    completion_token_ids: Mapped[list[int]] = mapped_column(int_array(), nullable=False)
+    logprobs: Mapped[list[float]] = mapped_column(real_array(), nullable=False)
+    finish_reason: Mapped[str | None] = mapped_column(sa.Text())
+    status_code: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
+    latency_ms: Mapped[float] = mapped_column(sa.Float(), nullable=False)
+    engine_latency_ms: Mapped[float | None] = mapped_column(sa.Float())
+    engine_url: Mapped[str | None] = mapped_column(sa.Text())
+    policy_version: Mapped[str | None] = mapped_column(sa.Text())
+    request: Mapped[dict[str, Any]] = mapped_column(json_document(), nullable=False)
+    normalized_request: Mapped[dict[str, Any]] = mapped_column(json_document(), nullable=False)
+    response: Mapped[dict[str, Any]] = mapped_column(json_document(), nullable=False)
+    created_at: Mapped[datetime] = _created()
+
+
+class Trajectory(Base):
+    __tablename__ = "trajectories"
+    __table_args__ = (sa.Index("ix_trajectories_session_id", "session_id"),)
+
+    id: Mapped[uuid.UUID] = _uuid()
+    session_id: Mapped[uuid.UUID] = mapped_column(sa.ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False)
+    position: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
+    agent: Mapped[str | None] = mapped_column(sa.Text())
+    reconstruction: Mapped[str] = mapped_column(sa.Text(), nullable=False)
+    token_ids: Mapped[list[int]] = mapped_column(int_array(), nullable=False)
+    loss_mask: Mapped[list[int]] = mapped_column(small_int_array(), nullable=False)
+    logprobs: Mapped[list[float]] = mapped_column(real_array(), nullable=False)
+    call_ids: Mapped[list[str]] = mapped_column(text_array(), nullable=False)
+    reward: Mapped[float | None] = mapped_column(sa.Float())
+    stats: Mapped[dict[str, Any]] = mapped_column(json_document(), nullable=False, default=dict)
+    created_at: Mapped[datetime] = _created()
+
+
+class SessionEvent(Base):
+    __tablename__ = "session_events"
+    __table_args__ = (sa.Index("ix_session_events_session_id_id", "session_id", "id"),)
+
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True)
+    session_id: Mapped[uuid.UUID] = mapped_column(sa.ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False)
+    from_state: Mapped[str | None] = mapped_column(sa.Text())
+    to_state: Mapped[str] = mapped_column(sa.Text(), nullable=False)
+    at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), nullable=False)
+    worker: Mapped[str | None] = mapped_column(sa.Text())
+    detail: Mapped[str | None] = mapped_column(sa.Text())

@@ -1,0 +1,172 @@
+"""The batch and task request contract (DESIGN.md §3), validated strictly.
+
+Unknown fields and wrong types are rejected with a ``ValidationError`` naming the field, e.g.
+``tasks[0].harness.name``. Batch ``defaults`` are merged under each task before validation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+
+from polar.errors import ValidationError
+
+MAX_SESSIONS_PER_BATCH = 100_000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class RunStep(_Strict):
+    run: str = Field(min_length=1)
+    timeout_seconds: float | None = Field(default=None, gt=0)
+
+
+class CopyStep(_Strict):
+    copy_: str = Field(alias="copy", min_length=1)
+    to: str = Field(min_length=1)
+
+
+def _step_kind(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "copy_step" if "copy" in value else "run_step"
+    return "copy_step" if isinstance(value, CopyStep) else "run_step"
+
+
+PrepareStep = Annotated[
+    Annotated[RunStep, Tag("run_step")] | Annotated[CopyStep, Tag("copy_step")], Discriminator(_step_kind)
+]
+
+
+class Limits(_Strict):
+    cpus: float | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, gt=0)
+    pids: int | None = Field(default=None, gt=0)
+
+
+class RuntimeSpec(_Strict):
+    backend: Literal["local", "bwrap", "docker"] = "local"
+    image: str | None = None
+    prepare: list[PrepareStep] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    limits: Limits = Field(default_factory=Limits)
+
+
+HarnessName = Literal["command", "python", "claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi"]
+
+
+class HarnessSpec(_Strict):
+    name: HarnessName
+    command: str | None = None
+    model: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _command_given(self) -> HarnessSpec:
+        if self.name == "command" and not self.command:
+            raise ValueError("command: the command harness needs a shell command")
+        if self.name == "python" and not re.fullmatch(r"[\w.]+:[\w.]+", self.command or ""):
+            raise ValueError("command: the python harness needs 'module:function'")
+        return self
+
+
+class EvaluatorSpec(_Strict):
+    name: str = Field(default="session_completion", min_length=1)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class TaskRequest(_Strict):
+    task_id: str = Field(min_length=1, max_length=512)
+    instruction: str
+    num_samples: int = Field(default=1, ge=1, le=10_000)
+    timeout_seconds: float = Field(default=600.0, gt=0, le=7 * 24 * 3600)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    harness: HarnessSpec
+    reconstruction: Literal["prefix_merging", "per_request"] = "per_request"
+    evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("task_id")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        if not value.isprintable():
+            raise ValueError("must be printable text")
+        return value
+
+
+class BatchRequest(_Strict):
+    name: str | None = Field(default=None, max_length=512)
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    tasks: list[TaskRequest] = Field(min_length=1)
+
+    @property
+    def num_sessions(self) -> int:
+        return sum(task.num_samples for task in self.tasks)
+
+
+def _merge(defaults: Mapping[str, Any], task: Mapping[str, Any]) -> dict[str, Any]:
+    merged: dict[str, Any] = dict(defaults)
+    for key, value in task.items():
+        base = merged.get(key)
+        merged[key] = _merge(base, value) if isinstance(base, Mapping) and isinstance(value, Mapping) else value
+    return merged
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part in {"run_step", "copy_step"}:
+            continue  # pydantic names the union member in the location; users never wrote it
+        else:
+            path += f".{part}" if path else str(part)
+    return path
+
+
+def _first_error(exc: pydantic.ValidationError) -> ValidationError:
+    errors = exc.errors(include_url=False)
+    # For a union (prepare steps) report the member that got furthest rather than every alternative.
+    error = max(errors, key=lambda e: len(e["loc"]))
+    field = _field_path(tuple(error["loc"]))
+    if error["type"] == "extra_forbidden":
+        return ValidationError(f"{field}: unknown field", field=field)
+    if error["type"] == "missing":
+        return ValidationError(f"{field}: required field is missing", field=field)
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return ValidationError(f"{field}: {message}", field=field)
+
+
+def parse_batch_request(body: Any) -> BatchRequest:
+    """Validate a decoded ``POST /v1/batches`` body; raise ``ValidationError`` naming the first bad field."""
+    if not isinstance(body, Mapping):
+        raise ValidationError("request body must be a JSON object", field=None)
+    defaults = body.get("defaults", {})
+    tasks = body.get("tasks")
+    if isinstance(defaults, Mapping) and isinstance(tasks, list):
+        body = {**body, "tasks": [_merge(defaults, t) if isinstance(t, Mapping) else t for t in tasks]}
+    try:
+        request = BatchRequest.model_validate(body)
+    except pydantic.ValidationError as exc:
+        raise _first_error(exc) from exc
+    if request.num_sessions > MAX_SESSIONS_PER_BATCH:
+        raise ValidationError(
+            f"tasks: a batch may hold at most {MAX_SESSIONS_PER_BATCH} sessions, got {request.num_sessions}",
+            field="tasks",
+        )
+    return request
+
+
+def task_to_json(task: TaskRequest) -> dict[str, Any]:
+    return task.model_dump(mode="json", by_alias=True)
+
+
+def task_from_json(spec: Mapping[str, Any]) -> TaskRequest:
+    return TaskRequest.model_validate(spec, strict=False)

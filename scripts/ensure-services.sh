@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Make sure PostgreSQL (127.0.0.1:5432, trust auth) and Redis (127.0.0.1:6379) answer; start them, or install
+# them from Debian's packages and start them, when they do not. The test suite needs both for real.
+set -euo pipefail
+
+reachable() { timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+wait_for() { for _ in $(seq 1 60); do reachable "$1" && return 0; sleep 0.5; done; echo "port $1 still closed" >&2; return 1; }
+
+if ! reachable 5432; then
+  if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
+    echo "installing PostgreSQL ..."
+    as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  fi
+  version=$(ls /etc/postgresql | sort -V | tail -n 1)
+  conf=/etc/postgresql/$version/main
+  # Trust auth on loopback, as the suite expects (a developer or CI machine only).
+  if ! grep -q "polar-test" "$conf/pg_hba.conf"; then
+    as_root sed -i '1i host all all 127.0.0.1/32 trust # polar-test\nhost all all ::1/128 trust # polar-test\nlocal all all trust # polar-test' "$conf/pg_hba.conf"
+  fi
+  as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start || as_root pg_ctlcluster "$version" main start
+  wait_for 5432
+  psql -h 127.0.0.1 -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='test'" | grep -q 1 \
+    || psql -h 127.0.0.1 -U postgres -c "CREATE DATABASE test" >/dev/null
+fi
+
+if ! reachable 6379; then
+  if ! command -v redis-server >/dev/null; then
+    echo "installing Redis ..."
+    as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  fi
+  mkdir -p /tmp/polar-redis
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no --dir /tmp/polar-redis \
+    --logfile /tmp/polar-redis/redis.log
+  wait_for 6379
+fi
+echo "postgres and redis are reachable"

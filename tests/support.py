@@ -1,0 +1,134 @@
+"""Helpers the tests share: a recording dispatcher for calling stage functions directly, batch builders,
+and a full stack (engine, gunicorn API and proxy, four Celery stage workers) on Postgres and Redis."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from polar.client import PolarClient
+from polar.config import load_config
+from polar.dispatch import Stage
+from polar.launcher import Stack, engine_spec, gunicorn_spec, stage_workers
+from polar.services import Services
+from polar.storage.database import Database
+
+PYTHON = sys.executable
+
+
+@dataclass
+class RecordingDispatcher:
+    """Keeps the stage messages instead of sending them, so a test can run each stage function itself."""
+
+    sent: list[tuple[Stage, uuid.UUID]] = field(default_factory=list)
+
+    def send(self, stage: Stage, session_id: uuid.UUID) -> None:
+        self.sent.append((stage, session_id))
+
+
+def domain_services(database_url: str, work_root: Path, **overrides: Any) -> Services:
+    env = {"POLAR_DATABASE_URL": database_url, "POLAR_WORK_ROOT": str(work_root), "POLAR_BROKER_URL": "memory://"}
+    config = load_config(env, cwd=work_root).with_overrides(**overrides)
+    return Services(config, Database(database_url), RecordingDispatcher(), "test")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def command_task(task_id: str, command: str, samples: int = 1, **extra: Any) -> dict[str, Any]:
+    return {
+        "task_id": task_id,
+        "instruction": f"task {task_id}",
+        "num_samples": samples,
+        "harness": {"name": "command", "command": command},
+        **extra,
+    }
+
+
+@dataclass
+class RunningStack:
+    stack: Stack
+    client: PolarClient
+    db: Database
+    engine_url: str
+    proxy_url: str
+    api_url: str
+    engine_log: Path
+    env: dict[str, str]
+
+    def sql(self, query: str, **params: Any) -> list[Any]:
+        with self.db.engine.connect() as connection:
+            return list(connection.execute(sa.text(query), params).all())
+
+    def wait(self, batch_id: str, timeout_s: float = 120) -> dict[str, Any]:
+        return self.client.wait(batch_id, timeout_s=timeout_s, poll_s=0.2)
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float = 30, message: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {message}")
+
+
+@contextmanager
+def running_stack(
+    database_url: str,
+    broker_url: str,
+    tmp: Path,
+    *,
+    policy: str = "arithmetic",
+    policy_config: str = '{"accuracy": 1.0}',
+    run_concurrency: int = 2,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[RunningStack]:
+    ports = {"engine": free_port(), "api": free_port(), "proxy": free_port()}
+    engine_log = tmp / "engine-requests.jsonl"
+    stack_env = {
+        "POLAR_DATABASE_URL": database_url,
+        "POLAR_BROKER_URL": broker_url,
+        "POLAR_ENGINE_URLS": f"http://127.0.0.1:{ports['engine']}",
+        "POLAR_PROXY_URL": f"http://127.0.0.1:{ports['proxy']}",
+        "POLAR_API_URL": f"http://127.0.0.1:{ports['api']}",
+        "POLAR_STATE_DIR": str(tmp / "state"),
+        "POLAR_WORK_ROOT": str(tmp / "sessions"),
+        "POLAR_RUN_CONCURRENCY": str(run_concurrency),
+        "POLAR_HEARTBEAT_INTERVAL": "0.5",
+        "POLAR_STALE_AFTER": "4",
+        "POLAR_RECONCILE_INTERVAL": "1",
+        **(env or {}),
+    }
+    specs = [
+        engine_spec(ports["engine"], policy, ["--policy-config", policy_config, "--log", str(engine_log)]),
+        gunicorn_spec("api", "web.api:create_app()", ports["api"], workers=1, threads=8),
+        gunicorn_spec("proxy", "web.proxy:create_app()", ports["proxy"], workers=2, threads=16),
+        *stage_workers(run_concurrency),
+    ]
+    stack = Stack(specs, stack_env, tmp / "logs")
+    stack.start()
+    db = Database(database_url)
+    client = PolarClient(stack_env["POLAR_API_URL"])
+    try:
+        yield RunningStack(
+            stack, client, db, f"http://127.0.0.1:{ports['engine']}", stack_env["POLAR_PROXY_URL"],
+            stack_env["POLAR_API_URL"], engine_log, stack_env,
+        )  # fmt: skip
+    finally:
+        client.close()
+        db.dispose()
+        stack.stop()

@@ -1,0 +1,43 @@
+"""``/v1/batches``: submit a batch, read its progress and its sessions."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, jsonify, request
+
+from polar.batches import batch_status, request_hash, submit_batch
+from polar.errors import ValidationError
+from polar.serialization import batch_json
+from polar.sessions import list_sessions
+from polar.task_request import parse_batch_request
+from web.api.requests import int_arg, json_body, parse_id, services
+
+blueprint = Blueprint("batches", __name__, url_prefix="/v1/batches")
+
+
+@blueprint.post("")
+def create() -> tuple[Response, int]:
+    body = json_body()
+    batch_request = parse_batch_request(body)
+    key = request.headers.get("Idempotency-Key") or None
+    if key is not None and not 0 < len(key) <= 255:
+        raise ValidationError("Idempotency-Key: must be 1 to 255 characters", field="Idempotency-Key")
+    submitted = submit_batch(services(), batch_request, request_hash(body), key)
+    payload = {"batch_id": str(submitted.batch_id), "num_sessions": submitted.num_sessions}
+    return jsonify(payload), 201 if submitted.created else 200
+
+
+@blueprint.get("/<batch_id>")
+def show(batch_id: str) -> Response:
+    status = batch_status(services(), parse_id(batch_id, "batch"))
+    return jsonify(batch_json(status["batch"], status["status"], status["counts"]))
+
+
+@blueprint.get("/<batch_id>/sessions")
+def sessions(batch_id: str) -> Response:
+    page = list_sessions(
+        services(),
+        parse_id(batch_id, "batch"),
+        limit=int_arg("limit", 100, 1, 1000),
+        offset=int_arg("offset", 0, 0, 10**9),
+    )
+    return jsonify(page)

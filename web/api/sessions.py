@@ -1,0 +1,25 @@
+"""``/v1/sessions/<id>``: one session, its captured calls, its trajectories."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, jsonify
+
+from polar.sessions import get_session, session_calls, session_trajectories
+from web.api.requests import parse_id, services
+
+blueprint = Blueprint("sessions", __name__, url_prefix="/v1/sessions")
+
+
+@blueprint.get("/<session_id>")
+def show(session_id: str) -> Response:
+    return jsonify(get_session(services(), parse_id(session_id, "session")))
+
+
+@blueprint.get("/<session_id>/calls")
+def calls(session_id: str) -> Response:
+    return jsonify({"items": session_calls(services(), parse_id(session_id, "session"))})
+
+
+@blueprint.get("/<session_id>/trajectories")
+def trajectories(session_id: str) -> Response:
+    return jsonify({"items": session_trajectories(services(), parse_id(session_id, "session"))})

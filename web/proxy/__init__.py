@@ -1,0 +1,92 @@
+"""The model-API proxy (DESIGN.md §4): ``gunicorn -k gthread 'web.proxy:create_app()'``.
+
+Base URL per session: ``/s/<key>``, optionally ``/s/<key>/a/<agent>``; the key is also accepted as the API key
+on un-prefixed paths. The path below the base picks the protocol (``polar.protocols.ROUTES``).
+"""
+
+from __future__ import annotations
+
+from flask import Flask, Response, current_app, jsonify, request, stream_with_context
+from werkzeug.exceptions import HTTPException
+
+from polar.config import Config, load_config
+from polar.protocols import openai_chat, route
+from polar.proxy import EnginePool, ProxyAnswer, ProxyService
+from polar.storage.database import Database
+
+KEY_HEADERS = ("x-api-key", "x-goog-api-key")
+
+
+def _service() -> ProxyService:
+    return current_app.extensions["polar_proxy"]  # type: ignore[no-any-return]
+
+
+def _key_from_headers() -> str | None:
+    bearer = request.headers.get("Authorization", "")
+    if bearer.lower().startswith("bearer "):
+        return bearer[7:].strip() or None
+    for header in KEY_HEADERS:
+        if request.headers.get(header):
+            return request.headers[header]
+    return request.args.get("key")
+
+
+def _respond(answer: ProxyAnswer) -> Response:
+    if answer.stream is not None:
+        response = Response(stream_with_context(answer.stream), status=answer.status, mimetype="text/event-stream")
+        response.headers["Cache-Control"] = "no-cache"
+        response.headers["X-Accel-Buffering"] = "no"
+        return response
+    response = jsonify(answer.body)
+    response.status_code = answer.status
+    return response
+
+
+def _handle(key: str | None, agent: str | None, path: str) -> Response:
+    agent = agent or request.headers.get("X-Polar-Agent") or None
+    found = route(request.method, path)
+    service = _service()
+    if found is None:
+        return _respond(ProxyAnswer(404, openai_chat.render_error(404, f"no such route: {request.method} /{path}")))
+    protocol, operation = found
+    if operation == "models":
+        return _respond(service.models(protocol, key))
+    return _respond(service.generate(protocol, key, agent, request.get_data(cache=False)))
+
+
+def create_app(config: Config | None = None) -> Flask:
+    config = config or load_config()
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
+    engines = EnginePool(config.engine_urls, config.engine_timeout_s)
+    app.extensions["polar_proxy"] = ProxyService(config, Database(config.database_url, pool_size=32), engines)
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return jsonify({"status": "ok"})
+
+    methods = ["GET", "POST", "HEAD"]
+
+    @app.route("/s/<key>/a/<agent>/<path:path>", methods=methods)
+    def with_agent(key: str, agent: str, path: str) -> Response:
+        return _handle(key, agent, path)
+
+    @app.route("/s/<key>/<path:path>", methods=methods)
+    def with_key(key: str, path: str) -> Response:
+        return _handle(key, None, path)
+
+    @app.route("/<path:path>", methods=methods)
+    def bare(path: str) -> Response:
+        return _handle(_key_from_headers(), None, path)
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> tuple[Response, int]:
+        status = exc.code or 500
+        return jsonify(openai_chat.render_error(status, exc.description or exc.name)), status
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception) -> tuple[Response, int]:
+        app.logger.exception("unhandled proxy error")
+        return jsonify(openai_chat.render_error(500, f"internal proxy error: {type(exc).__name__}")), 500
+
+    return app

@@ -1,0 +1,58 @@
+"""The Celery app: four stage queues (init, ready, run, postrun), each consumed by its own worker pool.
+
+Tasks are acknowledged late and rejected (requeued) when their worker process dies; every task is named for its
+stage so Flower shows each queue's work. ``celery -A workers worker -Q run -c 8`` starts a run pool.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from celery import Celery
+from kombu import Queue
+
+from polar.config import Config, load_config
+from polar.dispatch import Stage
+
+TASK_NAMES = {stage: f"polar.{stage.value}" for stage in Stage}
+
+
+def _transport_options(config: Config) -> dict[str, object]:
+    if config.broker_url.startswith("filesystem://"):
+        folder = Path(config.state_dir) / "broker"
+        for sub in ("queue", "processed"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        return {
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            "store_processed": False,
+            "polling_interval": 0.05,
+        }
+    # Unacknowledged messages come back after this long; a run may legitimately hold one for its whole budget,
+    # so this must exceed the longest session. Lost work is picked up sooner by the reconciler.
+    visibility = float(os.environ.get("POLAR_VISIBILITY_TIMEOUT", 7 * 24 * 3600))
+    return {"visibility_timeout": visibility}
+
+
+def create_celery(config: Config) -> Celery:
+    app = Celery("polar", broker=config.broker_url, include=["workers.stages"])
+    app.conf.update(
+        task_queues=[Queue(stage.value) for stage in Stage],
+        task_routes={TASK_NAMES[stage]: {"queue": stage.value} for stage in Stage},
+        task_default_queue=Stage.INIT.value,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_ignore_result=True,
+        worker_prefetch_multiplier=1,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options=_transport_options(config),
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+celery_app = create_celery(load_config())
