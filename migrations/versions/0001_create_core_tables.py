@@ -129,17 +129,17 @@ def upgrade() -> None:
         sa.Column("policy_version", sa.Text(), nullable=True),
         sa.Column(
             "request",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON().with_variant(postgresql.JSON(astext_type=sa.Text()), "postgresql"),
             nullable=False,
         ),
         sa.Column(
             "normalized_request",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON().with_variant(postgresql.JSON(astext_type=sa.Text()), "postgresql"),
             nullable=False,
         ),
         sa.Column(
             "response",
-            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            sa.JSON().with_variant(postgresql.JSON(astext_type=sa.Text()), "postgresql"),
             nullable=False,
         ),
         sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),

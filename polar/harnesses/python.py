@@ -5,7 +5,6 @@ The function runs with the proxy environment (``OPENAI_BASE_URL`` etc.); it retu
 
 from __future__ import annotations
 
-import importlib
 import sys
 from typing import ClassVar
 
@@ -17,21 +16,5 @@ class PythonHarness:
 
     def launch(self, context: HarnessContext) -> HarnessLaunch:
         target = context.spec.command or ""
-        command = [sys.executable, "-m", "polar.harnesses.python", target, context.instruction]
+        command = [sys.executable, "-m", "polar.harnesses.python_entry", target, context.instruction]
         return HarnessLaunch(command, proxy_environment(context))
-
-
-def main(argv: list[str]) -> int:
-    """Entry point inside the harness process: ``python -m polar.harnesses.python module:function instruction``."""
-    target, instruction = argv
-    module_name, _, function_name = target.partition(":")
-    sys.path.insert(0, ".")
-    function = importlib.import_module(module_name)
-    for part in function_name.split("."):
-        function = getattr(function, part)
-    result = function(instruction)
-    return int(result or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

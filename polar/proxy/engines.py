@@ -44,18 +44,33 @@ class EnginePool:
         self.urls = tuple(urls)
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=5.0), limits=limits)
+        self._served: dict[str, str] = {}
+
+    def served_model(self, url: str) -> str:
+        """The model name an engine serves (its first ``/v1/models`` entry), asked once per engine."""
+        if url not in self._served:
+            try:
+                response = self._client.get(url + "/v1/models", timeout=5.0)
+                self._served[url] = response.json()["data"][0]["id"]
+            except httpx.ConnectError:
+                raise
+            except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+                raise EngineError(f"engine {url} did not say which model it serves: {exc}", status_code=502) from exc
+        return self._served[url]
 
     def order(self, session_id: uuid.UUID) -> list[str]:
         """Engines to try for this session: its pinned one first."""
         start = int.from_bytes(hashlib.sha256(session_id.bytes).digest()[:8], "big") % len(self.urls)
         return [self.urls[(start + i) % len(self.urls)] for i in range(len(self.urls))]
 
-    def post(self, session_id: uuid.UUID, path: str, body: dict[str, Any]) -> EngineReply:
-        """POST ``body`` to ``path`` on the session's engine; 4xx answers come back, failures raise."""
+    def post(self, session_id: uuid.UUID, path: str, body: dict[str, Any], model: str | None) -> EngineReply:
+        """POST ``body`` to ``path`` on the session's engine, naming ``model`` (default: the model the engine
+        serves); 4xx answers come back, failures raise."""
         last: Exception | None = None
         for url in self.order(session_id):
             started = time.perf_counter()
             try:
+                body["model"] = model or self.served_model(url)
                 response = self._client.post(url + path, json=body)
             except httpx.ConnectError as exc:
                 last = exc

@@ -101,8 +101,7 @@ class ProxyService:
                 raise ValidationError(f"request body is not valid JSON: {exc}") from exc
             request = protocol.normalize(body)
             engine_body = _capture_fields(request.engine_body)
-            engine_body["model"] = self.config.served_model or request.model
-            reply = self.engines.post(session_id, "/v1/chat/completions", engine_body)
+            reply = self.engines.post(session_id, "/v1/chat/completions", engine_body, self.config.served_model)
             self._capture(session_id, agent, request, body, engine_body, reply, started)
         except PolarError as exc:
             return self.error(protocol, exc)

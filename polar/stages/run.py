@@ -61,7 +61,10 @@ def _execute(services: Services, claimed: Claimed, key: str) -> tuple[Outcome, i
     )
     if result.timed_out:
         return Outcome.TIMEOUT, None, f"harness exceeded the session budget of {task.timeout_seconds:g}s"
-    error = None if result.exit_code == 0 else f"harness exited with code {result.exit_code}"
+    # The session directory goes at teardown, so a failing harness's last output is kept with the error.
+    error = (
+        None if result.exit_code == 0 else f"harness exited with code {result.exit_code}: {result.output_tail[-2000:]}"
+    )
     return Outcome.EXITED, result.exit_code, error
 
 

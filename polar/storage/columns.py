@@ -28,3 +28,11 @@ def text_array() -> sa.types.TypeEngine[list[str]]:
 def json_document() -> sa.types.TypeEngine[object]:
     """Free JSON: ``jsonb`` in Postgres."""
     return sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+
+
+def verbatim_json() -> sa.types.TypeEngine[object]:
+    """Captured payloads: ``json`` (not ``jsonb``) in Postgres, which keeps key order and text exactly as sent.
+
+    Key order matters here: a tool schema re-serialised in another order tokenises differently.
+    """
+    return sa.JSON().with_variant(postgresql.JSON(), "postgresql")

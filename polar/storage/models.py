@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from polar.storage.columns import int_array, json_document, real_array, small_int_array, text_array
+from polar.storage.columns import int_array, json_document, real_array, small_int_array, text_array, verbatim_json
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -121,9 +121,9 @@ class ModelCall(Base):
     engine_latency_ms: Mapped[float | None] = mapped_column(sa.Float())
     engine_url: Mapped[str | None] = mapped_column(sa.Text())
     policy_version: Mapped[str | None] = mapped_column(sa.Text())
-    request: Mapped[dict[str, Any]] = mapped_column(json_document(), nullable=False)
-    normalized_request: Mapped[dict[str, Any]] = mapped_column(json_document(), nullable=False)
-    response: Mapped[dict[str, Any]] = mapped_column(json_document(), nullable=False)
+    request: Mapped[dict[str, Any]] = mapped_column(verbatim_json(), nullable=False)
+    normalized_request: Mapped[dict[str, Any]] = mapped_column(verbatim_json(), nullable=False)
+    response: Mapped[dict[str, Any]] = mapped_column(verbatim_json(), nullable=False)
     created_at: Mapped[datetime] = _created()
 
 

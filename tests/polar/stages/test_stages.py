@@ -1,0 +1,133 @@
+"""The stage functions called directly, in order, against Postgres and the local runtime."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from polar.batches import request_hash, submit_batch
+from polar.dispatch import Stage
+from polar.reconciler import reconcile
+from polar.services import Services
+from polar.stages.init import init_session
+from polar.stages.postrun import postrun_session
+from polar.stages.ready import ready_session
+from polar.stages.run import run_session
+from polar.storage.models import Session, SessionEvent
+from polar.task_request import parse_batch_request
+from tests.support import command_task, domain_services
+
+STAGE_FUNCTIONS = {Stage.INIT: init_session, Stage.READY: ready_session, Stage.RUN: run_session,
+                   Stage.POSTRUN: postrun_session}  # fmt: skip
+
+
+@pytest.fixture
+def services(database_url: str, tmp_path: Path) -> Services:
+    return domain_services(database_url, tmp_path, ready_buffer=4)
+
+
+def submit(services: Services, *tasks: dict) -> uuid.UUID:
+    body = {"tasks": list(tasks)}
+    return submit_batch(services, parse_batch_request(body), request_hash(body)).batch_id
+
+
+def drain(services: Services) -> None:
+    """Deliver queued stage messages one by one, as workers would, until none are left."""
+    sent = services.dispatcher.sent  # type: ignore[attr-defined]
+    while sent:
+        stage, session_id = sent.pop(0)
+        STAGE_FUNCTIONS[stage](services, session_id)
+
+
+def sessions(services: Services) -> list[Session]:
+    with services.db.unit() as db:
+        return list(db.scalars(sa.select(Session).order_by(Session.sample_index)))
+
+
+def test_a_session_walks_every_stage(services: Services) -> None:
+    submit(services, command_task("t", "echo {instruction} > out.txt", runtime={"prepare": [{"run": "echo prep"}]}))
+    drain(services)
+    (session,) = sessions(services)
+    assert session.state == "completed"
+    assert session.reward == 1.0 and session.exit_code == 0
+    with services.db.unit() as db:
+        states = db.scalars(
+            sa.select(SessionEvent.to_state).where(SessionEvent.session_id == session.id).order_by(SessionEvent.id)
+        ).all()
+    assert states == ["pending", "init", "ready", "running", "postrun", "completed"]
+    assert session.runtime_handle is None  # torn down
+    assert not (Path(services.config.work_root) / str(session.id)).exists()
+
+
+def test_nonzero_exit_fails_with_reward_zero(services: Services) -> None:
+    submit(services, command_task("t", "exit 3"))
+    drain(services)
+    (session,) = sessions(services)
+    assert (session.state, session.reward, session.exit_code) == ("failed", 0.0, 3)
+    assert "code 3" in (session.error or "")
+
+
+def test_timeout_kills_the_process_group(services: Services, tmp_path: Path) -> None:
+    marker = tmp_path / "child-alive"
+    command = f"(sleep 30; touch {marker}) & sleep 30"
+    submit(services, command_task("t", command, timeout_seconds=1.0))
+    drain(services)
+    (session,) = sessions(services)
+    assert session.state == "timed_out"
+    assert session.reward == 0.0
+    assert not marker.exists()
+
+
+def test_failing_prepare_step_ends_failed(services: Services) -> None:
+    submit(services, command_task("t", "true", runtime={"prepare": [{"run": "echo nope >&2; exit 7"}]}))
+    drain(services)
+    (session,) = sessions(services)
+    assert session.state == "failed"
+    assert "exited with code 7" in (session.error or "") and "nope" in (session.error or "")
+
+
+def test_redelivered_messages_change_nothing(services: Services) -> None:
+    submit(services, command_task("t", "true", num_samples=2))
+    sent = services.dispatcher.sent  # type: ignore[attr-defined]
+    delivered: list[tuple[Stage, uuid.UUID]] = []
+    while sent:
+        message = sent.pop(0)
+        delivered.append(message)
+        STAGE_FUNCTIONS[message[0]](services, message[1])
+    for stage, session_id in delivered:  # every message a second time
+        STAGE_FUNCTIONS[stage](services, session_id)
+    assert not sent
+    assert [s.state for s in sessions(services)] == ["completed", "completed"]
+    with services.db.unit() as db:
+        events = db.scalar(sa.select(sa.func.count()).select_from(SessionEvent))
+    assert events == 2 * 6
+
+
+def test_admission_respects_the_ready_buffer(database_url: str, tmp_path: Path) -> None:
+    services = domain_services(database_url, tmp_path, ready_buffer=2)
+    submit(services, command_task("t", "true", num_samples=5))
+    states = [s.state for s in sessions(services)]
+    assert states.count("init") == 2 and states.count("pending") == 3
+    drain(services)
+    assert [s.state for s in sessions(services)] == ["completed"] * 5
+
+
+def test_reconciler_recovers_a_lost_run(services: Services) -> None:
+    submit(services, command_task("t", "true"))
+    sent = services.dispatcher.sent  # type: ignore[attr-defined]
+    while sent and sent[0][0] is not Stage.RUN:
+        stage, session_id = sent.pop(0)
+        STAGE_FUNCTIONS[stage](services, session_id)
+    (_, session_id), = sent
+    sent.clear()
+    # The run worker took the session and died: running, with a heartbeat long gone.
+    with services.db.unit() as db:
+        db.execute(sa.update(Session).values(state="running", heartbeat_at=sa.func.now() - sa.text("interval '1 hour'")))
+    done = reconcile(services)
+    assert done["lost_runs"] == 1
+    drain(services)
+    (session,) = sessions(services)
+    assert session.state == "failed" and session.outcome == "worker_lost"
