@@ -132,3 +132,12 @@ def running_stack(
         client.close()
         db.dispose()
         stack.stop()
+
+
+def process_alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (killed, not yet reaped by an init that may never reap) counts as gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

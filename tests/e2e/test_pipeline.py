@@ -90,7 +90,5 @@ def test_batch_end_to_end_is_token_exact(database_url: str, broker_url: str, tmp
         rows = stack.sql("SELECT request::text || normalized_request::text || response::text FROM model_calls")
         assert all("pk-" not in row[0] for row in rows)
         # Events: every session walked every state once, in order.
-        paths = stack.sql(
-            "SELECT string_agg(to_state, ',' ORDER BY id) FROM session_events GROUP BY session_id"
-        )
+        paths = stack.sql("SELECT string_agg(to_state, ',' ORDER BY id) FROM session_events GROUP BY session_id")
         assert {row[0] for row in paths} == {"pending,init,ready,running,postrun,completed"}

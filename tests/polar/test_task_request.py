@@ -42,7 +42,10 @@ def test_bad_requests_name_the_field(body: Any, field: str | None, words: str) -
 def test_defaults_merge_under_each_task() -> None:
     body = {
         "defaults": {"timeout_seconds": 30, "harness": {"name": "command", "command": "echo {instruction}"}},
-        "tasks": [{"task_id": "a", "instruction": "x"}, task(timeout_seconds=5, harness={"name": "command", "command": "ls"})],
+        "tasks": [
+            {"task_id": "a", "instruction": "x"},
+            task(timeout_seconds=5, harness={"name": "command", "command": "ls"}),
+        ],
     }
     request = parse_batch_request(body)
     assert request.tasks[0].timeout_seconds == 30

@@ -121,11 +121,13 @@ def test_reconciler_recovers_a_lost_run(services: Services) -> None:
     while sent and sent[0][0] is not Stage.RUN:
         stage, session_id = sent.pop(0)
         STAGE_FUNCTIONS[stage](services, session_id)
-    (_, session_id), = sent
+    ((_, session_id),) = sent
     sent.clear()
     # The run worker took the session and died: running, with a heartbeat long gone.
     with services.db.unit() as db:
-        db.execute(sa.update(Session).values(state="running", heartbeat_at=sa.func.now() - sa.text("interval '1 hour'")))
+        db.execute(
+            sa.update(Session).values(state="running", heartbeat_at=sa.func.now() - sa.text("interval '1 hour'"))
+        )
     done = reconcile(services)
     assert done["lost_runs"] == 1
     drain(services)

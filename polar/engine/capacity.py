@@ -1,0 +1,103 @@
+"""The capacity model that stands in for a GPU, and the Prometheus metrics it reports.
+
+At most `max_num_seqs` sequences run at once; later requests wait for a slot and are counted as waiting, as in
+vLLM's scheduler. A running request sleeps for its prefill (`prompt_tokens / prefill_tokens_per_s`) and decode
+(`completion_tokens / decode_tokens_per_s`) time; a rate of 0 means instant, so with zero rates the engine adds
+no latency at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from polar.engine.settings import EngineSettings
+
+_GAUGES = (
+    ("num_requests_running", "gauge", "Number of requests in model execution batches."),
+    ("num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
+    ("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
+    ("prompt_tokens_total", "counter", "Number of prefill tokens processed."),
+    ("generation_tokens_total", "counter", "Number of generation tokens processed."),
+    ("request_success_total", "counter", "Count of successfully processed requests."),
+)
+
+
+class Capacity:
+    """Slots, simulated latency and the counters behind `/metrics` for one engine (one event loop)."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self._settings = settings
+        self._slots = asyncio.Semaphore(settings.max_num_seqs)
+        self.running = 0
+        self.waiting = 0
+        self.tokens_in_flight = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.request_success_total = 0
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one of the `max_num_seqs` sequence slots for the duration of the block."""
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
+            self._slots.release()
+
+    def prefill_seconds(self, prompt_tokens: int) -> float:
+        """Simulated time to process a prompt."""
+        rate = self._settings.prefill_tokens_per_s
+        return prompt_tokens / rate if rate > 0 else 0.0
+
+    def decode_seconds(self, completion_tokens: int) -> float:
+        """Simulated time to sample `completion_tokens` tokens."""
+        rate = self._settings.decode_tokens_per_s
+        return completion_tokens / rate if rate > 0 else 0.0
+
+    @contextlib.asynccontextmanager
+    async def sequence(self, prompt_tokens: int, completion_tokens: int) -> AsyncIterator[None]:
+        """Account a running sequence's tokens (KV usage while it runs, totals when it ends well)."""
+        total = prompt_tokens + completion_tokens
+        self.tokens_in_flight += total
+        try:
+            yield
+        finally:
+            self.tokens_in_flight -= total
+        self.prompt_tokens_total += prompt_tokens
+        self.generation_tokens_total += completion_tokens
+        self.request_success_total += 1
+
+    @staticmethod
+    async def sleep(seconds: float) -> None:
+        """Sleep only when there is something to wait for (zero rates must cost nothing)."""
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+
+    def kv_cache_usage(self) -> float:
+        """Tokens held by running sequences over the cache size, taken as max_num_seqs full contexts."""
+        size = self._settings.max_num_seqs * self._settings.max_model_len
+        return min(1.0, self.tokens_in_flight / size)
+
+    def metrics_text(self) -> str:
+        """Prometheus text exposition of vLLM's main gauges and counters."""
+        labels = f'{{engine="0",model_name="{self._settings.model}"}}'
+        values = {
+            "num_requests_running": float(self.running),
+            "num_requests_waiting": float(self.waiting),
+            "kv_cache_usage_perc": self.kv_cache_usage(),
+            "prompt_tokens_total": float(self.prompt_tokens_total),
+            "generation_tokens_total": float(self.generation_tokens_total),
+            "request_success_total": float(self.request_success_total),
+        }
+        lines: list[str] = []
+        for name, kind, text in _GAUGES:
+            lines += [f"# HELP vllm:{name} {text}", f"# TYPE vllm:{name} {kind}", f"vllm:{name}{labels} {values[name]}"]
+        return "\n".join(lines) + "\n"

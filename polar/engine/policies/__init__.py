@@ -1,0 +1,24 @@
+"""Policies decide what the reference engine's "model" says.
+
+`base` defines the contract (PolicyRequest in, AssistantTurn out); `scripted`, `arithmetic` and `echo` are the
+built-in policies; `registry` maps names to them and imports `module:Class` paths for outside ones.
+"""
+
+from polar.engine.policies.arithmetic import ArithmeticPolicy
+from polar.engine.policies.base import AssistantTurn, Policy, PolicyRequest, SamplingParams
+from polar.engine.policies.echo import EchoPolicy
+from polar.engine.policies.registry import POLICIES, PolicyFactory, load_policy
+from polar.engine.policies.scripted import ScriptedPolicy
+
+__all__ = [
+    "POLICIES",
+    "ArithmeticPolicy",
+    "AssistantTurn",
+    "EchoPolicy",
+    "Policy",
+    "PolicyFactory",
+    "PolicyRequest",
+    "SamplingParams",
+    "ScriptedPolicy",
+    "load_policy",
+]

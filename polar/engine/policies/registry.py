@@ -1,0 +1,43 @@
+"""The policy registry: names to factories, plus `module:Class` import paths for policies defined elsewhere."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from polar.engine.policies.arithmetic import ArithmeticPolicy
+from polar.engine.policies.base import Policy
+from polar.engine.policies.echo import EchoPolicy
+from polar.engine.policies.scripted import ScriptedPolicy
+
+PolicyFactory = Callable[[Mapping[str, Any]], Policy]
+
+POLICIES: Mapping[str, PolicyFactory] = {
+    "scripted": ScriptedPolicy,
+    "arithmetic": ArithmeticPolicy,
+    "echo": EchoPolicy,
+}
+
+
+def load_policy(name: str, config: Mapping[str, Any] | None = None) -> Policy:
+    """Build the policy `name` (a registry name or `package.module:Class`) from its config."""
+    factory = POLICIES.get(name)
+    if factory is None:
+        factory = _import_factory(name)
+    return factory(dict(config or {}))
+
+
+def _import_factory(path: str) -> PolicyFactory:
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        known = ", ".join(sorted(POLICIES))
+        raise ValueError(f"unknown policy {path!r}: use one of {known} or 'package.module:Class'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import policy module {module_name!r}: {exc}") from exc
+    factory: PolicyFactory | None = getattr(module, attribute, None)
+    if not callable(factory):
+        raise ValueError(f"policy {path!r}: {module_name} has no callable {attribute!r}")
+    return factory

@@ -1,0 +1,38 @@
+"""Settings of the reference engine: one frozen value the CLI builds and `serve` consumes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Everything the reference engine needs to start.
+
+    The rates and `max_num_seqs` form the capacity model that stands in for a GPU: a request waits for one
+    of `max_num_seqs` slots, then sleeps `prompt_tokens / prefill_tokens_per_s +
+    completion_tokens / decode_tokens_per_s` (a rate of 0 means instant).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = "polar-reference"
+    policy: str = "scripted"
+    policy_config: Mapping[str, Any] = field(default_factory=dict)
+    strip_earlier_reasoning: bool = False
+    max_num_seqs: int = 256
+    prefill_tokens_per_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
+    max_model_len: int = 32768
+    log_path: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be at least 1")
+        if self.prefill_tokens_per_s < 0 or self.decode_tokens_per_s < 0:
+            raise ValueError("token rates must not be negative")
+        if self.max_model_len < 16:
+            raise ValueError("max_model_len must be at least 16")

@@ -1,0 +1,62 @@
+"""SIGKILL a run worker mid-session: the session still ends in a terminal state with the call it already
+made rebuilt into a trajectory, the orphaned harness is killed, and nothing is duplicated, even after the
+broker redelivers the killed worker's unacknowledged message."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from tests.support import process_alive, running_stack, wait_until
+
+REPO = str(Path(__file__).resolve().parents[2])
+
+
+def slow_task(task_id: str, seconds: float, pid_dir: Path) -> dict:
+    return {
+        "task_id": task_id,
+        "instruction": "work slowly",
+        "harness": {
+            "name": "python",
+            "command": "tests.e2e.agents.slow:run",
+            "env": {"PYTHONPATH": REPO, "SLOW_AGENT_SECONDS": str(seconds), "SLOW_AGENT_PID_DIR": str(pid_dir)},
+        },
+    }
+
+
+def test_killed_run_worker_loses_nothing(database_url: str, broker_url: str, tmp_path: Path) -> None:
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    env = {"POLAR_VISIBILITY_TIMEOUT": "6"}
+    with running_stack(database_url, broker_url, tmp_path, run_concurrency=1, env=env) as stack:
+        batch = {"tasks": [slow_task("victim", 120, pid_dir), slow_task("next", 0.5, pid_dir)]}
+        submitted = stack.client.submit(batch)
+        victim = wait_until(
+            lambda: stack.sql(
+                "SELECT id FROM sessions WHERE task_id = 'victim' AND state = 'running' AND num_calls = 1"
+            ),
+            message="the victim session to make its call",
+        )[0][0]
+        harness_pid = int(wait_until(lambda: (pid_dir / str(victim)).exists() and (pid_dir / str(victim)).read_text()))
+        stack.stack.signal("worker-run", signal.SIGKILL)
+        stack.stack.processes["worker-run"].wait()
+        stack.stack.start_one("worker-run")
+
+        final = stack.wait(submitted["batch_id"], timeout_s=90)
+        assert final["counts"] == {"completed": 1, "failed": 1}
+        time.sleep(8)  # past the visibility timeout: the killed worker's message comes back and must change nothing
+
+        (row,) = stack.sql("SELECT state, outcome, error, num_calls FROM sessions WHERE id = :id", id=victim)
+        assert row.state == "failed" and row.outcome == "worker_lost" and "run worker lost" in row.error
+        assert not process_alive(harness_pid)
+        per_session = stack.sql(
+            "SELECT s.task_id, s.num_calls, count(t.id) FROM sessions s LEFT JOIN trajectories t "
+            "ON t.session_id = s.id GROUP BY s.id ORDER BY s.task_id"
+        )
+        assert [tuple(r) for r in per_session] == [("next", 1, 1), ("victim", 1, 1)]
+        terminal_events = stack.sql(
+            "SELECT session_id, count(*) FROM session_events WHERE to_state IN ('completed', 'failed') "
+            "GROUP BY session_id"
+        )
+        assert sorted(r[1] for r in terminal_events) == [1, 1]

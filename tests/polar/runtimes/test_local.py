@@ -1,0 +1,65 @@
+"""The local runtime: private directories, the proxy environment, process-group kills."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from polar.config import load_config
+from polar.errors import RuntimeFailure
+from polar.runtimes import attach_runtime, create_runtime
+from polar.task_request import RuntimeSpec
+from tests.support import process_alive
+
+
+@pytest.fixture
+def config(tmp_path: Path):  # type: ignore[no-untyped-def]
+    return load_config({"POLAR_WORK_ROOT": str(tmp_path / "sessions")}, cwd=tmp_path)
+
+
+def test_commands_run_in_the_work_directory(config) -> None:  # type: ignore[no-untyped-def]
+    runtime = create_runtime(uuid.uuid4(), RuntimeSpec(), config)
+    result = runtime.exec(["/bin/sh", "-c", "pwd; echo $GREETING"], {"GREETING": "hi"}, 10, "t")
+    assert result.exit_code == 0 and not result.timed_out
+    assert result.output_tail.splitlines() == [str(runtime.session_dir / "work"), "hi"]
+    assert oct(runtime.session_dir.stat().st_mode)[-3:] == "700"
+
+
+def test_timeout_kills_the_whole_group(config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    runtime = create_runtime(uuid.uuid4(), RuntimeSpec(), config)
+    pid_file = tmp_path / "grandchild"
+    started = time.monotonic()
+    result = runtime.exec(["/bin/sh", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], {}, 0.5, "t")
+    assert result.timed_out and result.exit_code is None
+    assert time.monotonic() - started < 5
+    assert not process_alive(int(pid_file.read_text()))
+
+
+def test_background_children_do_not_outlive_a_clean_exit(config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    runtime = create_runtime(uuid.uuid4(), RuntimeSpec(), config)
+    pid_file = tmp_path / "leftover"
+    result = runtime.exec(["/bin/sh", "-c", f"sleep 60 & echo $! > {pid_file}"], {}, 10, "t")
+    assert result.exit_code == 0
+    assert not process_alive(int(pid_file.read_text()))
+
+
+def test_attach_copy_and_destroy(config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    runtime = create_runtime(uuid.uuid4(), RuntimeSpec(), config)
+    source = tmp_path / "data.txt"
+    source.write_text("payload")
+    runtime.copy_in(source, "sub/data.txt")
+    again = attach_runtime(runtime.handle, config)
+    assert again.is_alive()
+    assert (again.session_dir / "work" / "sub" / "data.txt").read_text() == "payload"
+    again.destroy()
+    assert not runtime.is_alive() and not runtime.session_dir.exists()
+    again.destroy()  # twice is fine
+
+
+def test_missing_program_is_a_runtime_failure(config) -> None:  # type: ignore[no-untyped-def]
+    runtime = create_runtime(uuid.uuid4(), RuntimeSpec(), config)
+    with pytest.raises(RuntimeFailure):
+        runtime.exec(["/no/such/program"], {}, 5, "t")

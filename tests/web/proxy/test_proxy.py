@@ -1,0 +1,96 @@
+"""The proxy under gunicorn in front of the reference engine, driven by the official ``openai`` SDK: key
+handling (path, bearer, unknown, finished session), agent labels, and errors in OpenAI's shape."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import sqlalchemy as sa
+
+from polar.batches import request_hash, submit_batch
+from polar.launcher import Stack, engine_spec, gunicorn_spec
+from polar.proxy.keys import hash_key
+from polar.services import Services
+from polar.storage.models import ModelCall, Session
+from polar.task_request import parse_batch_request
+from tests.support import command_task, domain_services, free_port
+
+
+@pytest.fixture
+def proxy(database_url: str, tmp_path: Path) -> Iterator[tuple[str, Services]]:
+    engine_port, proxy_port = free_port(), free_port()
+    env = {"POLAR_DATABASE_URL": database_url, "POLAR_ENGINE_URLS": f"http://127.0.0.1:{engine_port}"}
+    stack = Stack(
+        [engine_spec(engine_port, "scripted"), gunicorn_spec("proxy", "web.proxy:create_app()", proxy_port)],
+        env,
+        tmp_path / "logs",
+    )
+    with stack:
+        services = domain_services(database_url, tmp_path)
+        yield f"http://127.0.0.1:{proxy_port}", services
+        services.db.dispose()
+
+
+def running_session(services: Services, key: str, state: str = "running") -> uuid.UUID:
+    body = {"tasks": [command_task("t", "true")]}
+    batch_id = submit_batch(services, parse_batch_request(body), request_hash(body)).batch_id
+    with services.db.unit() as db:
+        session_id = db.scalar(sa.select(Session.id).where(Session.batch_id == batch_id))
+        db.execute(sa.update(Session).where(Session.id == session_id).values(state=state, proxy_key_hash=hash_key(key)))
+    return session_id
+
+
+def test_keys_agents_and_errors(proxy: tuple[str, Services]) -> None:
+    url, services = proxy
+    key = "pk-test-" + uuid.uuid4().hex
+    session_id = running_session(services, key)
+
+    client = openai.OpenAI(base_url=f"{url}/s/{key}/a/planner/v1", api_key="ignored", max_retries=0)
+    reply = client.chat.completions.create(model="my-model", messages=[{"role": "user", "content": "hi"}])
+    assert reply.model == "my-model" and reply.choices[0].message.content == "OK."
+
+    bare = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    streamed = "".join(
+        chunk.choices[0].delta.content or ""
+        for chunk in bare.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=True, extra_headers={"X-Polar-Agent": "w"}
+        )
+        if chunk.choices
+    )
+    assert streamed == "OK."
+    assert [m.id for m in bare.models.list()] == ["polar-reference"]
+
+    with services.db.unit() as db:
+        calls = db.execute(sa.select(ModelCall.seq, ModelCall.agent, ModelCall.stream).order_by(ModelCall.seq)).all()
+    assert [tuple(c) for c in calls] == [(1, "planner", False), (2, "w", True)]
+
+    unknown = openai.OpenAI(base_url=f"{url}/s/pk-nope/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as caught:
+        unknown.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.status_code == 401 and "unknown proxy key" in str(caught.value)
+
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model="m", messages=[])
+    assert "messages" in str(bad.value)
+
+    raw = httpx.post(
+        f"{url}/s/{key}/v1/chat/completions", content=b"{oops", headers={"content-type": "application/json"}
+    )
+    assert raw.status_code == 400 and raw.json()["error"]["type"] == "invalid_request_error"
+    missing = httpx.post(f"{url}/v1/chat/completions", json={"model": "m", "messages": []})
+    assert missing.status_code == 401 and "no proxy key" in missing.json()["error"]["message"]
+    nowhere = httpx.get(f"{url}/s/{key}/v1/nothing")
+    assert nowhere.status_code == 404 and "error" in nowhere.json()
+
+    with services.db.unit() as db:
+        db.execute(sa.update(Session).where(Session.id == session_id).values(state="postrun"))
+    with pytest.raises(openai.AuthenticationError) as ended:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "late"}])
+    assert "postrun" in str(ended.value)
+    with services.db.unit() as db:
+        assert db.scalar(sa.select(sa.func.count()).select_from(ModelCall)) == 2
