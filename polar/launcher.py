@@ -5,6 +5,7 @@ uses it against Postgres and Redis. It runs commands; it never imports the web o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -129,20 +130,14 @@ class Stack:
 
     def stop_one(self, name: str, timeout_s: float = 10.0) -> None:
         process = self.processes.pop(name, None)
-        if process is None or process.poll() is not None:
-            return
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        except ProcessLookupError:
-            pass
+        if process is not None:
+            _terminate([process], timeout_s)
 
-    def stop(self) -> None:
-        for name in reversed(list(self.processes)):
-            self.stop_one(name)
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM every process group at once, then SIGKILL whatever has not left after ``timeout_s``."""
+        processes = list(self.processes.values())
+        self.processes.clear()
+        _terminate(processes, timeout_s)
 
     def __enter__(self) -> Stack:
         self.start()
@@ -150,3 +145,18 @@ class Stack:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+def _terminate(processes: Sequence[subprocess.Popen[bytes]], timeout_s: float) -> None:
+    for process in processes:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

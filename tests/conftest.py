@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -38,21 +39,28 @@ def template_database() -> Iterator[str]:
     _admin(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
 
 
+@contextmanager
+def _fresh_database(prefix: str, template: str | None = None) -> Iterator[str]:
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    _admin(f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
+    try:
+        yield _sqlalchemy_url(name)
+    finally:
+        _admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 @pytest.fixture
 def database_url(template_database: str) -> Iterator[str]:
     """A fresh, migrated Postgres database for this test."""
-    name = f"polar_test_{uuid.uuid4().hex[:12]}"
-    _admin(f"CREATE DATABASE {name} TEMPLATE {template_database}")
-    yield _sqlalchemy_url(name)
-    _admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with _fresh_database("polar_test", template_database) as url:
+        yield url
 
 
 @pytest.fixture
 def empty_database_url() -> Iterator[str]:
-    name = f"polar_empty_{uuid.uuid4().hex[:12]}"
-    _admin(f"CREATE DATABASE {name}")
-    yield _sqlalchemy_url(name)
-    _admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    """A fresh database with no schema at all (for migration tests)."""
+    with _fresh_database("polar_empty") as url:
+        yield url
 
 
 @pytest.fixture

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import httpx
+
+from tests.support import process_alive
 
 
 def test_demo_runs_end_to_end_on_embedded_defaults(tmp_path: Path) -> None:
@@ -29,3 +36,26 @@ def test_demo_runs_end_to_end_on_embedded_defaults(tmp_path: Path) -> None:
     for line in lines:
         assert len(line["token_ids"]) == len(line["loss_mask"]) == len(line["logprobs"])
         assert line["reward"] == 1.0
+
+
+def test_up_stays_up_and_stops_cleanly(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
+    log = (tmp_path / "up.log").open("w+")
+    up = subprocess.Popen([sys.executable, "-m", "polar", "up"], cwd=tmp_path, env=env, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 90
+        while "Polar is up" not in (tmp_path / "up.log").read_text():
+            assert up.poll() is None and time.monotonic() < deadline, (tmp_path / "up.log").read_text()
+            time.sleep(0.2)
+        api = re.search(r"API (http://\S+)", (tmp_path / "up.log").read_text()).group(1)  # type: ignore[union-attr]
+        assert httpx.get(f"{api}/healthz").json() == {"status": "ok"}
+        children = [
+            int(p) for p in subprocess.run(["pgrep", "-P", str(up.pid)], capture_output=True, text=True).stdout.split()
+        ]
+        assert len(children) == 7  # engine, api, proxy, four stage workers
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(timeout=30)
+        log.close()
+    assert up.returncode == 0
+    assert not any(process_alive(pid) for pid in children)
