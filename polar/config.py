@@ -5,6 +5,7 @@ Every process builds one ``Config`` at start-up and passes it down; nothing read
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Mapping
@@ -34,6 +35,7 @@ class Config:
     api_url: str = "http://127.0.0.1:8200"
     node: str = field(default_factory=socket.gethostname)
     served_model: str | None = None
+    sampling_overrides: Mapping[str, Any] = field(default_factory=dict)
     engine_timeout_s: float = 600.0
     heartbeat_interval_s: float = 5.0
     stale_after_s: float = 30.0
@@ -76,6 +78,19 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
         raise ValidationError(f"{name} must be a number, got {raw!r}", field=name) from exc
 
 
+def _json_object(env: Mapping[str, str], name: str) -> dict[str, Any]:
+    raw = env.get(name)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(f"{name} must be a JSON object: {exc}", field=name) from exc
+    if not isinstance(value, dict):
+        raise ValidationError(f"{name} must be a JSON object", field=name)
+    return value
+
+
 def embedded_urls(root: Path) -> tuple[str, str]:
     """The SQLite database and filesystem broker an embedded deployment uses under ``root``."""
     return f"sqlite:///{(root / 'polar.db').resolve()}", "filesystem://"
@@ -109,6 +124,7 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         api_url=(env.get("POLAR_API_URL") or base.api_url).rstrip("/"),
         node=env.get("POLAR_NODE") or socket.gethostname(),
         served_model=env.get("POLAR_SERVED_MODEL") or None,
+        sampling_overrides=_json_object(env, "POLAR_SAMPLING_OVERRIDES"),
         engine_timeout_s=_number(env, "POLAR_ENGINE_TIMEOUT", base.engine_timeout_s),
         heartbeat_interval_s=_number(env, "POLAR_HEARTBEAT_INTERVAL", base.heartbeat_interval_s),
         stale_after_s=_number(env, "POLAR_STALE_AFTER", base.stale_after_s),

@@ -141,3 +141,75 @@ def process_alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@dataclass
+class LiveProxy:
+    """The proxy under gunicorn in front of a reference engine, with sessions made ``running`` on demand."""
+
+    url: str
+    services: Services
+    engine_url: str
+    engine_log: Path
+
+    def session(self) -> tuple[uuid.UUID, str]:
+        """A new running session and its proxy key."""
+        from polar.batches import request_hash, submit_batch
+        from polar.proxy.keys import hash_key
+        from polar.storage.models import Session
+        from polar.task_request import parse_batch_request
+
+        key = "pk-" + uuid.uuid4().hex
+        body = {"tasks": [command_task("protocol-test", "true")]}
+        batch_id = submit_batch(self.services, parse_batch_request(body), request_hash(body)).batch_id
+        with self.services.db.unit() as db:
+            session_id = db.scalar(sa.select(Session.id).where(Session.batch_id == batch_id))
+            db.execute(
+                sa.update(Session).where(Session.id == session_id).values(state="running", proxy_key_hash=hash_key(key))
+            )
+        return session_id, key
+
+    def base(self, key: str) -> str:
+        return f"{self.url}/s/{key}"
+
+    def calls(self, session_id: uuid.UUID) -> list[dict[str, Any]]:
+        from polar.sessions import session_calls
+
+        return session_calls(self.services, session_id)
+
+    def engine_entries(self) -> dict[str, dict[str, Any]]:
+        import json
+
+        if not self.engine_log.exists():
+            return {}
+        return {e["request_id"]: e for e in map(json.loads, self.engine_log.read_text().splitlines())}
+
+
+@contextmanager
+def live_proxy(
+    database_url: str,
+    tmp: Path,
+    policy: str = "scripted",
+    policy_config: str = "{}",
+    env: Mapping[str, str] | None = None,
+    engine_args: tuple[str, ...] = (),
+) -> Iterator[LiveProxy]:
+    engine_port, proxy_port = free_port(), free_port()
+    engine_log = tmp / "engine-requests.jsonl"
+    stack_env = {
+        "POLAR_DATABASE_URL": database_url,
+        "POLAR_ENGINE_URLS": f"http://127.0.0.1:{engine_port}",
+        **(env or {}),
+    }
+    args = ["--policy-config", policy_config, "--log", str(engine_log), *engine_args]
+    stack = Stack(
+        [engine_spec(engine_port, policy, args), gunicorn_spec("proxy", "web.proxy:create_app()", proxy_port)],
+        stack_env,
+        tmp / "logs",
+    )
+    with stack:
+        services = domain_services(database_url, tmp)
+        try:
+            yield LiveProxy(f"http://127.0.0.1:{proxy_port}", services, f"http://127.0.0.1:{engine_port}", engine_log)
+        finally:
+            services.db.dispose()

@@ -1,26 +1,67 @@
 """Client protocols the proxy speaks: one module each, all with the same functions (see ``_base``).
 
-``ROUTES`` maps a request path (below the session base URL) to the protocol module that serves it.
+``detect`` picks the module for a request: by path first, then by headers (``GET /v1/models`` is both
+OpenAI's and Anthropic's), then by the body's shape for paths no protocol claims.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 from polar.protocols import openai_chat
-from polar.protocols._base import ClientRequest, EngineAnswer
+from polar.protocols._base import ClientRequest, EngineAnswer, Operation, RequestContext
 
-PROTOCOLS: dict[str, ModuleType] = {openai_chat.PROVIDER: openai_chat}
+PROTOCOLS: dict[str, ModuleType] = {module.PROVIDER: module for module in (openai_chat,)}
 
-# (method, path) -> (protocol, operation)
-ROUTES: dict[tuple[str, str], tuple[ModuleType, str]] = {
-    ("POST", "/v1/chat/completions"): (openai_chat, "generate"),
-    ("GET", "/v1/models"): (openai_chat, "models"),
-}
+__all__ = ["PROTOCOLS", "ClientRequest", "Detected", "EngineAnswer", "Operation", "RequestContext", "detect"]
 
-__all__ = ["PROTOCOLS", "ROUTES", "ClientRequest", "EngineAnswer", "route"]
+# Headers only one provider's clients send, used to settle paths several protocols share.
+_HEADER_HINTS = (("anthropic-version", "anthropic"), ("x-goog-api-key", "gemini"))
 
 
-def route(method: str, path: str) -> tuple[ModuleType, str] | None:
-    """The protocol and operation for ``path``; clients' query strings (``?beta=true``) are ignored."""
-    return ROUTES.get((method.upper(), "/" + path.strip("/")))
+@dataclass(frozen=True)
+class Detected:
+    protocol: ModuleType
+    operation: Operation
+    context: RequestContext
+
+
+def _by_header(candidates: list[tuple[ModuleType, Any]], headers: Mapping[str, str]) -> tuple[ModuleType, Any]:
+    for header, provider in _HEADER_HINTS:
+        if header in headers:
+            for candidate in candidates:
+                if provider == candidate[0].PROVIDER:
+                    return candidate
+    return candidates[0]
+
+
+def _by_body(body: Any) -> ModuleType | None:
+    if not isinstance(body, dict):
+        return None
+    shapes = (("contents", "gemini"), ("input", "openai_responses"), ("max_tokens", "anthropic"),
+              ("messages", "openai_chat"))  # fmt: skip
+    for key, provider in shapes:
+        if key in body and provider in PROTOCOLS:
+            return PROTOCOLS[provider]
+    return None
+
+
+def detect(
+    method: str, path: str, headers: Mapping[str, str], query: Mapping[str, str], body: Any = None
+) -> Detected | None:
+    """The protocol and operation for a request below the session base URL (query strings are ignored)."""
+    path = "/" + path.strip("/")
+    candidates = []
+    for module in PROTOCOLS.values():
+        for known in module.ROUTES:
+            if known.method == method.upper() and (match := known.pattern.fullmatch(path)):
+                candidates.append((module, known, match.groupdict()))
+    if candidates:
+        module, known, params = _by_header([(c[0], c) for c in candidates], headers)[1]
+        return Detected(module, known.operation, RequestContext(params, query, headers, known.stream))
+    if method.upper() == "POST" and (module := _by_body(body)) is not None:
+        return Detected(module, "generate", RequestContext({}, query, headers, None))
+    return None

@@ -1,22 +1,62 @@
-"""Values shared by the protocol modules. Each module (``openai_chat``, …) exposes the same functions:
+"""What every protocol module shares. Each module (``openai_chat``, ``openai_responses``, ``anthropic``,
+``gemini``) exposes the same names:
 
-- ``normalize(body) -> ClientRequest``: the client's request in the OpenAI chat shape the engine takes;
-- ``render_response(request, answer) -> dict``: the engine's answer in the client's protocol;
-- ``render_stream(request, answer) -> Iterator[bytes]``: the same answer as the protocol's event stream;
-- ``render_error(status, message) -> dict``: an error body in the protocol's own shape.
+    PROVIDER: str
+    ROUTES: tuple[Route, ...]                       paths below the session base URL it serves
+    normalize(body, context) -> ClientRequest       the request as the OpenAI chat body the engine takes
+    render_response(request, answer) -> dict        the engine's answer in the protocol's response shape
+    render_stream(request, answer) -> Iterator[bytes]   the same answer as the protocol's event stream
+    render_stream_error(status, message) -> bytes   an error event for a stream that already started
+    render_error(status, message) -> dict           an error body in the protocol's own shape
+    render_models(model_ids) -> dict                the protocol's model list
+    count_tokens_request(body, context) -> dict     the engine ``/tokenize`` body for a count-tokens call
+    render_count_tokens(count) -> dict              the protocol's count-tokens answer
+
+Everything here is pure: dicts in, dicts or bytes out. Invalid requests raise ``polar.errors.ValidationError``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+Operation = Literal["generate", "count_tokens", "models", "head"]
+
+
+@dataclass(frozen=True)
+class Route:
+    """``method`` + a full-match ``pattern`` on the path (below ``/s/<key>``), with named groups as params."""
+
+    method: str
+    pattern: re.Pattern[str]
+    operation: Operation
+    stream: bool | None = None  # a path that itself says "stream" (Gemini's :streamGenerateContent)
+
+
+def route(method: str, pattern: str, operation: Operation, stream: bool | None = None) -> Route:
+    return Route(method, re.compile(pattern), operation, stream)
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """What besides the body a protocol may need: path parameters (Gemini's model), query, lower-cased headers."""
+
+    path_params: Mapping[str, str] = field(default_factory=dict)
+    query: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    stream: bool | None = None
 
 
 @dataclass(frozen=True)
 class ClientRequest:
-    """A client's call, normalised: ``engine_body`` is an OpenAI chat request (no capture fields yet)."""
+    """A client's call, normalised: ``engine_body`` is an OpenAI chat request (no capture fields yet).
+
+    ``options`` carries what rendering needs to answer in the client's terms (requested stop sequences, tool
+    name or id maps, whether thinking was asked for, …); it is stored with nothing and never sent upstream.
+    """
 
     provider: str
     engine_body: dict[str, Any]
@@ -36,6 +76,23 @@ class EngineAnswer:
         return self.body["choices"][0]  # type: ignore[no-any-return]
 
     @property
+    def message(self) -> dict[str, Any]:
+        return self.choice.get("message") or {}  # type: ignore[no-any-return]
+
+    @property
+    def reasoning(self) -> str | None:
+        """vLLM renamed ``reasoning_content`` to ``reasoning``; read both (protocols.md §1.3)."""
+        return self.message.get("reasoning") or self.message.get("reasoning_content") or None
+
+    @property
+    def content(self) -> str:
+        return self.message.get("content") or ""
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return list(self.message.get("tool_calls") or [])
+
+    @property
     def prompt_token_ids(self) -> list[int]:
         return list(self.body.get("prompt_token_ids") or [])
 
@@ -52,9 +109,33 @@ class EngineAnswer:
     def finish_reason(self) -> str | None:
         return self.choice.get("finish_reason")  # type: ignore[no-any-return]
 
+    @property
+    def stop_reason(self) -> int | str | None:
+        """The matched stop string (or stop token id) when ``finish_reason`` is ``stop``."""
+        return self.choice.get("stop_reason")  # type: ignore[no-any-return]
+
+    @property
+    def usage(self) -> dict[str, int]:
+        usage = self.body.get("usage") or {}
+        prompt = int(usage.get("prompt_tokens", len(self.prompt_token_ids)))
+        completion = int(usage.get("completion_tokens", len(self.completion_token_ids)))
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "cached_tokens": cached}  # fmt: skip
+
 
 def sse(data: Mapping[str, Any] | str, event: str | None = None) -> bytes:
-    """One server-sent event."""
+    """One server-sent event (``event:`` line only when named)."""
     payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
     prefix = f"event: {event}\n" if event else ""
     return f"{prefix}data: {payload}\n\n".encode()
+
+
+def parse_arguments(arguments: Any) -> Any:
+    """Tool-call arguments as an object: the engine sends a JSON string; keep invalid JSON as a string."""
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        return json.loads(arguments) if arguments.strip() else {}
+    except json.JSONDecodeError:
+        return arguments

@@ -9,9 +9,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from polar.errors import ValidationError
-from polar.protocols._base import ClientRequest, EngineAnswer, sse
+from polar.protocols._base import ClientRequest, EngineAnswer, RequestContext, route, sse
 
 PROVIDER = "openai_chat"
+ROUTES = (
+    route("POST", r"/v1/chat/completions", "generate"),
+    route("POST", r"/chat/completions", "generate"),
+    route("GET", r"/v1/models", "models"),
+)
 
 # Request fields forwarded to the engine; anything else a client sends is dropped rather than rejected, as
 # clients send vendor extras (``store``, ``metadata``, ``user``) the engine would refuse.
@@ -66,7 +71,7 @@ def _check_types(body: dict[str, Any]) -> None:
         raise ValidationError("stream_options: only allowed when stream is true", field="stream_options")
 
 
-def normalize(body: Any) -> ClientRequest:
+def normalize(body: Any, context: RequestContext | None = None) -> ClientRequest:
     if not isinstance(body, dict):
         raise ValidationError("request body must be a JSON object")
     _check_types(body)
@@ -150,6 +155,20 @@ def render_error(status: int, message: str) -> dict[str, Any]:
             "code": _ERROR_CODES.get(status),
         }
     }
+
+
+def render_stream_error(status: int, message: str) -> bytes:
+    """The SDK raises on any ``data:`` line carrying an ``error`` key."""
+    return sse(render_error(status, message))
+
+
+def count_tokens_request(body: Any, context: RequestContext | None = None) -> dict[str, Any]:
+    request = normalize(body, context)
+    return {key: request.engine_body[key] for key in ("messages", "tools") if key in request.engine_body}
+
+
+def render_count_tokens(count: int) -> dict[str, Any]:
+    return {"input_tokens": count}
 
 
 def render_models(model_ids: list[str]) -> dict[str, Any]:

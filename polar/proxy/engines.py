@@ -25,6 +25,11 @@ class EngineReply:
     body: dict[str, Any]
     latency_ms: float
 
+    @property
+    def error_message(self) -> str:
+        error = self.body.get("error")
+        return str(error.get("message") if isinstance(error, dict) else error or f"engine answered {self.status_code}")
+
 
 def _error_message(response: httpx.Response) -> str:
     try:

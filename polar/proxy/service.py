@@ -1,5 +1,5 @@
-"""One model call through the proxy: resolve the key, normalise, ask the engine with token capture on,
-persist the call, answer in the client's protocol (as a stream when asked).
+"""One call through the proxy: resolve the key, normalise, ask the engine with token capture on, persist the
+call, answer in the client's protocol (as a stream when asked).
 
 Errors come back in the client's own error shape with a truthful status; nothing here knows about Flask.
 """
@@ -7,10 +7,11 @@ Errors come back in the client's own error shape with a truthful status; nothing
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -18,13 +19,15 @@ import sqlalchemy as sa
 
 from polar.config import Config
 from polar.errors import EngineError, EngineTimeout, PolarError, SessionNotRunning, Unauthorized, ValidationError
-from polar.protocols import ClientRequest, EngineAnswer
+from polar.protocols import ClientRequest, Detected, EngineAnswer, RequestContext
 from polar.proxy.capture import CallRecord, record_call
 from polar.proxy.engines import EnginePool, EngineReply
 from polar.proxy.keys import hash_key
 from polar.states import State
 from polar.storage.database import Database
 from polar.storage.models import Session
+
+log = logging.getLogger(__name__)
 
 STATUS: dict[type[PolarError], int] = {
     ValidationError: 400,
@@ -40,6 +43,7 @@ class ProxyAnswer:
     status: int
     body: dict[str, Any] | None = None
     stream: Iterator[bytes] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def content_type(self) -> str:
@@ -55,6 +59,22 @@ def _capture_fields(engine_body: dict[str, Any]) -> dict[str, Any]:
         "logprobs": True,
         "top_logprobs": engine_body.get("top_logprobs") or 0,
     }
+
+
+def parse_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValidationError(f"request body is not valid JSON: {exc}") from exc
+
+
+def _guarded(protocol: ModuleType, events: Iterator[bytes]) -> Iterator[bytes]:
+    """Render a stream; if rendering fails after the first byte, end with the protocol's own error event."""
+    try:
+        yield from events
+    except Exception as exc:
+        log.exception("stream rendering failed")
+        yield protocol.render_stream_error(500, f"stream failed: {type(exc).__name__}: {exc}")
 
 
 class ProxyService:
@@ -76,41 +96,54 @@ class ProxyService:
             raise SessionNotRunning(f"this session is {row.state}; its proxy key no longer accepts calls")
         return row.id  # type: ignore[no-any-return]
 
-    def models(self, protocol: ModuleType, key: str | None) -> ProxyAnswer:
-        try:
-            self.session_for_key(key)
-            names = [self.config.served_model] if self.config.served_model else []
-            if not names:
-                names = [m["id"] for m in self.engines.get("/v1/models").get("data", [])]
-        except PolarError as exc:
-            return self.error(protocol, exc)
-        return ProxyAnswer(200, protocol.render_models(names))
-
     def error(self, protocol: ModuleType, exc: PolarError) -> ProxyAnswer:
         status = next((code for kind, code in STATUS.items() if isinstance(exc, kind)), 500)
         status = getattr(exc, "status_code", None) or status
         return ProxyAnswer(status, protocol.render_error(status, str(exc)))
 
-    def generate(self, protocol: ModuleType, key: str | None, agent: str | None, raw: bytes) -> ProxyAnswer:
-        started = time.perf_counter()
+    def handle(self, detected: Detected, key: str | None, agent: str | None, raw: bytes) -> ProxyAnswer:
+        protocol, context = detected.protocol, detected.context
         try:
+            if detected.operation == "head":
+                return ProxyAnswer(200, {})
             session_id = self.session_for_key(key)
-            try:
-                body = json.loads(raw)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise ValidationError(f"request body is not valid JSON: {exc}") from exc
-            request = protocol.normalize(body)
-            engine_body = _capture_fields(request.engine_body)
-            reply = self.engines.post(session_id, "/v1/chat/completions", engine_body, self.config.served_model)
-            self._capture(session_id, agent, request, body, engine_body, reply, started)
+            if detected.operation == "models":
+                return ProxyAnswer(200, protocol.render_models(self._model_names()))
+            body = parse_json(raw)
+            if detected.operation == "count_tokens":
+                return self._count_tokens(protocol, context, session_id, body)
+            return self._generate(protocol, context, session_id, agent, body)
         except PolarError as exc:
             return self.error(protocol, exc)
+
+    def _model_names(self) -> list[str]:
+        if self.config.served_model:
+            return [self.config.served_model]
+        return [m["id"] for m in self.engines.get("/v1/models").get("data", [])]
+
+    def _count_tokens(
+        self, protocol: ModuleType, context: RequestContext, session_id: uuid.UUID, body: Any
+    ) -> ProxyAnswer:
+        reply = self.engines.post(
+            session_id, "/tokenize", protocol.count_tokens_request(body, context), self.config.served_model
+        )
         if reply.status_code != 200:
-            message = reply.body["error"]["message"]
-            return ProxyAnswer(reply.status_code, protocol.render_error(reply.status_code, message))
+            return ProxyAnswer(reply.status_code, protocol.render_error(reply.status_code, reply.error_message))
+        return ProxyAnswer(200, protocol.render_count_tokens(int(reply.body["count"])))
+
+    def _generate(
+        self, protocol: ModuleType, context: RequestContext, session_id: uuid.UUID, agent: str | None, body: Any
+    ) -> ProxyAnswer:
+        started = time.perf_counter()
+        request = protocol.normalize(body, context)
+        engine_body = _capture_fields({**request.engine_body, **self.config.sampling_overrides})
+        reply = self.engines.post(session_id, "/v1/chat/completions", engine_body, self.config.served_model)
+        self._capture(session_id, agent, request, body, engine_body, reply, started)
+        if reply.status_code != 200:
+            return ProxyAnswer(reply.status_code, protocol.render_error(reply.status_code, reply.error_message))
         answer = EngineAnswer(reply.body)
         if request.stream:
-            return ProxyAnswer(200, stream=protocol.render_stream(request, answer))
+            return ProxyAnswer(200, stream=_guarded(protocol, protocol.render_stream(request, answer)))
         return ProxyAnswer(200, protocol.render_response(request, answer))
 
     def _capture(
@@ -123,8 +156,7 @@ class ProxyService:
         reply: EngineReply,
         started: float,
     ) -> None:
-        ok = reply.status_code == 200
-        answer = EngineAnswer(reply.body) if ok else None
+        answer = EngineAnswer(reply.body) if reply.status_code == 200 else None
         record_call(
             self.db,
             CallRecord(

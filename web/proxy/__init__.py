@@ -1,16 +1,18 @@
 """The model-API proxy (DESIGN.md §4): ``gunicorn -k gthread 'web.proxy:create_app()'``.
 
-Base URL per session: ``/s/<key>``, optionally ``/s/<key>/a/<agent>``; the key is also accepted as the API key
-on un-prefixed paths. The path below the base picks the protocol (``polar.protocols.ROUTES``).
+Base URL per session: ``/s/<key>``, optionally ``/s/<key>/a/<agent>``; the key is also accepted as any
+provider's API key on un-prefixed paths. ``polar.protocols.detect`` picks the protocol from the path below it.
 """
 
 from __future__ import annotations
+
+import json
 
 from flask import Flask, Response, current_app, jsonify, request, stream_with_context
 from werkzeug.exceptions import HTTPException
 
 from polar.config import Config, load_config
-from polar.protocols import openai_chat, route
+from polar.protocols import detect, openai_chat
 from polar.proxy import EnginePool, ProxyAnswer, ProxyService
 from polar.storage.database import Database
 
@@ -21,7 +23,7 @@ def _service() -> ProxyService:
     return current_app.extensions["polar_proxy"]  # type: ignore[no-any-return]
 
 
-def _key_from_headers() -> str | None:
+def _key_from_request() -> str | None:
     bearer = request.headers.get("Authorization", "")
     if bearer.lower().startswith("bearer "):
         return bearer[7:].strip() or None
@@ -39,19 +41,29 @@ def _respond(answer: ProxyAnswer) -> Response:
         return response
     response = jsonify(answer.body)
     response.status_code = answer.status
+    response.headers.update(answer.headers)
     return response
+
+
+def _protocol_for_errors(path: str):  # type: ignore[no-untyped-def]
+    found = detect(request.method, path, {k.lower(): v for k, v in request.headers.items()}, {})
+    return found.protocol if found else openai_chat
 
 
 def _handle(key: str | None, agent: str | None, path: str) -> Response:
     agent = agent or request.headers.get("X-Polar-Agent") or None
-    found = route(request.method, path)
-    service = _service()
+    headers = {name.lower(): value for name, value in request.headers.items()}
+    raw = request.get_data(cache=False)
+    found = detect(request.method, path, headers, request.args.to_dict())
+    if found is None and request.method == "POST":
+        try:
+            found = detect(request.method, path, headers, request.args.to_dict(), json.loads(raw))
+        except ValueError:
+            found = None
     if found is None:
-        return _respond(ProxyAnswer(404, openai_chat.render_error(404, f"no such route: {request.method} /{path}")))
-    protocol, operation = found
-    if operation == "models":
-        return _respond(service.models(protocol, key))
-    return _respond(service.generate(protocol, key, agent, request.get_data(cache=False)))
+        body = openai_chat.render_error(404, f"no such route: {request.method} /{path.strip('/')}")
+        return _respond(ProxyAnswer(404, body))
+    return _respond(_service().handle(found, key or _key_from_request(), agent, raw))
 
 
 def create_app(config: Config | None = None) -> Flask:
@@ -67,22 +79,28 @@ def create_app(config: Config | None = None) -> Flask:
 
     methods = ["GET", "POST", "HEAD"]
 
+    @app.route("/s/<key>/a/<agent>/", defaults={"path": ""}, methods=methods)
     @app.route("/s/<key>/a/<agent>/<path:path>", methods=methods)
     def with_agent(key: str, agent: str, path: str) -> Response:
         return _handle(key, agent, path)
 
+    @app.route("/s/<key>/", defaults={"path": ""}, methods=methods)
     @app.route("/s/<key>/<path:path>", methods=methods)
     def with_key(key: str, path: str) -> Response:
         return _handle(key, None, path)
 
+    @app.route("/", defaults={"path": ""}, methods=methods)
     @app.route("/<path:path>", methods=methods)
     def bare(path: str) -> Response:
-        return _handle(_key_from_headers(), None, path)
+        return _handle(None, None, path)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> tuple[Response, int]:
         status = exc.code or 500
-        return jsonify(openai_chat.render_error(status, exc.description or exc.name)), status
+        protocol = _protocol_for_errors(
+            request.path.split("/", 3)[-1] if request.path.startswith("/s/") else request.path
+        )
+        return jsonify(protocol.render_error(status, exc.description or exc.name)), status
 
     @app.errorhandler(Exception)
     def unexpected(exc: Exception) -> tuple[Response, int]:

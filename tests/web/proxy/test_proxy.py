@@ -3,7 +3,6 @@ handling (path, bearer, unknown, finished session), agent labels, and errors in 
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,43 +11,19 @@ import openai
 import pytest
 import sqlalchemy as sa
 
-from polar.batches import request_hash, submit_batch
-from polar.launcher import Stack, engine_spec, gunicorn_spec
-from polar.proxy.keys import hash_key
-from polar.services import Services
 from polar.storage.models import ModelCall, Session
-from polar.task_request import parse_batch_request
-from tests.support import command_task, domain_services, free_port
+from tests.support import LiveProxy, live_proxy
 
 
 @pytest.fixture
-def proxy(database_url: str, tmp_path: Path) -> Iterator[tuple[str, Services]]:
-    engine_port, proxy_port = free_port(), free_port()
-    env = {"POLAR_DATABASE_URL": database_url, "POLAR_ENGINE_URLS": f"http://127.0.0.1:{engine_port}"}
-    stack = Stack(
-        [engine_spec(engine_port, "scripted"), gunicorn_spec("proxy", "web.proxy:create_app()", proxy_port)],
-        env,
-        tmp_path / "logs",
-    )
-    with stack:
-        services = domain_services(database_url, tmp_path)
-        yield f"http://127.0.0.1:{proxy_port}", services
-        services.db.dispose()
+def proxy(database_url: str, tmp_path: Path) -> Iterator[LiveProxy]:
+    with live_proxy(database_url, tmp_path) as live:
+        yield live
 
 
-def running_session(services: Services, key: str, state: str = "running") -> uuid.UUID:
-    body = {"tasks": [command_task("t", "true")]}
-    batch_id = submit_batch(services, parse_batch_request(body), request_hash(body)).batch_id
-    with services.db.unit() as db:
-        session_id = db.scalar(sa.select(Session.id).where(Session.batch_id == batch_id))
-        db.execute(sa.update(Session).where(Session.id == session_id).values(state=state, proxy_key_hash=hash_key(key)))
-    return session_id
-
-
-def test_keys_agents_and_errors(proxy: tuple[str, Services]) -> None:
-    url, services = proxy
-    key = "pk-test-" + uuid.uuid4().hex
-    session_id = running_session(services, key)
+def test_keys_agents_and_errors(proxy: LiveProxy) -> None:
+    url, services = proxy.url, proxy.services
+    session_id, key = proxy.session()
 
     client = openai.OpenAI(base_url=f"{url}/s/{key}/a/planner/v1", api_key="ignored", max_retries=0)
     reply = client.chat.completions.create(model="my-model", messages=[{"role": "user", "content": "hi"}])
