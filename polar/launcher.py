@@ -31,9 +31,9 @@ class ProcessSpec:
     ready_line: str | None = None  # a line in the process's log that says it is ready (for non-HTTP services)
 
 
-def engine_spec(port: int, policy: str = "arithmetic", extra: Sequence[str] = ()) -> ProcessSpec:
+def engine_spec(port: int, policy: str = "arithmetic", extra: Sequence[str] = (), name: str = "engine") -> ProcessSpec:
     argv = [PYTHON, "-m", "polar", "engine", "--host", "127.0.0.1", "--port", str(port), "--policy", policy, *extra]
-    return ProcessSpec("engine", argv, f"http://127.0.0.1:{port}/health")
+    return ProcessSpec(name, argv, f"http://127.0.0.1:{port}/health")
 
 
 def gunicorn_spec(name: str, app: str, port: int, workers: int = 2, threads: int = 16) -> ProcessSpec:

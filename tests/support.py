@@ -193,14 +193,12 @@ def live_proxy(
     policy_config: str = "{}",
     env: Mapping[str, str] | None = None,
     engine_args: tuple[str, ...] = (),
+    engines_before: tuple[str, ...] = (),
 ) -> Iterator[LiveProxy]:
     engine_port, proxy_port = free_port(), free_port()
     engine_log = tmp / "engine-requests.jsonl"
-    stack_env = {
-        "POLAR_DATABASE_URL": database_url,
-        "POLAR_ENGINE_URLS": f"http://127.0.0.1:{engine_port}",
-        **(env or {}),
-    }
+    engine_urls = ",".join([*engines_before, f"http://127.0.0.1:{engine_port}"])
+    stack_env = {"POLAR_DATABASE_URL": database_url, "POLAR_ENGINE_URLS": engine_urls, **(env or {})}
     args = ["--policy-config", policy_config, "--log", str(engine_log), *engine_args]
     stack = Stack(
         [engine_spec(engine_port, policy, args), gunicorn_spec("proxy", "web.proxy:create_app()", proxy_port)],

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from polar.storage.models import ModelCall, Session
-from tests.support import LiveProxy, live_proxy
+from tests.support import LiveProxy, free_port, live_proxy
 
 
 @pytest.fixture
@@ -69,3 +69,26 @@ def test_keys_agents_and_errors(proxy: LiveProxy) -> None:
     assert "postrun" in str(ended.value)
     with services.db.unit() as db:
         assert db.scalar(sa.select(sa.func.count()).select_from(ModelCall)) == 2
+
+
+def test_sampling_overrides_and_a_dead_engine_first(database_url: str, tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    env = {"POLAR_SAMPLING_OVERRIDES": '{"temperature": 1.0, "top_p": 1.0}'}
+    with live_proxy(database_url, tmp_path, env=env, engines_before=(dead,)) as proxy:
+        for _ in range(4):  # whichever engine a session is pinned to, the dead one is skipped
+            session_id, key = proxy.session()
+            client = openai.OpenAI(base_url=f"{proxy.base(key)}/v1", api_key=key, max_retries=0)
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], temperature=0.2)
+            (call,) = proxy.calls(session_id)
+            assert call["normalized_request"]["temperature"] == 1.0 and call["request"]["temperature"] == 0.2
+
+
+def test_unreachable_engine_is_a_502_in_openai_shape(database_url: str, tmp_path: Path) -> None:
+    env = {"POLAR_ENGINE_URLS": f"http://127.0.0.1:{free_port()}"}
+    with live_proxy(database_url, tmp_path, env=env) as proxy:
+        session_id, key = proxy.session()
+        client = openai.OpenAI(base_url=f"{proxy.base(key)}/v1", api_key=key, max_retries=0)
+        with pytest.raises(openai.InternalServerError) as caught:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert caught.value.status_code == 502 and "no engine reachable" in str(caught.value)
+        assert proxy.calls(session_id) == []  # nothing was answered, nothing is stored

@@ -1,0 +1,69 @@
+"""The engine pool against real reference engines: pinning, skipping dead engines, truthful failures."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from polar.errors import EngineError, EngineTimeout
+from polar.launcher import Stack, engine_spec
+from polar.proxy.engines import EnginePool
+from tests.support import free_port
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    ports = {"a": free_port(), "b": free_port(), "slow": free_port()}
+    specs = [
+        engine_spec(ports["a"], "echo", name="a"),
+        engine_spec(ports["b"], "echo", name="b"),
+        engine_spec(ports["slow"], "echo", ["--decode-rate", "2"], name="slow"),
+    ]
+    logs: Path = tmp_path_factory.mktemp("engines")
+    with Stack(specs, {}, logs):
+        yield {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+
+
+def test_a_session_stays_on_its_engine_and_sessions_spread(engines: dict[str, str]) -> None:
+    pool = EnginePool([engines["a"], engines["b"]], timeout_s=10)
+    used = set()
+    for _ in range(20):
+        session = uuid.uuid4()
+        urls = {pool.post(session, "/v1/chat/completions", dict(CHAT), None).url for _ in range(3)}
+        assert len(urls) == 1
+        used |= urls
+    assert used == {engines["a"], engines["b"]}
+
+
+def test_dead_engines_are_skipped(engines: dict[str, str]) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    pool = EnginePool([dead, engines["a"]], timeout_s=10)
+    replies = [pool.post(uuid.uuid4(), "/v1/chat/completions", dict(CHAT), None) for _ in range(10)]
+    assert {r.url for r in replies} == {engines["a"]} and all(r.status_code == 200 for r in replies)
+    assert pool.order(uuid.uuid4())[-1] == dead  # down engines go last while cooling down
+
+
+def test_no_engine_reachable_is_a_502(engines: dict[str, str]) -> None:
+    pool = EnginePool([f"http://127.0.0.1:{free_port()}"], timeout_s=10)
+    with pytest.raises(EngineError) as caught:
+        pool.post(uuid.uuid4(), "/v1/chat/completions", dict(CHAT), None)
+    assert caught.value.status_code == 502 and "no engine reachable" in str(caught.value)
+
+
+def test_a_slow_engine_is_a_504(engines: dict[str, str]) -> None:
+    pool = EnginePool([engines["slow"]], timeout_s=0.5)
+    with pytest.raises(EngineTimeout) as caught:
+        pool.post(uuid.uuid4(), "/v1/chat/completions", {**CHAT, "max_tokens": 64}, None)
+    assert caught.value.status_code == 504
+
+
+def test_engine_4xx_comes_back_as_a_reply(engines: dict[str, str]) -> None:
+    pool = EnginePool([engines["a"]], timeout_s=10)
+    reply = pool.post(uuid.uuid4(), "/v1/chat/completions", dict(CHAT), "no-such-model")
+    assert reply.status_code == 404 and "does not exist" in reply.error_message
+    assert pool.served_model(engines["a"]) == "polar-reference"
