@@ -72,3 +72,10 @@ def broker_url() -> Iterator[str]:
     yield url
     client.flushdb()
     client.close()
+
+
+@pytest.fixture(scope="module")
+def module_database_url(template_database: str) -> Iterator[str]:
+    """A fresh, migrated database shared by one test module (for expensive module-scoped stacks)."""
+    with _fresh_database("polar_module", template_database) as url:
+        yield url

@@ -41,8 +41,24 @@ FORWARDED = (
     "continue_final_message",
 )
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+MAX_OUTPUT_TOKENS = 32768
+TOOL_CHOICES = frozenset({"none", "auto", "required"})
 CAPTURE_FIELDS = ("prompt_token_ids", "prompt_logprobs", "kv_transfer_params")
 CHOICE_CAPTURE_FIELDS = ("token_ids", "stop_reason")
+
+
+def _check_content(content: Any, field: str) -> None:
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise ValidationError(f"{field}: must be a string or an array of content parts", field=field)
+    for index, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in {"text", "refusal"} and isinstance(part.get("text", part.get("refusal")), str):
+            continue
+        if kind in {"image_url", "input_audio", "file"}:
+            raise ValidationError(f"{field}[{index}]: {kind} input is not supported by this model", field=field)
+        raise ValidationError(f"{field}[{index}]: must be a text content part", field=f"{field}[{index}]")
 
 
 def _check_types(body: dict[str, Any]) -> None:
@@ -58,6 +74,7 @@ def _check_types(body: dict[str, Any]) -> None:
             raise ValidationError(
                 f"messages[{index}].role: must be one of {', '.join(sorted(ROLES))}", field=f"messages[{index}].role"
             )
+        _check_content(message.get("content"), f"messages[{index}].content")
     for name, kind in (("stream", bool), ("tools", list), ("stop", (str, list)), ("stream_options", dict)):
         if name in body and body[name] is not None and not isinstance(body[name], kind):
             raise ValidationError(f"{name}: wrong type", field=name)
@@ -65,6 +82,13 @@ def _check_types(body: dict[str, Any]) -> None:
         value = body.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ValidationError(f"{name}: must be a positive integer", field=name)
+    choice = body.get("tool_choice")
+    if (
+        choice is not None
+        and choice not in TOOL_CHOICES
+        and not (isinstance(choice, dict) and isinstance((choice.get("function") or {}).get("name"), str))
+    ):
+        raise ValidationError("tool_choice: none, auto, required or {type: function, function: {name}}", "tool_choice")
     if body.get("n", 1) != 1:
         raise ValidationError("n: only n=1 is supported (each sample is its own session)", field="n")
     if body.get("stream_options") and not body.get("stream"):
@@ -76,6 +100,9 @@ def normalize(body: Any, context: RequestContext | None = None) -> ClientRequest
         raise ValidationError("request body must be a JSON object")
     _check_types(body)
     engine_body = {name: copy.deepcopy(body[name]) for name in FORWARDED if name in body and body[name] is not None}
+    for name in ("max_tokens", "max_completion_tokens"):
+        if name in engine_body:
+            engine_body[name] = min(engine_body[name], MAX_OUTPUT_TOKENS)
     stream = bool(body.get("stream"))
     options = {
         "include_usage": bool((body.get("stream_options") or {}).get("include_usage")),

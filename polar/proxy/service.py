@@ -15,19 +15,19 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-import sqlalchemy as sa
-
 from polar.config import Config
 from polar.errors import EngineError, EngineTimeout, PolarError, SessionNotRunning, Unauthorized, ValidationError
 from polar.protocols import ClientRequest, Detected, EngineAnswer, RequestContext
-from polar.proxy.capture import CallRecord, record_call
+from polar.proxy.capture import CallRecord, record_call, session_state_for_key
 from polar.proxy.engines import EnginePool, EngineReply
 from polar.proxy.keys import hash_key
 from polar.states import State
 from polar.storage.database import Database
-from polar.storage.models import Session
 
 log = logging.getLogger(__name__)
+
+KEY_CACHE_S = 5.0
+KEY_CACHE_SIZE = 100_000
 
 STATUS: dict[type[PolarError], int] = {
     ValidationError: 400,
@@ -82,19 +82,27 @@ class ProxyService:
         self.config = config
         self.db = db
         self.engines = engines
+        self._keys: dict[str, tuple[uuid.UUID, float]] = {}
 
     def session_for_key(self, key: str | None) -> uuid.UUID:
+        """The running session a key belongs to. Positive answers are cached briefly: a key never changes
+        session, and a session that stopped running is caught again when its call is recorded."""
         if not key:
             raise Unauthorized("no proxy key: use the session base URL /s/<key>/… or send the key as the API key")
-        with self.db.unit() as db:
-            row = db.execute(
-                sa.select(Session.id, Session.state).where(Session.proxy_key_hash == hash_key(key))
-            ).first()
-        if row is None:
+        key_hash = hash_key(key)
+        cached = self._keys.get(key_hash)
+        if cached is not None and cached[1] > time.monotonic():
+            return cached[0]
+        found = session_state_for_key(self.db, key_hash)
+        if found is None:
             raise Unauthorized("unknown proxy key")
-        if row.state != State.RUNNING.value:
-            raise SessionNotRunning(f"this session is {row.state}; its proxy key no longer accepts calls")
-        return row.id  # type: ignore[no-any-return]
+        session_id, state = found
+        if state != State.RUNNING.value:
+            raise SessionNotRunning(f"this session is {state}; its proxy key no longer accepts calls")
+        if len(self._keys) > KEY_CACHE_SIZE:
+            self._keys.clear()
+        self._keys[key_hash] = (session_id, time.monotonic() + KEY_CACHE_S)
+        return session_id
 
     def error(self, protocol: ModuleType, exc: PolarError) -> ProxyAnswer:
         status = next((code for kind, code in STATUS.items() if isinstance(exc, kind)), 500)
