@@ -128,8 +128,8 @@ def main() -> int:
             key = _running_session(database_url, tmp)
             direct = f"http://127.0.0.1:{engine_port}/v1/chat/completions"
             proxied = f"http://127.0.0.1:{proxy_port}/s/{key}/v1/chat/completions"
-            print(f"{args.requests} requests per run; engine: echo policy, 16 tokens, zero delay; "
-                  f"proxy: gunicorn gthread {args.proxy_workers}x{args.proxy_threads}, capture to Postgres")  # fmt: skip
+            setup = f"gunicorn gthread {args.proxy_workers}x{args.proxy_threads}, capture to Postgres"
+            print(f"{args.requests} requests per run; engine: echo policy, 16 tokens, zero delay; proxy: {setup}")
             print(f"{'concurrency':>11} {'path':>8} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
             for concurrency in (1, 64):
                 results = {}

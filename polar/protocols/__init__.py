@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from polar.protocols import openai_chat
+from polar.protocols import anthropic, gemini, openai_chat, openai_responses
 from polar.protocols._base import ClientRequest, EngineAnswer, Operation, RequestContext
 
-PROTOCOLS: dict[str, ModuleType] = {module.PROVIDER: module for module in (openai_chat,)}
+PROTOCOLS: dict[str, ModuleType] = {
+    module.PROVIDER: module for module in (openai_chat, anthropic, openai_responses, gemini)
+}
 
 __all__ = ["PROTOCOLS", "ClientRequest", "Detected", "EngineAnswer", "Operation", "RequestContext", "detect"]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -59,6 +60,25 @@ def _capture_fields(engine_body: dict[str, Any]) -> dict[str, Any]:
         "logprobs": True,
         "top_logprobs": engine_body.get("top_logprobs") or 0,
     }
+
+
+_TOO_LONG = re.compile(r"maximum context length is (\d+) tokens and your request has (\d+) input tokens")
+
+
+def fit_max_tokens(engine_body: dict[str, Any], reply: EngineReply) -> dict[str, Any] | None:
+    """The request again with ``max_tokens`` cut to the room the prompt leaves, when the engine refused it only
+    for asking more than that (vLLM's 400). Clients such as Claude Code ask 32k-64k regardless of context."""
+    match = _TOO_LONG.search(reply.error_message) if reply.status_code == 400 else None
+    if match is None:
+        return None
+    room = int(match.group(1)) - int(match.group(2))
+    if room <= 0:
+        return None
+    fitted = dict(engine_body)
+    for name in ("max_tokens", "max_completion_tokens"):
+        if name in fitted:
+            fitted[name] = min(fitted[name], room)
+    return fitted if fitted != engine_body else None
 
 
 def parse_json(raw: bytes) -> Any:
@@ -146,6 +166,9 @@ class ProxyService:
         request = protocol.normalize(body, context)
         engine_body = _capture_fields({**request.engine_body, **self.config.sampling_overrides})
         reply = self.engines.post(session_id, "/v1/chat/completions", engine_body, self.config.served_model)
+        if (fitted := fit_max_tokens(engine_body, reply)) is not None:
+            engine_body = fitted
+            reply = self.engines.post(session_id, "/v1/chat/completions", engine_body, self.config.served_model)
         self._capture(session_id, agent, request, body, engine_body, reply, started)
         if reply.status_code != 200:
             return ProxyAnswer(reply.status_code, protocol.render_error(reply.status_code, reply.error_message))

@@ -67,3 +67,16 @@ def test_engine_4xx_comes_back_as_a_reply(engines: dict[str, str]) -> None:
     reply = pool.post(uuid.uuid4(), "/v1/chat/completions", dict(CHAT), "no-such-model")
     assert reply.status_code == 404 and "does not exist" in reply.error_message
     assert pool.served_model(engines["a"]) == "polar-reference"
+
+
+def test_max_tokens_beyond_the_context_is_fitted_to_the_room_left(engines: dict[str, str]) -> None:
+    from polar.proxy.service import fit_max_tokens
+
+    pool = EnginePool([engines["a"]], timeout_s=10)
+    body = {**CHAT, "max_tokens": 64000}
+    refused = pool.post(uuid.uuid4(), "/v1/chat/completions", dict(body), None)
+    assert refused.status_code == 400 and "maximum context length" in refused.error_message
+    fitted = fit_max_tokens(body, refused)
+    assert fitted is not None and 0 < fitted["max_tokens"] < 32768
+    assert pool.post(uuid.uuid4(), "/v1/chat/completions", fitted, None).status_code == 200
+    assert fit_max_tokens(fitted, refused) is None  # nothing left to cut: no second retry

@@ -66,7 +66,7 @@ def test_keys_agents_and_errors(proxy: LiveProxy) -> None:
         db.execute(sa.update(Session).where(Session.id == session_id).values(state="postrun"))
     with pytest.raises(openai.AuthenticationError) as ended:
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "late"}])
-    assert "postrun" in str(ended.value)
+    assert "no longer" in str(ended.value)
     with services.db.unit() as db:
         assert db.scalar(sa.select(sa.func.count()).select_from(ModelCall)) == 2
 
