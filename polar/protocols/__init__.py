@@ -18,7 +18,16 @@ PROTOCOLS: dict[str, ModuleType] = {
     module.PROVIDER: module for module in (openai_chat, anthropic, openai_responses, gemini)
 }
 
-__all__ = ["PROTOCOLS", "ClientRequest", "Detected", "EngineAnswer", "Operation", "RequestContext", "detect"]
+__all__ = [
+    "PROTOCOLS",
+    "ClientRequest",
+    "Detected",
+    "EngineAnswer",
+    "Operation",
+    "RequestContext",
+    "detect",
+    "protocol_for_errors",
+]
 
 # Headers only one provider's clients send, used to settle paths several protocols share.
 _HEADER_HINTS = (("anthropic-version", "anthropic"), ("x-goog-api-key", "gemini"))
@@ -67,3 +76,20 @@ def detect(
     if method.upper() == "POST" and (module := _by_body(body)) is not None:
         return Detected(module, "generate", RequestContext({}, query, headers, None))
     return None
+
+
+# Path fragments that say which provider's client is calling, for requests no route matches.
+_PATH_HINTS = ((":generatecontent", "gemini"), (":streamgeneratecontent", "gemini"), ("/v1beta/", "gemini"),
+               (":embedcontent", "gemini"), ("/messages", "anthropic"), ("/responses", "openai_responses"))  # fmt: skip
+
+
+def protocol_for_errors(path: str, headers: Mapping[str, str]) -> ModuleType:
+    """The protocol whose error shape best fits a request that matched no route (or failed before routing)."""
+    for header, provider in _HEADER_HINTS:
+        if header in headers and provider in PROTOCOLS:
+            return PROTOCOLS[provider]
+    lowered = path.lower()
+    for fragment, provider in _PATH_HINTS:
+        if fragment in lowered and provider in PROTOCOLS:
+            return PROTOCOLS[provider]
+    return openai_chat

@@ -56,6 +56,7 @@ class ClientRequest:
 
     ``options`` carries what rendering needs to answer in the client's terms (requested stop sequences, tool
     name or id maps, whether thinking was asked for, …); it is stored with nothing and never sent upstream.
+    ``options["stream_media_type"]`` overrides ``text/event-stream`` for a stream that is not SSE.
     """
 
     provider: str

@@ -41,6 +41,8 @@ def normalize(body: Any, context: RequestContext | None = None) -> ClientRequest
     context = context or RequestContext()
     engine_body, options = gemini_request.translate(body)
     options["sse"] = context.query.get("alt") == "sse"
+    if not options["sse"]:
+        options["stream_media_type"] = "application/json"  # without alt=sse the API streams one JSON array
     return ClientRequest(PROVIDER, engine_body, bool(context.stream), context.path_params.get("model"), options)
 
 

@@ -45,10 +45,7 @@ class ProxyAnswer:
     body: dict[str, Any] | None = None
     stream: Iterator[bytes] | None = None
     headers: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def content_type(self) -> str:
-        return "text/event-stream" if self.stream is not None else "application/json"
+    media_type: str = "application/json"
 
 
 def _capture_fields(engine_body: dict[str, Any]) -> dict[str, Any]:
@@ -174,7 +171,10 @@ class ProxyService:
             return ProxyAnswer(reply.status_code, protocol.render_error(reply.status_code, reply.error_message))
         answer = EngineAnswer(reply.body)
         if request.stream:
-            return ProxyAnswer(200, stream=_guarded(protocol, protocol.render_stream(request, answer)))
+            media_type = request.options.get("stream_media_type", "text/event-stream")
+            return ProxyAnswer(
+                200, stream=_guarded(protocol, protocol.render_stream(request, answer)), media_type=media_type
+            )
         return ProxyAnswer(200, protocol.render_response(request, answer))
 
     def _capture(

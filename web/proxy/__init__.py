@@ -12,7 +12,7 @@ from flask import Flask, Response, current_app, jsonify, request, stream_with_co
 from werkzeug.exceptions import HTTPException
 
 from polar.config import Config, load_config
-from polar.protocols import detect, openai_chat
+from polar.protocols import detect, openai_chat, protocol_for_errors
 from polar.proxy import EnginePool, ProxyAnswer, ProxyService
 from polar.storage.database import Database
 
@@ -35,7 +35,7 @@ def _key_from_request() -> str | None:
 
 def _respond(answer: ProxyAnswer) -> Response:
     if answer.stream is not None:
-        response = Response(stream_with_context(answer.stream), status=answer.status, mimetype="text/event-stream")
+        response = Response(stream_with_context(answer.stream), status=answer.status, mimetype=answer.media_type)
         response.headers["Cache-Control"] = "no-cache"
         response.headers["X-Accel-Buffering"] = "no"
         return response
@@ -43,11 +43,6 @@ def _respond(answer: ProxyAnswer) -> Response:
     response.status_code = answer.status
     response.headers.update(answer.headers)
     return response
-
-
-def _protocol_for_errors(path: str):  # type: ignore[no-untyped-def]
-    found = detect(request.method, path, {k.lower(): v for k, v in request.headers.items()}, {})
-    return found.protocol if found else openai_chat
 
 
 def _handle(key: str | None, agent: str | None, path: str) -> Response:
@@ -61,7 +56,8 @@ def _handle(key: str | None, agent: str | None, path: str) -> Response:
         except ValueError:
             found = None
     if found is None:
-        body = openai_chat.render_error(404, f"no such route: {request.method} /{path.strip('/')}")
+        protocol = protocol_for_errors(path, headers)
+        body = protocol.render_error(404, f"no such route: {request.method} /{path.strip('/')}")
         return _respond(ProxyAnswer(404, body))
     return _respond(_service().handle(found, key or _key_from_request(), agent, raw))
 
@@ -97,9 +93,8 @@ def create_app(config: Config | None = None) -> Flask:
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> tuple[Response, int]:
         status = exc.code or 500
-        protocol = _protocol_for_errors(
-            request.path.split("/", 3)[-1] if request.path.startswith("/s/") else request.path
-        )
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        protocol = protocol_for_errors(request.path, headers)
         return jsonify(protocol.render_error(status, exc.description or exc.name)), status
 
     @app.errorhandler(Exception)

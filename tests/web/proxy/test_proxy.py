@@ -92,3 +92,18 @@ def test_unreachable_engine_is_a_502_in_openai_shape(database_url: str, tmp_path
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
         assert caught.value.status_code == 502 and "no engine reachable" in str(caught.value)
         assert proxy.calls(session_id) == []  # nothing was answered, nothing is stored
+
+
+def test_unknown_routes_answer_in_the_callers_shape(proxy: LiveProxy) -> None:
+    _session_id, key = proxy.session()
+    gemini = httpx.post(f"{proxy.base(key)}/v1beta/models/m:embedContent", json={})
+    assert gemini.status_code == 404 and gemini.json()["error"]["status"] == "NOT_FOUND"
+    anthropic = httpx.post(f"{proxy.base(key)}/v1/messages/batches", json={}, headers={"anthropic-version": "x"})
+    assert anthropic.status_code == 404 and anthropic.json()["type"] == "error"
+    openai_style = httpx.get(f"{proxy.base(key)}/v1/files")
+    assert openai_style.status_code == 404 and openai_style.json()["error"]["type"] == "invalid_request_error"
+    array = httpx.post(
+        f"{proxy.base(key)}/v1beta/models/m:streamGenerateContent", json={"contents": [{"parts": [{"text": "hi"}]}]}
+    )
+    assert array.status_code == 200 and array.headers["content-type"].startswith("application/json")
+    assert isinstance(array.json(), list)
