@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -82,12 +83,17 @@ def _running_session(url: str, tmp: Path) -> str:
     return key
 
 
-async def _load(url: str, concurrency: int, total: int) -> tuple[list[float], float]:
+CAPTURE = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
+
+
+async def _load(
+    url: str, concurrency: int, total: int, body: dict, timings: dict[str, list[float]]
+) -> tuple[list[float], float]:
     latencies: list[float] = []
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(limits=limits, timeout=60) as client:
         for _ in range(min(20, total)):  # warm connections and caches
-            (await client.post(url, json=BODY)).raise_for_status()
+            (await client.post(url, json=body)).raise_for_status()
         remaining = total
 
         async def worker() -> None:
@@ -95,9 +101,15 @@ async def _load(url: str, concurrency: int, total: int) -> tuple[list[float], fl
             while remaining > 0:
                 remaining -= 1
                 started = time.perf_counter()
-                response = await client.post(url, json=BODY)
+                try:
+                    response = await client.post(url, json=body)
+                except httpx.TransportError:
+                    timings.setdefault("transport_errors", []).append(1.0)
+                    continue
                 latencies.append((time.perf_counter() - started) * 1000)
                 response.raise_for_status()
+                for name, value in re.findall(r"(\w+);dur=([\d.]+)", response.headers.get("server-timing", "")):
+                    timings.setdefault(name, []).append(float(value))
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -130,18 +142,29 @@ def main() -> int:
             proxied = f"http://127.0.0.1:{proxy_port}/s/{key}/v1/chat/completions"
             setup = f"gunicorn gthread {args.proxy_workers}x{args.proxy_threads}, capture to Postgres"
             print(f"{args.requests} requests per run; engine: echo policy, 16 tokens, zero delay; proxy: {setup}")
-            print(f"{'concurrency':>11} {'path':>8} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
+            print(f"{'concurrency':>11} {'path':>10} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
             for concurrency in (1, 64):
                 results = {}
-                for name, url in (("direct", direct), ("proxied", proxied)):
-                    latencies, throughput = asyncio.run(_load(url, concurrency, args.requests))
+                timings: dict[str, list[float]] = {}
+                runs = (
+                    ("direct", direct, BODY),
+                    ("direct+ids", direct, {**BODY, **CAPTURE}),
+                    ("proxied", proxied, BODY),
+                )
+                for name, url, body in runs:
+                    latencies, throughput = asyncio.run(_load(url, concurrency, args.requests, body, timings))
                     results[name] = (_percentile(latencies, 50), _percentile(latencies, 99), throughput)
-                    print(f"{concurrency:>11} {name:>8} {results[name][0]:>8.2f} {results[name][1]:>8.2f} "
+                    print(f"{concurrency:>11} {name:>10} {results[name][0]:>8.2f} {results[name][1]:>8.2f} "
                           f"{throughput:>8.0f}")  # fmt: skip
                 added50 = results["proxied"][0] - results["direct"][0]
                 added99 = results["proxied"][1] - results["direct"][1]
                 ratio = results["proxied"][2] / results["direct"][2]
-                print(f"{concurrency:>11} {'added':>8} {added50:>8.2f} {added99:>8.2f}   throughput ratio {ratio:.2f}")
+                print(f"{concurrency:>11} {'added':>10} {added50:>8.2f} {added99:>8.2f}   throughput ratio {ratio:.2f}")
+                errors = len(timings.pop("transport_errors", []))
+                inside = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in timings.items())
+                if errors:
+                    print(f"{'':>11} transport errors (connection reset between client and server): {errors}")
+                print(f"{'':>11} inside the proxy (Server-Timing p50 ms): {inside}")
             with psycopg.connect(database_url.replace("+psycopg", "")) as connection:
                 stored = connection.execute("SELECT count(*) FROM model_calls").fetchone()
             print(f"calls captured: {stored[0] if stored else 0}")

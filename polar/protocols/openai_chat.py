@@ -3,7 +3,6 @@ mostly validation and rendering is mostly removing the capture fields the client
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -99,7 +98,8 @@ def normalize(body: Any, context: RequestContext | None = None) -> ClientRequest
     if not isinstance(body, dict):
         raise ValidationError("request body must be a JSON object")
     _check_types(body)
-    engine_body = {name: copy.deepcopy(body[name]) for name in FORWARDED if name in body and body[name] is not None}
+    # No copies: nothing downstream mutates the client's objects (the proxy builds new dicts around them).
+    engine_body = {name: body[name] for name in FORWARDED if name in body and body[name] is not None}
     for name in ("max_tokens", "max_completion_tokens"):
         if name in engine_body:
             engine_body[name] = min(engine_body[name], MAX_OUTPUT_TOKENS)
@@ -113,17 +113,18 @@ def normalize(body: Any, context: RequestContext | None = None) -> ClientRequest
 
 
 def render_response(request: ClientRequest, answer: EngineAnswer) -> dict[str, Any]:
-    body = copy.deepcopy(answer.body)
+    """The engine's answer with the client's model name and without the capture fields it did not ask for
+    (new outer dicts only: the stored engine answer stays as it came)."""
+    keep_ids = request.options.get("return_token_ids")
+    body = {k: v for k, v in answer.body.items() if keep_ids or k not in CAPTURE_FIELDS}
     body["model"] = request.model or body.get("model")
-    if not request.options.get("return_token_ids"):
-        for name in CAPTURE_FIELDS:
-            body.pop(name, None)
+    choices = []
     for choice in body.get("choices", []):
-        if not request.options.get("return_token_ids"):
-            for name in CHOICE_CAPTURE_FIELDS:
-                choice.pop(name, None)
+        choice = {k: v for k, v in choice.items() if keep_ids or k not in CHOICE_CAPTURE_FIELDS}
         if not request.options.get("logprobs"):
             choice["logprobs"] = None
+        choices.append(choice)
+    body["choices"] = choices
     return body
 
 

@@ -9,7 +9,7 @@ bookkeeping cost ~12 ms a call here; this costs one round trip per statement plu
 from __future__ import annotations
 
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import sqlalchemy as sa
@@ -26,7 +26,20 @@ _NEXT_SEQ = (
     .values(num_calls=_sessions.c.num_calls + 1)
     .returning(_sessions.c.num_calls)
 )
-_INSERT = sa.insert(ModelCall.__table__)
+_calls = ModelCall.__table__
+_INSERT = sa.insert(_calls)
+# Postgres: claim the sequence number and insert in ONE autocommitted statement (one round trip, one commit).
+_NEXT_SEQ_CTE = _NEXT_SEQ.cte("next_seq")
+_VALUE_COLUMNS = [column for column in _calls.c if column.name not in ("seq", "created_at")]
+_INSERT_CLAIMING_SEQ = (
+    sa.insert(_calls)
+    .from_select(
+        [column.name for column in _VALUE_COLUMNS] + ["seq"],
+        # Prefixed names: a parameter named like a ``sessions`` column would become a SET in the CTE's UPDATE.
+        sa.select(*[sa.bindparam(f"v_{c.name}", type_=c.type) for c in _VALUE_COLUMNS], _NEXT_SEQ_CTE.c.num_calls),
+    )
+    .returning(_calls.c.seq)
+)
 _SESSION_FOR_KEY = sa.select(_sessions.c.id, _sessions.c.state).where(
     _sessions.c.proxy_key_hash == sa.bindparam("key_hash")
 )
@@ -56,12 +69,19 @@ class CallRecord:
 def record_call(db: Database, record: CallRecord) -> uuid.UUID:
     """Store ``record``; raises ``SessionNotRunning`` (and stores nothing) once the session has moved on."""
     call_id = uuid.uuid4()
-    with db.engine.begin() as connection:
-        seq = connection.execute(_NEXT_SEQ, {"session_id": record.session_id}).scalar()
-        if seq is None:
-            raise SessionNotRunning("this session is no longer running; its proxy key has expired")
-        fields = asdict(record)
-        connection.execute(_INSERT, {"id": call_id, "seq": seq, **fields})
+    # Shallow on purpose: dataclasses.asdict deep-copies every token list and payload (~1 ms a call).
+    values = {"id": call_id, **{field.name: getattr(record, field.name) for field in fields(record)}}
+    if db.is_postgres:
+        with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            prefixed = {f"v_{name}": value for name, value in values.items()}
+            seq = connection.execute(_INSERT_CLAIMING_SEQ, {"session_id": record.session_id, **prefixed}).scalar()
+    else:  # SQLite has no data-modifying CTEs: the same in one transaction
+        with db.engine.begin() as connection:
+            seq = connection.execute(_NEXT_SEQ, {"session_id": record.session_id}).scalar()
+            if seq is not None:
+                connection.execute(_INSERT, {"seq": seq, **values})
+    if seq is None:
+        raise SessionNotRunning("this session is no longer running; its proxy key has expired")
     return call_id
 
 

@@ -166,16 +166,23 @@ class ProxyService:
         if (fitted := fit_max_tokens(engine_body, reply)) is not None:
             engine_body = fitted
             reply = self.engines.post(session_id, "/v1/chat/completions", engine_body, self.config.served_model)
+        captured = time.perf_counter()
         self._capture(session_id, agent, request, body, engine_body, reply, started)
+        # Where the proxy's time went, for clients and benchmarks (W3C Server-Timing).
+        timing = {
+            "Server-Timing": f"engine;dur={reply.latency_ms:.2f}, "
+            f"capture;dur={(time.perf_counter() - captured) * 1000:.2f}, "
+            f"proxy;dur={(time.perf_counter() - started) * 1000:.2f}"
+        }
         if reply.status_code != 200:
-            return ProxyAnswer(reply.status_code, protocol.render_error(reply.status_code, reply.error_message))
+            error = protocol.render_error(reply.status_code, reply.error_message)
+            return ProxyAnswer(reply.status_code, error, headers=timing)
         answer = EngineAnswer(reply.body)
         if request.stream:
             media_type = request.options.get("stream_media_type", "text/event-stream")
-            return ProxyAnswer(
-                200, stream=_guarded(protocol, protocol.render_stream(request, answer)), media_type=media_type
-            )
-        return ProxyAnswer(200, protocol.render_response(request, answer))
+            stream = _guarded(protocol, protocol.render_stream(request, answer))
+            return ProxyAnswer(200, stream=stream, media_type=media_type, headers=timing)
+        return ProxyAnswer(200, protocol.render_response(request, answer), headers=timing)
 
     def _capture(
         self,

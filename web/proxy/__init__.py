@@ -38,6 +38,7 @@ def _respond(answer: ProxyAnswer) -> Response:
         response = Response(stream_with_context(answer.stream), status=answer.status, mimetype=answer.media_type)
         response.headers["Cache-Control"] = "no-cache"
         response.headers["X-Accel-Buffering"] = "no"
+        response.headers.update(answer.headers)
         return response
     response = jsonify(answer.body)
     response.status_code = answer.status
