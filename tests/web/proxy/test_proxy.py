@@ -3,6 +3,7 @@ handling (path, bearer, unknown, finished session), agent labels, and errors in 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,3 +108,20 @@ def test_unknown_routes_answer_in_the_callers_shape(proxy: LiveProxy) -> None:
     )
     assert array.status_code == 200 and array.headers["content-type"].startswith("application/json")
     assert isinstance(array.json(), list)
+
+
+def test_oversized_bodies_get_413_in_each_protocols_shape(database_url: str, tmp_path: Path) -> None:
+    with live_proxy(database_url, tmp_path, env={"POLAR_MAX_BODY_BYTES": "4096"}) as proxy:
+        _session_id, key = proxy.session()
+        big = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 10_000}]}).encode()
+        shapes = {
+            "/v1/chat/completions": lambda body: body["error"]["type"] == "invalid_request_error",
+            "/v1/responses": lambda body: body["error"]["type"] == "invalid_request_error",
+            "/v1/messages": lambda body: body["type"] == "error" and body["error"]["type"] == "request_too_large",
+            "/v1beta/models/m:generateContent": lambda body: body["error"]["code"] == 413,
+        }
+        for path, shaped in shapes.items():
+            response = httpx.post(f"{proxy.base(key)}{path}", content=big, headers={"content-type": "application/json"})
+            assert response.status_code == 413, path
+            assert shaped(response.json()), (path, response.json())
+        assert proxy.calls(_session_id) == []
