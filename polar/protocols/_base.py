@@ -140,3 +140,13 @@ def parse_arguments(arguments: Any) -> Any:
         return json.loads(arguments) if arguments.strip() else {}
     except json.JSONDecodeError:
         return arguments
+
+
+def assistant_message(content: str, reasoning: str | None, tool_calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """An assistant turn in the engine's (OpenAI chat) shape; reasoning and tool calls only when present."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message

@@ -22,7 +22,14 @@ from typing import Any
 
 from polar.errors import ValidationError
 from polar.protocols import anthropic_stream
-from polar.protocols._base import ClientRequest, EngineAnswer, RequestContext, parse_arguments, route
+from polar.protocols._base import (
+    ClientRequest,
+    EngineAnswer,
+    RequestContext,
+    assistant_message,
+    parse_arguments,
+    route,
+)
 
 PROVIDER = "anthropic"
 ROUTES = (
@@ -168,12 +175,7 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any]:
             calls.append(_tool_call(block, at))
         elif kind != "redacted_thinking":  # opaque to anyone but Anthropic: nothing to replay
             raise _fail(f"block type {kind!r} is not allowed in an assistant message", at)
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-    if reasoning:
-        message["reasoning"] = "\n".join(reasoning)
-    if calls:
-        message["tool_calls"] = calls
-    return message
+    return assistant_message("".join(texts), "\n".join(reasoning), calls)
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from polar.errors import ValidationError
+from polar.protocols._base import assistant_message
 
 MAX_OUTPUT_TOKENS = 32768
 # Part fields that carry data the engine cannot read (media, server-side tool traffic).
@@ -155,12 +156,7 @@ def _model_message(parts: list[tuple[str, dict[str, Any], str]], ids: _CallIds, 
         call_id = ids.call(raw, f"{index}_{len(calls)}")
         arguments = json.dumps(args, ensure_ascii=False)
         calls.append({"id": call_id, "type": "function", "function": {"name": raw["name"], "arguments": arguments}})
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-    if reasoning:
-        message["reasoning"] = "".join(reasoning)
-    if calls:
-        message["tool_calls"] = calls
-    return message
+    return assistant_message("".join(texts), "".join(reasoning), calls)
 
 
 def _user_messages(parts: list[tuple[str, dict[str, Any], str]], ids: _CallIds, index: int) -> list[dict[str, Any]]:
