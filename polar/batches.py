@@ -21,6 +21,7 @@ from polar.clock import utcnow
 from polar.errors import Conflict, NotFound, ValidationError
 from polar.evaluators import check_evaluator
 from polar.harnesses import check_harness
+from polar.reconstruction import RECONSTRUCTIONS
 from polar.runtimes import check_runtime
 from polar.services import Services
 from polar.states import TERMINAL, State
@@ -45,9 +46,10 @@ def _check_available(request: BatchRequest) -> None:
         check_runtime(task.runtime, f"{prefix}.runtime")
         check_harness(task.harness, f"{prefix}.harness")
         check_evaluator(task.evaluator, f"{prefix}.evaluator")
-        if task.reconstruction != "per_request":
+        if task.reconstruction not in RECONSTRUCTIONS:
+            available = ", ".join(repr(name) for name in sorted(RECONSTRUCTIONS))
             raise ValidationError(
-                f"{prefix}.reconstruction: {task.reconstruction!r} is not available yet; use 'per_request'",
+                f"{prefix}.reconstruction: {task.reconstruction!r} is not available; use one of {available}",
                 field=f"{prefix}.reconstruction",
             )
 

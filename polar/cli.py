@@ -132,6 +132,31 @@ def status(batch_id: str, api: str | None, token: str | None) -> None:
         raise click.ClickException(str(exc)) from exc
 
 
+@main.command("export")
+@click.argument("batch_id")
+@click.option("--kind", type=click.Choice(["rl", "sft"]), default="rl", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True)
+@click.option("--min-reward", type=float, default=None, help="Keep only sessions with reward >= this.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Output file (default BATCH_ID-KIND.FORMAT).")  # fmt: skip
+@click.option("--api", default=None)
+@click.option("--token", default=None)
+def export_batch(
+    batch_id: str, kind: str, fmt: str, min_reward: float | None, out: Path | None, api: str | None, token: str | None
+) -> None:
+    """Download a batch as RL trajectories or SFT conversations (JSONL or Parquet)."""
+    path = out or Path(f"{batch_id}-{kind}.{fmt}")
+    try:
+        summary = _client(api, token).download(batch_id, kind, fmt, min_reward, path)
+    except APIError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(
+        f"{summary['sessions']} sessions, {summary['accepted']} accepted "
+        f"(acceptance rate {summary['acceptance_rate']:.1%}), {summary['rows']} rows, {summary['tokens']} tokens"
+    )
+    click.echo(f"written to {path}")
+
+
 @main.command()
 @click.option("--dir", "state_dir", default=".polar", show_default=True, type=click.Path(path_type=Path))
 @click.option("--run-concurrency", default=4, show_default=True, type=int)

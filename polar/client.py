@@ -4,12 +4,14 @@ client = PolarClient("http://127.0.0.1:8200", token=...)
 batch = client.submit({"tasks": [...]})
 client.wait(batch["batch_id"])
 for session in client.sessions(batch["batch_id"]): ...
+client.download(batch["batch_id"], "rl", "parquet", None, Path("rl.parquet"))
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,6 +28,13 @@ class APIError(PolarError):
         self.message = message
 
 
+def _error_message(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:500]
+
+
 class PolarClient:
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -37,11 +46,7 @@ class PolarClient:
         except httpx.HTTPError as exc:
             raise APIError(0, f"cannot reach {self._http.base_url}: {exc}") from exc
         if response.status_code >= 400:
-            try:
-                message = response.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = response.text[:500]
-            raise APIError(response.status_code, message)
+            raise APIError(response.status_code, _error_message(response))
         return response.json()
 
     def submit(self, batch: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
@@ -67,6 +72,32 @@ class PolarClient:
     def trajectories(self, session_id: str) -> list[dict[str, Any]]:
         return self._call("GET", f"/v1/sessions/{session_id}/trajectories")["items"]  # type: ignore[no-any-return]
 
+    def download(
+        self, batch_id: str, kind: str, fmt: str, min_reward: float | None, path: Path
+    ) -> dict[str, float | int]:
+        """Stream ``GET /v1/batches/<id>/export`` into ``path``; returns the export's counts from its headers."""
+        params: dict[str, Any] = {"kind": kind, "format": fmt}
+        if min_reward is not None:
+            params["min_reward"] = min_reward
+        try:
+            with self._http.stream("GET", f"/v1/batches/{batch_id}/export", params=params, timeout=None) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise APIError(response.status_code, _error_message(response))
+                with path.open("wb") as out:
+                    for chunk in response.iter_bytes():
+                        out.write(chunk)
+                headers = response.headers
+        except httpx.HTTPError as exc:
+            raise APIError(0, f"cannot download from {self._http.base_url}: {exc}") from exc
+        return {
+            "sessions": int(headers.get("X-Polar-Sessions", 0)),
+            "accepted": int(headers.get("X-Polar-Accepted", 0)),
+            "acceptance_rate": float(headers.get("X-Polar-Acceptance-Rate", 0.0)),
+            "rows": int(headers.get("X-Polar-Rows", 0)),
+            "tokens": int(headers.get("X-Polar-Tokens", 0)),
+        }
+
     def wait(
         self,
         batch_id: str,
@@ -85,6 +116,37 @@ class PolarClient:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"batch {batch_id} not finished after {timeout_s}s: {status['counts']}")
             time.sleep(poll_s)
+
+    def feed(
+        self, batch_id: str | None = None, after: int = 0, wait_s: float = 0, limit: int = 100, groups: bool = False
+    ) -> dict[str, Any]:
+        """One page of the trainers' feed: ``{"items": [trajectory…], "next_cursor": n}``."""
+        params: dict[str, Any] = {"after": after, "wait": wait_s, "limit": limit, "groups": str(groups).lower()}
+        if batch_id:
+            params["batch_id"] = batch_id
+        return self._call("GET", "/v1/trajectories", params=params, timeout=wait_s + 30)  # type: ignore[no-any-return]
+
+    def iter_groups(self, batch_id: str, wait_s: float = 30) -> Iterator[list[dict[str, Any]]]:
+        """Yield each group (all samples of a task) of a batch as soon as it has finished, until the batch has."""
+        cursor = 0
+        while True:
+            page = self.feed(batch_id, after=cursor, wait_s=wait_s, groups=True)
+            groups: dict[str, list[dict[str, Any]]] = {}
+            for item in page["items"]:
+                groups.setdefault(item["group_id"], []).append(item)
+            yield from groups.values()
+            cursor = page["next_cursor"]
+            if not page["items"] and self.batch(batch_id)["status"] == "finished":
+                return
+
+    def pause(self, policy_version: str | None = None, mode: str = "reject") -> dict[str, Any]:
+        """Hold new model calls (429 or wait); returns once every proxy has seen it."""
+        body = {"mode": mode, **({"policy_version": policy_version} if policy_version is not None else {})}
+        return self._call("POST", "/v1/engine/pause", json=body)  # type: ignore[no-any-return]
+
+    def resume(self, policy_version: str | None = None) -> dict[str, Any]:
+        body = {"policy_version": policy_version} if policy_version is not None else {}
+        return self._call("POST", "/v1/engine/resume", json=body)  # type: ignore[no-any-return]
 
     def close(self) -> None:
         self._http.close()

@@ -5,7 +5,8 @@
     ├── NotFound               an id that does not exist (404)
     ├── Conflict               an idempotency key reused with another body (409)
     ├── Unauthorized           missing or unknown token / proxy key (401)
-    ├── SessionNotRunning      a proxy key whose session no longer accepts calls (409)
+    ├── SessionNotRunning      a proxy key whose session no longer accepts calls (401)
+    ├── EnginePaused           model calls are held while a trainer syncs weights (429)
     ├── EngineError            the inference engine failed (502)
     │   └── EngineTimeout      the inference engine did not answer in time (504)
     ├── RuntimeFailure         a runtime could not be created or a command could not start
@@ -44,6 +45,14 @@ class Unauthorized(PolarError):
 
 class SessionNotRunning(PolarError):
     """A proxy key whose session has left the running state."""
+
+
+class EnginePaused(PolarError):
+    """Model calls are held (``POST /v1/engine/pause``); retry after ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: int = 2) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class EngineError(PolarError):

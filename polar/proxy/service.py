@@ -17,7 +17,16 @@ from types import ModuleType
 from typing import Any
 
 from polar.config import Config
-from polar.errors import EngineError, EngineTimeout, PolarError, SessionNotRunning, Unauthorized, ValidationError
+from polar.engine_control import ControlState, ControlView
+from polar.errors import (
+    EngineError,
+    EnginePaused,
+    EngineTimeout,
+    PolarError,
+    SessionNotRunning,
+    Unauthorized,
+    ValidationError,
+)
 from polar.protocols import ClientRequest, Detected, EngineAnswer, RequestContext
 from polar.proxy.capture import CallRecord, record_call, session_state_for_key
 from polar.proxy.engines import EnginePool, EngineReply
@@ -34,6 +43,7 @@ STATUS: dict[type[PolarError], int] = {
     ValidationError: 400,
     Unauthorized: 401,
     SessionNotRunning: 401,
+    EnginePaused: 429,
     EngineTimeout: 504,
     EngineError: 502,
 }
@@ -100,6 +110,7 @@ class ProxyService:
         self.db = db
         self.engines = engines
         self._keys: dict[str, tuple[uuid.UUID, float]] = {}
+        self.control = ControlView(db)
 
     def session_for_key(self, key: str | None) -> uuid.UUID:
         """The running session a key belongs to. Positive answers are cached briefly: a key never changes
@@ -124,7 +135,17 @@ class ProxyService:
     def error(self, protocol: ModuleType, exc: PolarError) -> ProxyAnswer:
         status = next((code for kind, code in STATUS.items() if isinstance(exc, kind)), 500)
         status = getattr(exc, "status_code", None) or status
-        return ProxyAnswer(status, protocol.render_error(status, str(exc)))
+        headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, EnginePaused) else {}
+        return ProxyAnswer(status, protocol.render_error(status, str(exc)), headers=headers)
+
+    def _admitted(self) -> ControlState:
+        """The engine control state a new call runs under; raises while calls are held and the mode rejects."""
+        state = self.control.current()
+        if state.paused and state.mode == "wait":
+            state = self.control.wait_until_resumed(self.config.engine_timeout_s)
+        if state.paused:
+            raise EnginePaused("model calls are paused while the trainer syncs weights; retry shortly")
+        return state
 
     def handle(self, detected: Detected, key: str | None, agent: str | None, raw: bytes) -> ProxyAnswer:
         protocol, context = detected.protocol, detected.context
@@ -161,13 +182,14 @@ class ProxyService:
     ) -> ProxyAnswer:
         started = time.perf_counter()
         request = protocol.normalize(body, context)
+        control = self._admitted()
         engine_body = _capture_fields({**request.engine_body, **self.config.sampling_overrides})
         reply = self.engines.post(session_id, "/v1/chat/completions", engine_body, self.config.served_model)
         if (fitted := fit_max_tokens(engine_body, reply)) is not None:
             engine_body = fitted
             reply = self.engines.post(session_id, "/v1/chat/completions", engine_body, self.config.served_model)
         captured = time.perf_counter()
-        self._capture(session_id, agent, request, body, engine_body, reply, started)
+        self._capture(session_id, agent, request, body, engine_body, reply, started, control.policy_version)
         # Where the proxy's time went, for clients and benchmarks (W3C Server-Timing).
         timing = {
             "Server-Timing": f"engine;dur={reply.latency_ms:.2f}, "
@@ -193,6 +215,7 @@ class ProxyService:
         engine_body: dict[str, Any],
         reply: EngineReply,
         started: float,
+        policy_version: str | None,
     ) -> None:
         answer = EngineAnswer(reply.body) if reply.status_code == 200 else None
         record_call(
@@ -211,7 +234,7 @@ class ProxyService:
                 latency_ms=(time.perf_counter() - started) * 1000,
                 engine_latency_ms=reply.latency_ms,
                 engine_url=reply.url,
-                policy_version=None,
+                policy_version=policy_version,
                 request=body,
                 normalized_request=engine_body,
                 response=reply.body,

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from polar.batches import mark_batch_finished
 from polar.errors import RuntimeFailure
 from polar.evaluators import Evaluation, EvaluationContext, load_evaluator
+from polar.feed import assign_position
 from polar.lifecycle import transition
 from polar.reconstruction import RECONSTRUCTIONS, CapturedCall, TrajectoryData
 from polar.runtimes import Runtime, attach_runtime
@@ -126,6 +127,7 @@ def _store(
                     stats=trajectory.stats,
                 )
             )
+        assign_position(db, session.id)
         mark_batch_finished(db, session.batch_id)
     return True
 

@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session as DbSession
 # Arbitrary, fixed advisory-lock keys; one per serialised activity.
 ADMISSION = 7_310_001
 RECONCILER = 7_310_002
+FEED = 7_310_003
 
 
 def exclusive(db: DbSession, key: int) -> None:

@@ -92,6 +92,8 @@ class Session(Base):
     stage_enqueued_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     deadline_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     num_calls: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=0, server_default="0")
+    # Position in the trainers' feed: assigned when the session ends, in commit order (see polar.feed).
+    feed_seq: Mapped[int | None] = mapped_column(sa.BigInteger(), unique=True)
     created_at: Mapped[datetime] = _created()
     init_started_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     ready_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
@@ -156,3 +158,15 @@ class SessionEvent(Base):
     at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), nullable=False)
     worker: Mapped[str | None] = mapped_column(sa.Text())
     detail: Mapped[str | None] = mapped_column(sa.Text())
+
+
+class EngineControl(Base):
+    """One row: whether model calls are held (a trainer syncing weights) and the policy version they carry."""
+
+    __tablename__ = "engine_control"
+
+    id: Mapped[int] = mapped_column(sa.Integer(), primary_key=True)
+    paused: Mapped[bool] = mapped_column(sa.Boolean(), nullable=False, default=False)
+    mode: Mapped[str] = mapped_column(sa.Text(), nullable=False, default="reject")  # reject (429) | wait
+    policy_version: Mapped[str | None] = mapped_column(sa.Text())
+    updated_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), nullable=False)

@@ -11,7 +11,7 @@ from flask import Flask, current_app, request
 
 from polar.config import Config, load_config
 from polar.errors import Unauthorized
-from web.api import batches, health, sessions
+from web.api import batches, engine, exports, health, sessions, trajectories
 from web.errors import register_error_handlers
 from web.services import web_services
 
@@ -36,6 +36,13 @@ def create_app(config: Config | None = None) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.before_request(_authenticate)
     register_error_handlers(app)
-    for blueprint in (batches.blueprint, sessions.blueprint, health.blueprint):
+    for blueprint in (
+        batches.blueprint,
+        sessions.blueprint,
+        exports.blueprint,
+        health.blueprint,
+        trajectories.blueprint,
+        engine.blueprint,
+    ):
         app.register_blueprint(blueprint)
     return app

@@ -1,0 +1,82 @@
+"""Holding model calls while a trainer syncs weights (``POST /v1/engine/pause`` / ``resume``), and the policy
+version every captured call is stamped with.
+
+The state is one row in the database. Proxies re-read it at most every ``REFRESH_S``; ``pause`` returns only
+after that long, so once it has returned no proxy starts a new call on the old weights (calls already in flight
+finish). While paused, new calls get a 429 with ``Retry-After`` (mode ``reject``) or wait (mode ``wait``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Literal, cast
+
+from polar.clock import utcnow
+from polar.errors import ValidationError
+from polar.storage.database import Database
+from polar.storage.models import EngineControl
+
+REFRESH_S = 0.5
+MODES = ("reject", "wait")
+PauseMode = Literal["reject", "wait"]
+
+
+@dataclass(frozen=True)
+class ControlState:
+    paused: bool = False
+    mode: PauseMode = "reject"
+    policy_version: str | None = None
+
+
+def read_state(db: Database) -> ControlState:
+    with db.unit() as session:
+        row = session.get(EngineControl, 1)
+    if row is None:
+        return ControlState()
+    return ControlState(row.paused, cast(PauseMode, row.mode), row.policy_version)
+
+
+def set_state(db: Database, paused: bool, mode: str = "reject", policy_version: str | None = None) -> ControlState:
+    """Pause or resume; a given ``policy_version`` replaces the current one (None keeps it)."""
+    if mode not in MODES:
+        raise ValidationError(f"mode: must be one of {', '.join(MODES)}", field="mode")
+    with db.unit() as session:
+        row = session.get(EngineControl, 1, with_for_update=True)
+        if row is None:
+            row = EngineControl(id=1, paused=False, mode="reject", policy_version=None, updated_at=utcnow())
+            session.add(row)
+        row.paused, row.mode, row.updated_at = paused, mode, utcnow()
+        if policy_version is not None:
+            row.policy_version = policy_version
+        state = ControlState(row.paused, cast(PauseMode, row.mode), row.policy_version)
+    if paused:
+        time.sleep(REFRESH_S + 0.1)  # every proxy has re-read the row before the trainer starts syncing
+    return state
+
+
+class ControlView:
+    """A proxy's cached view of the control row, refreshed at most every ``REFRESH_S``."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._lock = threading.Lock()
+        self._state = ControlState()
+        self._read_at = float("-inf")
+
+    def current(self) -> ControlState:
+        with self._lock:
+            if time.monotonic() - self._read_at >= REFRESH_S:
+                self._state = read_state(self._db)
+                self._read_at = time.monotonic()
+            return self._state
+
+    def wait_until_resumed(self, timeout_s: float) -> ControlState:
+        """The state once calls may proceed (or after ``timeout_s``, still paused)."""
+        deadline = time.monotonic() + timeout_s
+        state = self.current()
+        while state.paused and time.monotonic() < deadline:
+            time.sleep(REFRESH_S / 2)
+            state = self.current()
+        return state

@@ -1,0 +1,130 @@
+"""Writing export rows (``polar.exports``) as JSONL or Parquet, streamed from the row iterator.
+
+for chunk in jsonl_chunks(rows): response.write(chunk)     # one JSON object per line
+write_parquet(rows, "rl", path)                            # row groups of ROW_GROUP_SIZE, explicit schema
+
+Both load with ``datasets.load_dataset("json" | "parquet", data_files=...)`` as they are. The Parquet schema is
+explicit (``RL_SCHEMA`` / ``SFT_SCHEMA``: int32 token ids, int8 loss mask, float32 logprobs), so a column whose
+first rows are null (``reward``, ``policy_version``) keeps its type; JSONL leaves type inference to the reader.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+from polar.errors import ValidationError
+from polar.exports import Kind
+
+Format = Literal["jsonl", "parquet"]
+FORMATS: tuple[Format, ...] = ("jsonl", "parquet")
+MEDIA_TYPES: dict[Format, str] = {"jsonl": "application/x-ndjson", "parquet": "application/vnd.apache.parquet"}
+ROW_GROUP_SIZE = 1000
+JSONL_FLUSH_BYTES = 1 << 16
+
+RL_SCHEMA = pa.schema(
+    [
+        pa.field("trajectory_id", pa.string(), nullable=False),
+        pa.field("session_id", pa.string(), nullable=False),
+        pa.field("batch_id", pa.string(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("sample_index", pa.int32(), nullable=False),
+        pa.field("group_id", pa.string(), nullable=False),
+        pa.field("agent", pa.string(), nullable=False),
+        pa.field("token_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("loss_mask", pa.list_(pa.int8()), nullable=False),
+        pa.field("logprobs", pa.list_(pa.float32()), nullable=False),
+        pa.field("reward", pa.float64()),
+        pa.field("policy_version", pa.string()),
+        pa.field("num_calls", pa.int32(), nullable=False),
+    ]
+)
+
+_TOOL_CALL = pa.struct(
+    [
+        ("id", pa.string()),
+        ("type", pa.string()),
+        ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())])),
+    ]
+)
+_MESSAGE = pa.struct(
+    [
+        ("role", pa.string()),
+        ("content", pa.string()),
+        ("reasoning", pa.string()),
+        ("tool_calls", pa.list_(_TOOL_CALL)),
+        ("tool_call_id", pa.string()),
+        ("name", pa.string()),
+    ]
+)
+SFT_SCHEMA = pa.schema(
+    [
+        pa.field("session_id", pa.string(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("sample_index", pa.int32(), nullable=False),
+        pa.field("reward", pa.float64()),
+        pa.field("messages", pa.list_(_MESSAGE), nullable=False),
+        pa.field("tools", pa.list_(pa.string()), nullable=False),
+    ]
+)
+SCHEMAS: dict[Kind, pa.Schema] = {"rl": RL_SCHEMA, "sft": SFT_SCHEMA}
+
+
+def check_format(fmt: str) -> Format:
+    if fmt not in FORMATS:
+        raise ValidationError(f"format: must be one of {', '.join(FORMATS)}, got {fmt!r}", field="format")
+    return fmt
+
+
+def jsonl_chunks(rows: Iterable[dict[str, Any]]) -> Iterator[bytes]:
+    """The rows as JSON lines, in chunks of about ``JSONL_FLUSH_BYTES`` so a stream is not one write per row."""
+    buffer: list[bytes] = []
+    size = 0
+    for row in rows:
+        line = (json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        buffer.append(line)
+        size += len(line)
+        if size >= JSONL_FLUSH_BYTES:
+            yield b"".join(buffer)
+            buffer, size = [], 0
+    if buffer:
+        yield b"".join(buffer)
+
+
+def write_jsonl(rows: Iterable[dict[str, Any]], path: Path) -> int:
+    """Write the rows to ``path`` as JSONL; returns the number of bytes written."""
+    written = 0
+    with path.open("wb") as out:
+        for chunk in jsonl_chunks(rows):
+            written += out.write(chunk)
+    return written
+
+
+def _batches(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    batch: list[dict[str, Any]] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def write_parquet(rows: Iterable[dict[str, Any]], kind: Kind, path: Path, row_group_size: int = ROW_GROUP_SIZE) -> int:
+    """Write the rows to ``path`` as Parquet, one row group per ``row_group_size`` rows; returns the row count.
+
+    An export without rows is still a valid file with the full schema.
+    """
+    schema = SCHEMAS[kind]
+    count = 0
+    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+        for batch in _batches(rows, row_group_size):
+            writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=row_group_size)
+            count += len(batch)
+    return count

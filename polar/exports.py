@@ -1,0 +1,278 @@
+"""A finished batch as training rows: ``kind="rl"`` (one row per trajectory) or ``kind="sft"`` (one row per
+accepted session, as OpenAI-style ``messages`` + ``tools``).
+
+summary = export_summary(services, batch_id, "sft", min_reward=1.0)   # counts, for headers and the CLI
+for row in export_rows(services, batch_id, "sft", min_reward=1.0): ...  # streamed from a server-side cursor
+
+Rows come in a stable order (task position, sample index, trajectory position) and have the same keys and types
+every time, so ``datasets`` infers one schema without mapping code (``export_formats`` writes JSONL and Parquet):
+
+RL row: ``trajectory_id, session_id, batch_id, task_id`` (str), ``sample_index`` (int), ``group_id`` (str: the
+task's ``metadata.group_id``, else ``"<batch_id>:<task position>"``), ``agent`` (str, ``""`` when the call named
+no agent), ``token_ids`` (list[int]), ``loss_mask`` (list[int] of 0/1), ``logprobs`` (list[float]), ``reward``
+(float or null), ``policy_version`` (str or null: the task's ``metadata.policy_version``, else the version every
+call of the session carried), ``num_calls`` (int: calls merged into the trajectory).
+
+SFT row: ``session_id, task_id`` (str), ``sample_index`` (int), ``reward`` (float or null), ``messages`` (list of
+``{role, content, reasoning, tool_calls, tool_call_id, name}``: strings, ``""`` when absent, ``tool_calls`` a list
+of ``{id, type, function: {name, arguments}}`` with ``arguments`` a JSON string), ``tools`` (list of JSON-encoded
+OpenAI tool objects: tool schemas differ too much from task to task for one struct type).
+
+The messages are the last successful call's ``normalized_request["messages"]`` (what the engine saw) followed by
+the assistant message that call returned.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import sqlalchemy as sa
+
+from polar.errors import NotFound, ValidationError
+from polar.groups import group_id
+from polar.services import Services
+from polar.states import TERMINAL, State
+from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
+
+Kind = Literal["rl", "sft"]
+KINDS: tuple[Kind, ...] = ("rl", "sft")
+YIELD_PER = 200
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    """What an export holds: sessions considered (RL: terminal; SFT: completed), accepted, rows and tokens."""
+
+    kind: Kind
+    sessions: int
+    accepted: int
+    rows: int
+    tokens: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        return round(self.accepted / self.sessions, 6) if self.sessions else 0.0
+
+
+def check_kind(kind: str) -> Kind:
+    if kind not in KINDS:
+        raise ValidationError(f"kind: must be one of {', '.join(KINDS)}, got {kind!r}", field="kind")
+    return kind
+
+
+def _considered(kind: Kind) -> list[str]:
+    states = TERMINAL if kind == "rl" else {State.COMPLETED}
+    return sorted(state.value for state in states)
+
+
+def _accepted(min_reward: float | None) -> sa.ColumnElement[bool]:
+    return Session.reward >= min_reward if min_reward is not None else sa.true()
+
+
+def _length(db: Any, column: Any) -> Any:
+    if db.get_bind().dialect.name == "postgresql":
+        return sa.func.coalesce(sa.func.cardinality(column), 0)
+    return sa.func.coalesce(sa.func.json_array_length(column), 0)
+
+
+def _last_successful_call() -> Any:
+    """Per session, the seq of its last call the engine answered with 200."""
+    return (
+        sa.select(ModelCall.session_id, sa.func.max(ModelCall.seq).label("seq"))
+        .where(ModelCall.status_code == 200)
+        .group_by(ModelCall.session_id)
+        .subquery()
+    )
+
+
+def _call_policy_version() -> Any:
+    """Per session, the calls' policy_version when every call carried the same one, else null."""
+    version = ModelCall.policy_version
+    same = sa.and_(sa.func.count(sa.distinct(version)) == 1, sa.func.count(version) == sa.func.count())
+    return (
+        sa.select(ModelCall.session_id, sa.case((same, sa.func.min(version)), else_=None).label("version"))
+        .group_by(ModelCall.session_id)
+        .subquery()
+    )
+
+
+def _scope(kind: Kind, batch_id: uuid.UUID) -> sa.ColumnElement[bool]:
+    return sa.and_(Session.batch_id == batch_id, Session.state.in_(_considered(kind)))
+
+
+def _require_batch(db: Any, batch_id: uuid.UUID) -> None:
+    if db.get(Batch, batch_id) is None:
+        raise NotFound(f"batch {batch_id} not found")
+
+
+def export_summary(services: Services, batch_id: uuid.UUID, kind: str, min_reward: float | None) -> ExportSummary:
+    """Counts for an export of ``batch_id``; raises ``NotFound`` for an unknown batch."""
+    kind = check_kind(kind)
+    with services.db.unit() as db:
+        _require_batch(db, batch_id)
+        scope = _scope(kind, batch_id)
+        sessions = db.scalar(sa.select(sa.func.count()).select_from(Session).where(scope)) or 0
+        if kind == "rl":
+            accepted = db.scalar(sa.select(sa.func.count()).select_from(Session).where(scope, _accepted(min_reward)))
+            rows, tokens = db.execute(
+                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(_length(db, Trajectory.token_ids)), 0))
+                .select_from(Trajectory)
+                .join(Session, Session.id == Trajectory.session_id)
+                .where(scope, _accepted(min_reward))
+            ).one()
+        else:
+            last = _last_successful_call()
+            size = _length(db, ModelCall.prompt_token_ids) + _length(db, ModelCall.completion_token_ids)
+            accepted, tokens = db.execute(
+                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(size), 0))
+                .select_from(Session)
+                .join(last, last.c.session_id == Session.id)
+                .join(ModelCall, sa.and_(ModelCall.session_id == Session.id, ModelCall.seq == last.c.seq))
+                .where(scope, _accepted(min_reward))
+            ).one()
+            rows = accepted
+    return ExportSummary(kind, int(sessions), int(accepted or 0), int(rows), int(tokens))
+
+
+def export_rows(
+    services: Services, batch_id: uuid.UUID, kind: str, min_reward: float | None
+) -> Iterator[dict[str, Any]]:
+    """The export's rows, streamed ``YIELD_PER`` at a time; the read transaction stays open while iterating."""
+    kind = check_kind(kind)
+    with services.db.unit() as db:
+        _require_batch(db, batch_id)
+        if kind == "rl":
+            yield from _rl_rows(db, batch_id, min_reward)
+        else:
+            yield from _sft_rows(db, batch_id, min_reward)
+
+
+def _metadata(spec_metadata: Any) -> Mapping[str, Any]:
+    return spec_metadata if isinstance(spec_metadata, Mapping) else {}
+
+
+def _rl_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator[dict[str, Any]]:
+    versions = _call_policy_version()
+    query = (
+        sa.select(
+            Trajectory.id,
+            Trajectory.session_id,
+            Session.task_id,
+            Session.sample_index,
+            Task.position,
+            Task.spec["metadata"].label("metadata"),
+            Trajectory.agent,
+            Trajectory.token_ids,
+            Trajectory.loss_mask,
+            Trajectory.logprobs,
+            sa.func.coalesce(Trajectory.reward, Session.reward).label("reward"),
+            versions.c.version,
+            Trajectory.call_ids,
+        )
+        .join(Session, Session.id == Trajectory.session_id)
+        .join(Task, Task.id == Session.task_pk)
+        .outerjoin(versions, versions.c.session_id == Session.id)
+        .where(_scope("rl", batch_id), _accepted(min_reward))
+        .order_by(Task.position, Session.sample_index, Trajectory.position, Trajectory.id)
+        .execution_options(yield_per=YIELD_PER)
+    )
+    for row in db.execute(query):
+        metadata = _metadata(row.metadata)
+        version = metadata.get("policy_version", row.version)
+        yield {
+            "trajectory_id": str(row.id),
+            "session_id": str(row.session_id),
+            "batch_id": str(batch_id),
+            "task_id": row.task_id,
+            "sample_index": row.sample_index,
+            "group_id": group_id(batch_id, row.position, metadata),
+            "agent": row.agent or "",
+            "token_ids": list(row.token_ids),
+            "loss_mask": list(row.loss_mask),
+            "logprobs": list(row.logprobs),
+            "reward": row.reward,
+            "policy_version": str(version) if version is not None else None,
+            "num_calls": len(row.call_ids),
+        }
+
+
+def _sft_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator[dict[str, Any]]:
+    last = _last_successful_call()
+    query = (
+        sa.select(
+            Session.id,
+            Session.task_id,
+            Session.sample_index,
+            Session.reward,
+            ModelCall.normalized_request,
+            ModelCall.response,
+        )
+        .join(Task, Task.id == Session.task_pk)
+        .join(last, last.c.session_id == Session.id)
+        .join(ModelCall, sa.and_(ModelCall.session_id == Session.id, ModelCall.seq == last.c.seq))
+        .where(_scope("sft", batch_id), _accepted(min_reward))
+        .order_by(Task.position, Session.sample_index)
+        .execution_options(yield_per=YIELD_PER)
+    )
+    for row in db.execute(query):
+        yield {
+            "session_id": str(row.id),
+            "task_id": row.task_id,
+            "sample_index": row.sample_index,
+            "reward": row.reward,
+            "messages": sft_messages(row.normalized_request, row.response),
+            "tools": [
+                json.dumps(tool, ensure_ascii=False) for tool in (row.normalized_request or {}).get("tools") or []
+            ],
+        }
+
+
+def sft_messages(request: Mapping[str, Any], response: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The conversation the engine saw plus the assistant message it answered, in the type-stable message shape."""
+    messages = [_message(m) for m in request.get("messages") or [] if isinstance(m, Mapping)]
+    choices = response.get("choices") or []
+    if choices and isinstance(choices[0].get("message"), Mapping):
+        messages.append(_message(choices[0]["message"]))
+    return messages
+
+
+def _text(content: Any) -> str:
+    """Message content as one string: OpenAI content parts are joined by their text (other parts are dropped)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping) and "text" in p)
+    return json.dumps(content, ensure_ascii=False)
+
+
+def _tool_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
+    return {
+        "id": str(call.get("id") or ""),
+        "type": str(call.get("type") or "function"),
+        "function": {"name": str(function.get("name") or ""), "arguments": arguments},
+    }
+
+
+def _message(message: Mapping[str, Any]) -> dict[str, Any]:
+    reasoning = message.get("reasoning")
+    if reasoning is None:
+        reasoning = message.get("reasoning_content")
+    shaped = {
+        "role": str(message.get("role") or ""),
+        "content": _text(message.get("content")),
+        "reasoning": _text(reasoning),
+        "tool_calls": [_tool_call(c) for c in message.get("tool_calls") or [] if isinstance(c, Mapping)],
+        "tool_call_id": str(message.get("tool_call_id") or ""),
+        "name": str(message.get("name") or ""),
+    }
+    return shaped

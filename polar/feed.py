@@ -1,0 +1,109 @@
+"""The trainers' feed (``GET /v1/trajectories``): finished sessions' trajectories, in the order sessions ended,
+behind a cursor; optionally only whole groups (all n samples of a task finished).
+
+The cursor is ``sessions.feed_seq``, assigned in postrun's terminal transaction under a lock, so positions are
+handed out in commit order: a reader that has seen position p can never later find a session below p appear.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session as DbSession
+
+from polar.groups import group_id
+from polar.serialization import trajectory_json
+from polar.services import Services
+from polar.states import TERMINAL
+from polar.storage.locks import FEED, exclusive
+from polar.storage.models import Session, Task, Trajectory
+
+POLL_S = 0.2
+_TERMINAL = [state.value for state in TERMINAL]
+
+
+@dataclass(frozen=True)
+class FeedPage:
+    items: list[dict[str, Any]]
+    next_cursor: int
+
+
+def assign_position(db: DbSession, session_id: uuid.UUID) -> None:
+    """Give a session that just ended the next feed position (inside its terminal transaction)."""
+    exclusive(db, FEED)
+    last = db.scalar(sa.select(sa.func.coalesce(sa.func.max(Session.feed_seq), 0)))
+    db.execute(sa.update(Session).where(Session.id == session_id).values(feed_seq=int(last or 0) + 1))
+
+
+def _sessions_after(db: DbSession, batch_id: uuid.UUID | None, after: int, limit: int, groups: bool) -> list[Any]:
+    scope = [Session.feed_seq.is_not(None)] + ([Session.batch_id == batch_id] if batch_id else [])
+    if not groups:
+        query = sa.select(Session.id, Session.feed_seq).where(*scope, Session.feed_seq > after)
+        return list(db.execute(query.order_by(Session.feed_seq).limit(limit)).all())
+    # A group's position is that of its last session to finish, and it appears only once all have.
+    complete = (
+        sa.select(Session.task_pk, sa.func.max(Session.feed_seq).label("position"))
+        .join(Task, Task.id == Session.task_pk)
+        .where(*scope)
+        .group_by(Session.task_pk, Task.num_samples)
+        .having(sa.func.count() == Task.num_samples)
+        .subquery()
+    )
+    chosen = (
+        sa.select(complete.c.task_pk, complete.c.position)
+        .where(complete.c.position > after)
+        .order_by(complete.c.position)
+        .limit(limit)
+        .subquery()
+    )
+    query = sa.select(Session.id, chosen.c.position).join(chosen, chosen.c.task_pk == Session.task_pk)
+    return list(db.execute(query.order_by(chosen.c.position, Session.sample_index)).all())
+
+
+def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit: int, groups: bool = False) -> FeedPage:
+    """One page: the trajectories of up to ``limit`` sessions (or whole groups) past ``after``."""
+    with services.db.unit() as db:
+        rows = _sessions_after(db, batch_id, after, limit, groups)
+        if not rows:
+            return FeedPage([], after)
+        ids = [row[0] for row in rows]
+        sessions = {s.id: s for s in db.scalars(sa.select(Session).where(Session.id.in_(ids)))}
+        tasks = {
+            t.id: t for t in db.scalars(sa.select(Task).where(Task.id.in_({s.task_pk for s in sessions.values()})))
+        }
+        trajectories: dict[uuid.UUID, list[Trajectory]] = {}
+        for trajectory in db.scalars(
+            sa.select(Trajectory).where(Trajectory.session_id.in_(ids)).order_by(Trajectory.position)
+        ):
+            trajectories.setdefault(trajectory.session_id, []).append(trajectory)
+        items = []
+        for session_id, position in rows:
+            session = sessions[session_id]
+            task = tasks[session.task_pk]
+            context = {
+                "batch_id": str(session.batch_id),
+                "task_id": session.task_id,
+                "sample_index": session.sample_index,
+                "group_id": group_id(session.batch_id, task.position, task.spec.get("metadata")),
+                "group_size": task.num_samples,
+                "state": session.state,
+                "feed_position": position,
+            }
+            items += [{**trajectory_json(t), **context} for t in trajectories.get(session_id, [])]
+    return FeedPage(items, max(row[1] for row in rows))
+
+
+def wait_for_feed(
+    services: Services, batch_id: uuid.UUID | None, after: int, limit: int, groups: bool, wait_s: float
+) -> FeedPage:
+    """``read_feed``, long-polling up to ``wait_s`` seconds while there is nothing past the cursor."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        page = read_feed(services, batch_id, after, limit, groups)
+        if page.next_cursor > after or time.monotonic() >= deadline:
+            return page
+        time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))

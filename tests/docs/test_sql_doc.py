@@ -1,0 +1,45 @@
+"""Every SQL example in docs/sql.md runs against a database holding real pipeline output and returns rows."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from polar.batches import request_hash, submit_batch
+from polar.services import Services
+from polar.storage.models import Trajectory
+from polar.task_request import parse_batch_request
+from tests.polar.test_feed import finish, queued_sessions
+from tests.support import command_task, domain_services
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "sql.md"
+EXAMPLES = re.findall(r"```sql\n(.*?)```", DOC.read_text(), flags=re.S)
+
+
+@pytest.fixture
+def services(database_url: str, tmp_path: Path) -> Services:
+    services = domain_services(database_url, tmp_path, ready_buffer=100)
+    body = {"tasks": [command_task("a", "true", samples=2), command_task("b", "exit 1", samples=1)]}
+    submit_batch(services, parse_batch_request(body), request_hash(body))
+    finish(services, set(queued_sessions(services)))
+    with services.db.unit() as db:  # a trajectory with a recorded merge break, as prefix merging stores them
+        trajectory = db.scalars(sa.select(Trajectory)).first()
+        assert trajectory is not None
+        break_ = {"call_id": trajectory.call_ids[0], "seq": 1, "agent": None, "reason": "diverged", "position": 2,
+                  "expected_token": 3, "actual_token": 9, "trajectory_index": 0}  # fmt: skip
+        trajectory.stats = {**trajectory.stats, "breaks": [break_], "num_breaks": 1}
+    return services
+
+
+def test_the_doc_has_examples() -> None:
+    assert len(EXAMPLES) >= 8
+
+
+@pytest.mark.parametrize("query", EXAMPLES, ids=[f"example-{i}" for i in range(len(EXAMPLES))])
+def test_example_runs_and_returns_rows(services: Services, query: str) -> None:
+    with services.db.engine.connect() as connection:
+        rows = connection.execute(sa.text(query)).all()
+    assert rows, query

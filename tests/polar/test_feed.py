@@ -1,0 +1,94 @@
+"""The trainers' feed on the domain functions: commit-ordered cursor, whole groups, batch scope, long-poll."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from polar.batches import request_hash, submit_batch
+from polar.dispatch import Stage
+from polar.feed import read_feed, wait_for_feed
+from polar.services import Services
+from polar.storage.models import ModelCall
+from polar.task_request import parse_batch_request
+from tests.polar.stages.test_stages import STAGE_FUNCTIONS
+from tests.support import command_task, domain_services
+
+
+@pytest.fixture
+def services(database_url: str, tmp_path: Path) -> Services:
+    return domain_services(database_url, tmp_path, ready_buffer=100)
+
+
+def submit(services: Services, *tasks: dict) -> uuid.UUID:
+    body = {"tasks": list(tasks)}
+    return submit_batch(services, parse_batch_request(body), request_hash(body)).batch_id
+
+
+def add_call(services: Services, session_id: uuid.UUID) -> None:
+    """A captured call, as the proxy would have stored it, so postrun has a trajectory to build."""
+    with services.db.unit() as db:
+        db.add(
+            ModelCall(
+                session_id=session_id, seq=1, provider="openai_chat", stream=False, prompt_token_ids=[1, 2, 3],
+                completion_token_ids=[4, 5], logprobs=[-0.1, -0.2], finish_reason="stop", status_code=200,
+                latency_ms=1.0, request={}, normalized_request={}, response={},
+            )
+        )  # fmt: skip
+
+
+def finish(services: Services, session_ids: set[uuid.UUID]) -> None:
+    """Run every queued stage of these sessions to the end (other sessions' messages stay queued)."""
+    sent = services.dispatcher.sent  # type: ignore[attr-defined]
+    while any(session in session_ids for _, session in sent):
+        index = next(i for i, (_, session) in enumerate(sent) if session in session_ids)
+        stage, session_id = sent.pop(index)
+        if stage is Stage.POSTRUN:
+            add_call(services, session_id)
+        STAGE_FUNCTIONS[stage](services, session_id)
+
+
+def queued_sessions(services: Services, stage: Stage = Stage.INIT) -> list[uuid.UUID]:
+    return [session for queued, session in services.dispatcher.sent if queued is stage]  # type: ignore[attr-defined]
+
+
+def test_cursor_order_groups_and_batch_scope(services: Services) -> None:
+    batch = submit(services, command_task("a", "true", samples=2), command_task("b", "true", samples=2))
+    a0, a1, b0, b1 = queued_sessions(services)
+    finish(services, {b0})
+    finish(services, {a0})
+    first = read_feed(services, batch, after=0, limit=10)
+    assert [item["session_id"] for item in first.items] == [str(b0), str(a0)]  # the order sessions ended
+    assert first.next_cursor == 2
+    assert read_feed(services, batch, after=0, limit=10, groups=True).items == []  # no group complete yet
+    finish(services, {a1})
+    groups = read_feed(services, batch, after=0, limit=10, groups=True)
+    assert {item["session_id"] for item in groups.items} == {str(a0), str(a1)}
+    assert {item["group_id"] for item in groups.items} == {groups.items[0]["group_id"]}
+    assert groups.items[0]["group_size"] == 2 and groups.next_cursor == 3
+    after_a = read_feed(services, batch, after=first.next_cursor, limit=10)
+    assert [item["session_id"] for item in after_a.items] == [str(a1)]
+    other = submit(services, command_task("c", "true"))
+    (c0,) = [s for s in queued_sessions(services) if s not in {b1}]
+    finish(services, {c0})
+    assert read_feed(services, batch, after=3, limit=10).items == []  # another batch's session is not in it
+    assert [i["session_id"] for i in read_feed(services, other, after=0, limit=10).items] == [str(c0)]
+    everything = read_feed(services, None, after=0, limit=2)
+    assert everything.next_cursor == 2  # limit counts sessions; the cursor resumes after them
+
+
+def test_long_poll_returns_when_a_session_ends(services: Services) -> None:
+    batch = submit(services, command_task("a", "true"))
+    (session,) = queued_sessions(services)
+    started = time.monotonic()
+    empty = wait_for_feed(services, batch, after=0, limit=10, groups=False, wait_s=0.5)
+    assert empty.items == [] and empty.next_cursor == 0 and time.monotonic() - started >= 0.5
+    threading.Timer(0.5, finish, args=(services, {session})).start()
+    started = time.monotonic()
+    page = wait_for_feed(services, batch, after=0, limit=10, groups=False, wait_s=20)
+    assert [item["session_id"] for item in page.items] == [str(session)]
+    assert 0.4 < time.monotonic() - started < 10

@@ -1,0 +1,45 @@
+"""``/v1/trajectories``: the trainers' feed, a long-poll behind a cursor (``polar.feed``)."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, jsonify, request
+
+from polar.errors import ValidationError
+from polar.feed import wait_for_feed
+from web.api.requests import int_arg, parse_id, services
+
+blueprint = Blueprint("trajectories", __name__, url_prefix="/v1/trajectories")
+
+MAX_WAIT_S = 60.0
+
+
+def _wait() -> float:
+    raw = request.args.get("wait", "0")
+    try:
+        wait = float(raw)
+    except ValueError:
+        raise ValidationError(f"wait: must be a number of seconds, got {raw!r}", field="wait") from None
+    if not 0 <= wait <= MAX_WAIT_S:
+        raise ValidationError(f"wait: must be between 0 and {MAX_WAIT_S:g} seconds", field="wait")
+    return wait
+
+
+def _groups() -> bool:
+    raw = request.args.get("groups", "false").lower()
+    if raw not in {"true", "false", "1", "0"}:
+        raise ValidationError("groups: must be true or false", field="groups")
+    return raw in {"true", "1"}
+
+
+@blueprint.get("")
+def feed() -> Response:
+    batch = request.args.get("batch_id")
+    page = wait_for_feed(
+        services(),
+        parse_id(batch, "batch") if batch else None,
+        after=int_arg("after", 0, 0, 2**62),
+        limit=int_arg("limit", 100, 1, 1000),
+        groups=_groups(),
+        wait_s=_wait(),
+    )
+    return jsonify({"items": page.items, "next_cursor": page.next_cursor})
