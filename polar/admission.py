@@ -15,7 +15,7 @@ from polar.lifecycle import transition
 from polar.services import Services
 from polar.states import BUFFERED, State
 from polar.storage.locks import ADMISSION, exclusive
-from polar.storage.models import Session
+from polar.storage.models import Session, Task
 
 
 def admit(services: Services) -> list[uuid.UUID]:
@@ -31,8 +31,9 @@ def admit(services: Services) -> list[uuid.UUID]:
             return []
         candidates = db.scalars(
             sa.select(Session.id)
+            .join(Task, Task.id == Session.task_pk)
             .where(Session.state == State.PENDING.value)
-            .order_by(Session.created_at, Session.batch_id, Session.task_pk, Session.sample_index)
+            .order_by(Session.created_at, Session.batch_id, Task.position, Session.sample_index)
             .limit(room)
         ).all()
         for session_id in candidates:

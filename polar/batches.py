@@ -120,6 +120,7 @@ def submit_batch(
                     idempotency_key=idempotency_key,
                     request_hash=digest,
                     num_sessions=request.num_sessions,
+                    callback_url=request.callback_url,
                 )
             )
             db.flush()

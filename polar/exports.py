@@ -126,7 +126,7 @@ def export_summary(services: Services, batch_id: uuid.UUID, kind: str, min_rewar
             ).one()
         else:
             last = _last_successful_call()
-            size = _length(db, ModelCall.prompt_token_ids) + _length(db, ModelCall.completion_token_ids)
+            size = ModelCall.prompt_len + _length(db, ModelCall.completion_token_ids)
             accepted, tokens = db.execute(
                 sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(size), 0))
                 .select_from(Session)
@@ -219,16 +219,21 @@ def _sft_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterato
         .execution_options(yield_per=YIELD_PER)
     )
     for row in db.execute(query):
+        chat = chat_form(row.normalized_request or {})
         yield {
             "session_id": str(row.id),
             "task_id": row.task_id,
             "sample_index": row.sample_index,
             "reward": row.reward,
-            "messages": sft_messages(row.normalized_request, row.response),
-            "tools": [
-                json.dumps(tool, ensure_ascii=False) for tool in (row.normalized_request or {}).get("tools") or []
-            ],
+            "messages": sft_messages(chat, row.response),
+            "tools": [json.dumps(tool, ensure_ascii=False) for tool in chat.get("tools") or []],
         }
+
+
+def chat_form(normalized_request: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The chat request a call stands for: itself, or for a token-in-token-out call (which sent the engine token
+    ids) the messages and tools it annotated under ``polar_tito``."""
+    return normalized_request.get("polar_tito") or normalized_request
 
 
 def sft_messages(request: Mapping[str, Any], response: Mapping[str, Any]) -> list[dict[str, Any]]:

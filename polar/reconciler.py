@@ -21,6 +21,7 @@ from datetime import timedelta
 import sqlalchemy as sa
 
 from polar.admission import admit
+from polar.callbacks import deliver_batch_finished, undelivered_batches
 from polar.clock import utcnow
 from polar.dispatch import Stage
 from polar.errors import RuntimeFailure
@@ -131,5 +132,7 @@ def reconcile(services: Services) -> Counter[str]:
         with services.db.unit() as db:
             db.execute(sa.update(Session).where(Session.id == session_id).values(runtime_handle=None))
         done["torn_down"] += 1
+    for batch_id in undelivered_batches(services, services.config.stale_after_s):
+        done["callbacks"] += deliver_batch_finished(services, batch_id)
     done["admitted"] += len(admit(services))
     return done

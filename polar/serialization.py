@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from polar.clock import as_utc, iso
@@ -52,7 +53,9 @@ def session_json(session: Session) -> dict[str, Any]:
     }
 
 
-def call_json(call: ModelCall) -> dict[str, Any]:
+def call_json(call: ModelCall, prompt_token_ids: Sequence[int]) -> dict[str, Any]:
+    """``prompt_token_ids`` is the call's full prompt (``polar.storage.prompts.full_prompts``); the row stores
+    only the tokens after ``prompt_prefix_len``, taken from ``prompt_parent_id``."""
     return {
         "call_id": str(call.id),
         "session_id": str(call.session_id),
@@ -61,7 +64,7 @@ def call_json(call: ModelCall) -> dict[str, Any]:
         "provider": call.provider,
         "model": call.model,
         "stream": call.stream,
-        "prompt_token_ids": list(call.prompt_token_ids),
+        "prompt_token_ids": list(prompt_token_ids),
         "completion_token_ids": list(call.completion_token_ids),
         "logprobs": list(call.logprobs),
         "finish_reason": call.finish_reason,
@@ -73,6 +76,8 @@ def call_json(call: ModelCall) -> dict[str, Any]:
         "normalized_request": call.normalized_request,
         "response": call.response,
         "created_at": iso(call.created_at),
+        "prompt_parent_id": str(call.prompt_parent_id) if call.prompt_parent_id else None,
+        "prompt_prefix_len": call.prompt_prefix_len,
     }
 
 

@@ -10,7 +10,8 @@ import sqlalchemy as sa
 from polar.errors import NotFound
 from polar.serialization import call_json, session_json, trajectory_json
 from polar.services import Services
-from polar.storage.models import Batch, ModelCall, Session, Trajectory
+from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
+from polar.storage.prompts import full_prompts
 
 
 def get_session(services: Services, session_id: uuid.UUID) -> dict[str, Any]:
@@ -29,8 +30,9 @@ def list_sessions(services: Services, batch_id: uuid.UUID, limit: int, offset: i
         total = db.scalar(sa.select(sa.func.count()).select_from(Session).where(Session.batch_id == batch_id))
         rows = db.scalars(
             sa.select(Session)
+            .join(Task, Task.id == Session.task_pk)
             .where(Session.batch_id == batch_id)
-            .order_by(Session.created_at, Session.task_pk, Session.sample_index, Session.id)
+            .order_by(Task.position, Session.sample_index)
             .limit(limit)
             .offset(offset)
         ).all()
@@ -47,8 +49,9 @@ def _require_session(db: Any, session_id: uuid.UUID) -> None:
 def session_calls(services: Services, session_id: uuid.UUID) -> list[dict[str, Any]]:
     with services.db.unit() as db:
         _require_session(db, session_id)
-        rows = db.scalars(sa.select(ModelCall).where(ModelCall.session_id == session_id).order_by(ModelCall.seq))
-        return [call_json(row) for row in rows]
+        rows = db.scalars(sa.select(ModelCall).where(ModelCall.session_id == session_id).order_by(ModelCall.seq)).all()
+        prompts = full_prompts(rows)
+        return [call_json(row, prompts[row.id]) for row in rows]
 
 
 def session_trajectories(services: Services, session_id: uuid.UUID) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
@@ -90,6 +91,8 @@ class TaskRequest(_Strict):
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     harness: HarnessSpec
     reconstruction: Literal["prefix_merging", "per_request"] = "per_request"
+    # Token-in-token-out: build each prompt from the session's own earlier tokens (polar.proxy.tito).
+    token_in_token_out: bool = False
     evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -105,6 +108,17 @@ class BatchRequest(_Strict):
     name: str | None = Field(default=None, max_length=512)
     defaults: dict[str, Any] = Field(default_factory=dict)
     tasks: list[TaskRequest] = Field(min_length=1)
+    # POSTed {"event": "group_finished" | "batch_finished", ...} as groups and the batch finish (polar.callbacks).
+    callback_url: str | None = Field(default=None, max_length=2048)
+
+    @field_validator("callback_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urlsplit(value)
+            if parts.scheme not in {"http", "https"} or not parts.netloc:
+                raise ValueError("must be an http(s) URL")
+        return value
 
     @property
     def num_sessions(self) -> int:

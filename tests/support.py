@@ -152,15 +152,15 @@ class LiveProxy:
     engine_url: str
     engine_log: Path
 
-    def session(self) -> tuple[uuid.UUID, str]:
-        """A new running session and its proxy key."""
+    def session(self, **task: Any) -> tuple[uuid.UUID, str]:
+        """A new running session (its task given ``task`` fields) and its proxy key."""
         from polar.batches import request_hash, submit_batch
         from polar.proxy.keys import hash_key
         from polar.storage.models import Session
         from polar.task_request import parse_batch_request
 
         key = "pk-" + uuid.uuid4().hex
-        body = {"tasks": [command_task("protocol-test", "true")]}
+        body = {"tasks": [command_task("protocol-test", "true", **task)]}
         batch_id = submit_batch(self.services, parse_batch_request(body), request_hash(body)).batch_id
         with self.services.db.unit() as db:
             session_id = db.scalar(sa.select(Session.id).where(Session.batch_id == batch_id))

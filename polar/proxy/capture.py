@@ -4,11 +4,15 @@ whose answer reached the harness.
 
 This is the proxy's hot path: it uses prebuilt Core statements on a plain connection (the ORM's per-statement
 bookkeeping cost ~12 ms a call here; this costs one round trip per statement plus the commit).
+
+A prompt that extends an earlier call of the session is stored as a delta on it (``polar.storage.prompts``):
+one indexed SELECT of the session's earlier chains (id, length, hash) picks the parent before the insert.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -18,6 +22,7 @@ from polar.errors import SessionNotRunning
 from polar.states import State
 from polar.storage.database import Database
 from polar.storage.models import ModelCall, Session
+from polar.storage.prompts import Chain, encode_prompt
 
 _sessions = Session.__table__
 _NEXT_SEQ = (
@@ -27,6 +32,10 @@ _NEXT_SEQ = (
     .returning(_sessions.c.num_calls)
 )
 _calls = ModelCall.__table__
+# A parent is looked for among the session's latest calls only: the call a prompt extends is nearly always a
+# recent one (parallel sub-agents interleave, hence the margin), and a bounded window keeps the lookup one short
+# index range scan however long the session runs.
+_PARENT_WINDOW = 64
 _INSERT = sa.insert(_calls)
 # Postgres: claim the sequence number and insert in ONE autocommitted statement (one round trip, one commit).
 _NEXT_SEQ_CTE = _NEXT_SEQ.cte("next_seq")
@@ -40,6 +49,37 @@ _INSERT_CLAIMING_SEQ = (
     )
     .returning(_calls.c.seq)
 )
+
+
+def _chains(length: Callable[[Any], sa.ColumnElement[Any]]) -> sa.Select[Any]:
+    """The successful calls among the session's latest ``_PARENT_WINDOW`` whose prompt + completion is no
+    longer than ``max_length``, oldest first: ``(id, length, chain_hash)``."""
+    recent = (
+        sa.select(
+            _calls.c.id,
+            (_calls.c.prompt_len + length(_calls.c.completion_token_ids)).label("length"),
+            _calls.c.chain_hash,
+            _calls.c.seq,
+            _calls.c.status_code,
+        )
+        .where(_calls.c.session_id == sa.bindparam("session_id"))
+        .order_by(_calls.c.seq.desc())
+        .limit(_PARENT_WINDOW)
+        .subquery("recent")
+    )
+    return (
+        sa.select(recent.c.id, recent.c.length, recent.c.chain_hash)
+        .where(
+            recent.c.status_code == 200,
+            recent.c.chain_hash.is_not(None),
+            recent.c.length <= sa.bindparam("max_length"),
+        )
+        .order_by(recent.c.seq)
+    )
+
+
+_CHAINS_POSTGRES = _chains(sa.func.cardinality)
+_CHAINS_SQLITE = _chains(sa.func.json_array_length)
 _SESSION_FOR_KEY = sa.select(_sessions.c.id, _sessions.c.state).where(
     _sessions.c.proxy_key_hash == sa.bindparam("key_hash")
 )
@@ -73,16 +113,34 @@ def record_call(db: Database, record: CallRecord) -> uuid.UUID:
     values = {"id": call_id, **{field.name: getattr(record, field.name) for field in fields(record)}}
     if db.is_postgres:
         with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            # A parent read outside the insert is still a committed, immutable row: at worst a concurrent
+            # call's prompt is stored against an older parent (or in full).
+            values.update(_delta(connection, _CHAINS_POSTGRES, record))
             prefixed = {f"v_{name}": value for name, value in values.items()}
             seq = connection.execute(_INSERT_CLAIMING_SEQ, {"session_id": record.session_id, **prefixed}).scalar()
     else:  # SQLite has no data-modifying CTEs: the same in one transaction
         with db.engine.begin() as connection:
             seq = connection.execute(_NEXT_SEQ, {"session_id": record.session_id}).scalar()
             if seq is not None:
+                values.update(_delta(connection, _CHAINS_SQLITE, record))
                 connection.execute(_INSERT, {"seq": seq, **values})
     if seq is None:
         raise SessionNotRunning("this session is no longer running; its proxy key has expired")
     return call_id
+
+
+def _delta(connection: sa.Connection, chains: sa.Select[Any], record: CallRecord) -> dict[str, Any]:
+    """The prompt columns of ``record``: a delta on the longest earlier chain its prompt extends."""
+    bounds = {"session_id": record.session_id, "max_length": len(record.prompt_token_ids)}
+    rows = connection.execute(chains, bounds).all()
+    delta = encode_prompt(record.prompt_token_ids, record.completion_token_ids, [Chain(*row) for row in rows])
+    return {
+        "prompt_token_ids": delta.token_ids,
+        "prompt_parent_id": delta.parent_id,
+        "prompt_prefix_len": delta.prefix_len,
+        "prompt_len": delta.prompt_len,
+        "chain_hash": delta.chain_hash,
+    }
 
 
 def session_state_for_key(db: Database, key_hash: str) -> tuple[uuid.UUID, str] | None:

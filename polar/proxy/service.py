@@ -28,6 +28,7 @@ from polar.errors import (
     ValidationError,
 )
 from polar.protocols import ClientRequest, Detected, EngineAnswer, RequestContext
+from polar.proxy import tito
 from polar.proxy.capture import CallRecord, record_call, session_state_for_key
 from polar.proxy.engines import EnginePool, EngineReply
 from polar.proxy.keys import hash_key
@@ -111,6 +112,7 @@ class ProxyService:
         self.engines = engines
         self._keys: dict[str, tuple[uuid.UUID, float]] = {}
         self.control = ControlView(db)
+        self._tito: dict[uuid.UUID, bool] = {}
 
     def session_for_key(self, key: str | None) -> uuid.UUID:
         """The running session a key belongs to. Positive answers are cached briefly: a key never changes
@@ -167,6 +169,36 @@ class ProxyService:
             return [self.config.served_model]
         return [m["id"] for m in self.engines.get("/v1/models").get("data", [])]
 
+    def _ask(self, session_id: uuid.UUID, path: str, engine_body: dict[str, Any]) -> EngineReply:
+        """One engine request, retried once with ``max_tokens`` fitted when it asked past the context."""
+        reply = self.engines.post(session_id, path, engine_body, self.config.served_model)
+        if (fitted := fit_max_tokens(engine_body, reply)) is not None:
+            engine_body.update(fitted)
+            reply = self.engines.post(session_id, path, engine_body, self.config.served_model)
+        return reply
+
+    def _tito_link(self, session_id: uuid.UUID, agent: str | None, chat_body: dict[str, Any]) -> tito.ChainLink | None:
+        if session_id not in self._tito:
+            self._tito[session_id] = tito.enabled(self.db, session_id)
+        if not self._tito[session_id]:
+            return None
+        return tito.find_link(self.db, session_id, agent, chat_body.get("messages") or [])
+
+    def _ask_with_tokens(
+        self, session_id: uuid.UUID, link: tito.ChainLink, chat_body: dict[str, Any]
+    ) -> tuple[dict[str, Any], EngineReply]:
+        """TITO: continue the chain's exact tokens through ``/v1/completions``; the stored request is exactly
+        what the engine got, annotated (under ``polar_tito``, never sent) with the chat form it stands for."""
+        prompt = tito.prompt_ids(self.engines, session_id, link, chat_body, self.config.served_model)
+        body = tito.completion_body(chat_body, prompt)
+        reply = self._ask(session_id, "/v1/completions", body)
+        stored = {**body, "polar_tito": {"chain_call_id": str(link.call_id), "messages": chat_body.get("messages"),
+                                         "tools": chat_body.get("tools")}}  # fmt: skip
+        if reply.status_code == 200:
+            answer = tito.as_chat_answer(reply, prompt, bool(chat_body.get("tools")))
+            reply = EngineReply(reply.url, 200, answer, reply.latency_ms)
+        return stored, reply
+
     def _count_tokens(
         self, protocol: ModuleType, context: RequestContext, session_id: uuid.UUID, body: Any
     ) -> ProxyAnswer:
@@ -183,11 +215,13 @@ class ProxyService:
         started = time.perf_counter()
         request = protocol.normalize(body, context)
         control = self._admitted()
-        engine_body = _capture_fields({**request.engine_body, **self.config.sampling_overrides})
-        reply = self.engines.post(session_id, "/v1/chat/completions", engine_body, self.config.served_model)
-        if (fitted := fit_max_tokens(engine_body, reply)) is not None:
-            engine_body = fitted
-            reply = self.engines.post(session_id, "/v1/chat/completions", engine_body, self.config.served_model)
+        chat_body = {**request.engine_body, **self.config.sampling_overrides}
+        link = self._tito_link(session_id, agent, chat_body)
+        if link is not None:
+            engine_body, reply = self._ask_with_tokens(session_id, link, chat_body)
+        else:
+            engine_body = _capture_fields(chat_body)
+            reply = self._ask(session_id, "/v1/chat/completions", engine_body)
         captured = time.perf_counter()
         self._capture(session_id, agent, request, body, engine_body, reply, started, control.policy_version)
         # Where the proxy's time went, for clients and benchmarks (W3C Server-Timing).

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from polar.batches import mark_batch_finished
+from polar.callbacks import after_session_ended
 from polar.errors import RuntimeFailure
 from polar.evaluators import Evaluation, EvaluationContext, load_evaluator
 from polar.feed import assign_position
@@ -23,15 +24,20 @@ from polar.services import Services
 from polar.stages.lease import Claimed, claim, heartbeat
 from polar.states import Outcome, State
 from polar.storage.models import ModelCall, Session, Trajectory
+from polar.storage.prompts import full_prompts
 
 
 def captured_calls(services: Services, session_id: uuid.UUID) -> list[CapturedCall]:
+    """The session's successful calls in ``seq`` order, with full prompts (stored as deltas, see
+    ``polar.storage.prompts``)."""
     with services.db.unit() as db:
         rows = db.execute(
             sa.select(
                 ModelCall.id,
                 ModelCall.seq,
                 ModelCall.agent,
+                ModelCall.prompt_parent_id,
+                ModelCall.prompt_prefix_len,
                 ModelCall.prompt_token_ids,
                 ModelCall.completion_token_ids,
                 ModelCall.logprobs,
@@ -40,7 +46,11 @@ def captured_calls(services: Services, session_id: uuid.UUID) -> list[CapturedCa
             .where(ModelCall.session_id == session_id, ModelCall.status_code == 200)
             .order_by(ModelCall.seq)
         ).all()
-    return [CapturedCall(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows]
+    prompts = full_prompts(rows)
+    return [
+        CapturedCall(str(r.id), r.seq, r.agent, prompts[r.id], r.completion_token_ids, r.logprobs, r.finish_reason)
+        for r in rows
+    ]
 
 
 def final_state(outcome: Outcome, exit_code: int | None, evaluator_error: str | None) -> State:
@@ -145,6 +155,7 @@ def postrun_session(services: Services, session_id: uuid.UUID) -> None:
         evaluation, evaluator_error = _evaluate(claimed, runtime, calls, trajectories)
         if not _store(services, claimed, trajectories, evaluation, evaluator_error):
             return
+    after_session_ended(services, session_id)
     if runtime is not None:
         runtime.destroy()
     with services.db.unit() as db:

@@ -26,8 +26,8 @@ def text_array() -> sa.types.TypeEngine[list[str]]:
 
 
 def json_document() -> sa.types.TypeEngine[object]:
-    """Free JSON: ``jsonb`` in Postgres."""
-    return sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+    """Free JSON: ``jsonb`` in Postgres. Python None is SQL NULL (not JSON ``null``), so ``IS NULL`` finds it."""
+    return sa.JSON(none_as_null=True).with_variant(postgresql.JSONB(none_as_null=True), "postgresql")
 
 
 def verbatim_json() -> sa.types.TypeEngine[object]:

@@ -49,6 +49,8 @@ class Batch(Base):
     created_at: Mapped[datetime] = _created()
     finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     cancel_requested_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    callback_url: Mapped[str | None] = mapped_column(sa.Text())
+    callback_sent_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
 
 
 class Task(Base):
@@ -103,9 +105,22 @@ class Session(Base):
     finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
 
 
+def _full_prompt_len(context: Any) -> int:
+    """A row inserted without ``prompt_len`` (tests, tools) is as long as its prefix plus its stored tokens."""
+    values = context.get_current_parameters()
+    return int(values.get("prompt_prefix_len") or 0) + len(values.get("prompt_token_ids") or [])
+
+
 class ModelCall(Base):
+    """A captured call. ``prompt_token_ids`` holds only the tokens after ``prompt_prefix_len``: the leading
+    ones are ``prompt_parent_id``'s full prompt + completion (see ``polar.storage.prompts``); with no parent it
+    is the full prompt. ``chain_hash`` is the sha256 of this call's full prompt + completion."""
+
     __tablename__ = "model_calls"
-    __table_args__ = (sa.UniqueConstraint("session_id", "seq"),)
+    __table_args__ = (
+        sa.UniqueConstraint("session_id", "seq"),
+        sa.Index("ix_model_calls_prompt_parent_id", "prompt_parent_id"),
+    )
 
     id: Mapped[uuid.UUID] = _uuid()
     session_id: Mapped[uuid.UUID] = mapped_column(sa.ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False)
@@ -127,6 +142,10 @@ class ModelCall(Base):
     normalized_request: Mapped[dict[str, Any]] = mapped_column(verbatim_json(), nullable=False)
     response: Mapped[dict[str, Any]] = mapped_column(verbatim_json(), nullable=False)
     created_at: Mapped[datetime] = _created()
+    prompt_parent_id: Mapped[uuid.UUID | None] = mapped_column(sa.ForeignKey("model_calls.id"))
+    prompt_prefix_len: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=0, server_default="0")
+    prompt_len: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=_full_prompt_len)
+    chain_hash: Mapped[str | None] = mapped_column(sa.Text())
 
 
 class Trajectory(Base):

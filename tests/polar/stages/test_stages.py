@@ -133,3 +133,17 @@ def test_reconciler_recovers_a_lost_run(services: Services) -> None:
     drain(services)
     (session,) = sessions(services)
     assert session.state == "failed" and session.outcome == "worker_lost"
+
+
+def test_admission_follows_submission_order(database_url: str, tmp_path: Path) -> None:
+    services = domain_services(database_url, tmp_path, ready_buffer=1)
+    submit(services, *(command_task(name, "true", samples=2) for name in "qwertyuiop"))
+    order = []
+    while services.dispatcher.sent:  # type: ignore[attr-defined]
+        stage, session_id = services.dispatcher.sent.pop(0)  # type: ignore[attr-defined]
+        if stage is Stage.INIT:
+            with services.db.unit() as db:
+                session = db.get(Session, session_id)
+                order.append((session.task_id, session.sample_index))
+        STAGE_FUNCTIONS[stage](services, session_id)
+    assert order == [(name, sample) for name in "qwertyuiop" for sample in (0, 1)]

@@ -1,0 +1,165 @@
+"""Token-in-token-out (TITO): when a harness resends earlier turns, the next prompt is built from the session's
+own previous prompt + the sampled token ids + the newly rendered tail, and the engine is asked with token ids
+(``/v1/completions``). Re-rendering an assistant turn (a template that strips earlier reasoning, a client that
+drops it) can then never break the token chain that training relies on.
+
+The tail is found without knowing the chat template: the conversation is rendered with the previous assistant
+turn replaced by a sentinel, and everything after the sentinel (less the end-of-turn token the model already
+sampled) is the tail. The completion text is parsed back into a chat message with the same reasoning and Hermes
+tool-call parser the engine uses (vLLM's ``hermes`` + ``qwen3`` parsers), so protocol modules see an ordinary
+chat answer.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from polar.engine.completion_parser import parse_completion
+from polar.proxy.engines import EnginePool, EngineReply
+from polar.storage.database import Database
+from polar.storage.models import ModelCall, Session, Task
+from polar.storage.prompts import full_prompts
+
+SENTINEL = "\u2063POLAR-TITO-SENTINEL\u2063"
+DEFAULT_MAX_TOKENS = 8192
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty")
+
+
+@dataclass(frozen=True)
+class ChainLink:
+    """The earlier call a new request continues: its exact tokens and where it sits in the new messages."""
+
+    call_id: uuid.UUID
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    finish_reason: str | None
+    message_index: int
+
+
+def enabled(db: Database, session_id: uuid.UUID) -> bool:
+    """Whether the session's task asked for TITO (``token_in_token_out`` in the TaskRequest)."""
+    with db.engine.connect() as connection:
+        spec = connection.execute(
+            sa.select(Task.spec).join(Session, Session.task_pk == Task.id).where(Session.id == session_id)
+        ).scalar()
+    return bool((spec or {}).get("token_in_token_out"))
+
+
+def _identity(message: dict[str, Any]) -> tuple[Any, ...]:
+    """What ties a resent assistant message to the call that produced it: its tool-call ids, else its text."""
+    calls = message.get("tool_calls") or []
+    if calls:
+        return ("calls", tuple(str(call.get("id")) for call in calls))
+    return ("text", str(message.get("content") or "").strip())
+
+
+def find_link(db: Database, session_id: uuid.UUID, agent: str | None, messages: Sequence[Any]) -> ChainLink | None:
+    """The session's call (same agent) whose answer is the LAST assistant message of ``messages``, if any."""
+    index = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), None)
+    if index is None:
+        return None
+    wanted = _identity(messages[index])
+
+    with db.unit() as session:
+        rows = list(
+            session.scalars(
+                sa.select(ModelCall)
+                .where(ModelCall.session_id == session_id, ModelCall.status_code == 200)
+                .order_by(ModelCall.seq)
+            )
+        )
+        prompts = full_prompts(rows)
+    for row in reversed(rows):
+        if row.agent != agent:
+            continue
+        answer = ((row.response or {}).get("choices") or [{}])[0].get("message") or {}
+        if _identity(answer) == wanted:
+            return ChainLink(row.id, prompts[row.id], list(row.completion_token_ids), row.finish_reason, index)
+    return None
+
+
+def _tokenize(engines: EnginePool, session_id: uuid.UUID, body: dict[str, Any], model: str | None) -> list[int]:
+    reply = engines.post(session_id, "/tokenize", body, model)
+    if reply.status_code != 200:
+        raise ValueError(reply.error_message)
+    return list(reply.body["tokens"])
+
+
+def prompt_ids(
+    engines: EnginePool, session_id: uuid.UUID, link: ChainLink, engine_body: dict[str, Any], model: str | None
+) -> list[int]:
+    """Previous prompt + previous sampled ids + the tail rendered after them."""
+    messages = list(engine_body["messages"])
+    messages[link.message_index] = {"role": "assistant", "content": SENTINEL}
+    render = {"messages": messages, "add_generation_prompt": True}
+    if engine_body.get("tools"):
+        render["tools"] = engine_body["tools"]
+    if engine_body.get("chat_template_kwargs"):
+        render["chat_template_kwargs"] = engine_body["chat_template_kwargs"]
+    tokens = _tokenize(engines, session_id, render, model)
+    text = str(engines.post(session_id, "/detokenize", {"tokens": tokens}, model).body.get("prompt", ""))
+    tail = text[text.index(SENTINEL) + len(SENTINEL) :]
+    if link.finish_reason != "length" and link.completion_ids:
+        eos = str(engines.post(session_id, "/detokenize", {"tokens": link.completion_ids[-1:]}, model).body["prompt"])
+        tail = tail.removeprefix(eos)  # the model sampled the end of its turn itself
+    tail_ids = _tokenize(engines, session_id, {"prompt": tail, "add_special_tokens": False}, model)
+    return [*link.prompt_ids, *link.completion_ids, *tail_ids]
+
+
+def completion_body(engine_body: dict[str, Any], prompt: list[int]) -> dict[str, Any]:
+    """The ``/v1/completions`` request: the token prompt, the chat request's sampling, capture switches on."""
+    body = {name: engine_body[name] for name in _SAMPLING if name in engine_body}
+    max_tokens = engine_body.get("max_tokens") or engine_body.get("max_completion_tokens") or DEFAULT_MAX_TOKENS
+    return {
+        **body,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+    }
+
+
+def as_chat_answer(reply: EngineReply, prompt: list[int], tools_offered: bool) -> dict[str, Any]:
+    """A ``/v1/completions`` answer as the vLLM chat completion the protocol modules render."""
+    body = reply.body
+    choice = body["choices"][0]
+    parsed = parse_completion(str(choice.get("text") or ""), parse_tools=tools_offered)
+    calls = [
+        {"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
+         "function": {"name": call.name, "arguments": call.arguments}}
+        for call in parsed.tool_calls
+    ]  # fmt: skip
+    finish = choice.get("finish_reason")
+    logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+    tokens = (choice.get("logprobs") or {}).get("tokens") or [""] * len(logprobs)
+    return {
+        "id": str(body.get("id") or f"cmpl-{uuid.uuid4().hex}"),  # the engine's own id, as its log has it
+        "object": "chat.completion",
+        "created": body.get("created", int(time.time())),
+        "model": body.get("model"),
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": parsed.content,
+                    "reasoning": parsed.reasoning,
+                    "reasoning_content": parsed.reasoning,
+                    "tool_calls": calls,
+                },
+                "logprobs": {"content": [{"token": t, "logprob": lp} for t, lp in zip(tokens, logprobs, strict=False)]},
+                "finish_reason": "tool_calls" if calls and finish == "stop" else finish,
+                "stop_reason": choice.get("stop_reason"),
+                "token_ids": list(choice.get("token_ids") or []),
+            }
+        ],
+        "usage": body.get("usage"),
+        "prompt_token_ids": list(choice.get("prompt_token_ids") or prompt),
+    }

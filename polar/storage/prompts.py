@@ -1,0 +1,125 @@
+"""Prompts stored as deltas, so a session's storage grows linearly with its tokens (DESIGN.md §7).
+
+An agent's next prompt usually repeats its previous prompt and completion and adds a few turns. A call stores
+only what comes after ``prompt_prefix_len`` leading tokens taken from its parent (``prompt_parent_id``: an
+earlier successful call of the same session), whose full prompt + completion it extends:
+
+    full prompt = (parent's full prompt + parent's completion)[:prompt_prefix_len] + stored prompt_token_ids
+
+    delta = encode_prompt(prompt, completion, candidates)   # capture: pick the parent, cut the prompt
+    prompts = full_prompts(rows)                            # readers: {call id: full prompt}, in one pass
+
+Parents are found by ``chain_hash``, the sha256 of a call's full prompt + completion: the longest earlier chain
+whose hash equals the hash of the new prompt's first that-many tokens. In SQL, ``polar_full_prompt(id)`` and
+the view ``model_calls_full`` rebuild the same arrays (migration 0004).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import uuid
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from polar.errors import PolarError
+
+
+class StoredPrompt(Protocol):
+    """What ``full_prompts`` reads of a ``model_calls`` row (an ORM object or a Core row)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def prompt_parent_id(self) -> uuid.UUID | None: ...
+    @property
+    def prompt_prefix_len(self) -> int: ...
+    @property
+    def prompt_token_ids(self) -> Sequence[int]: ...
+    @property
+    def completion_token_ids(self) -> Sequence[int]: ...
+
+
+@dataclass(frozen=True)
+class Chain:
+    """An earlier call that may become a parent: its full prompt + completion's length and hash."""
+
+    call_id: uuid.UUID
+    length: int
+    chain_hash: str
+
+
+@dataclass(frozen=True)
+class PromptDelta:
+    """How to store a call's prompt: ``token_ids`` after ``prefix_len`` tokens taken from ``parent_id``."""
+
+    parent_id: uuid.UUID | None
+    prefix_len: int
+    token_ids: list[int]
+    prompt_len: int
+    chain_hash: str
+
+
+def _token_bytes(token_ids: Sequence[int]) -> bytes:
+    """The ids as little-endian int32, so a hash means the same on every machine."""
+    packed = array("i", token_ids)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def chain_hash(token_ids: Sequence[int]) -> str:
+    """The sha256 (hex) a call stores for its full prompt + completion."""
+    return hashlib.sha256(_token_bytes(token_ids)).hexdigest()
+
+
+def encode_prompt(prompt: Sequence[int], completion: Sequence[int], chains: Iterable[Chain]) -> PromptDelta:
+    """Pick the parent for ``prompt`` among the session's earlier ``chains`` (oldest first) and cut the prompt.
+
+    The prompt is hashed once, incrementally: each candidate length costs a digest, not a pass over the prompt.
+    """
+    by_length: dict[int, list[Chain]] = {}
+    for chain in chains:
+        if 0 < chain.length <= len(prompt):
+            by_length.setdefault(chain.length, []).append(chain)
+    data = memoryview(_token_bytes(prompt))
+    digest = hashlib.sha256()
+    hashed, parent = 0, None
+    for length in sorted(by_length):
+        digest.update(data[hashed * 4 : length * 4])
+        hashed = length
+        prefix_hash = digest.hexdigest()
+        # Longer matches win; among equal chains (a retried call) the latest.
+        parent = next((c for c in reversed(by_length[length]) if c.chain_hash == prefix_hash), parent)
+    digest.update(data[hashed * 4 :])
+    digest.update(_token_bytes(completion))
+    prefix_len = parent.length if parent else 0
+    return PromptDelta(
+        parent_id=parent.call_id if parent else None,
+        prefix_len=prefix_len,
+        token_ids=list(prompt[prefix_len:]),
+        prompt_len=len(prompt),
+        chain_hash=digest.hexdigest(),
+    )
+
+
+def full_prompts(rows: Iterable[StoredPrompt]) -> dict[uuid.UUID, list[int]]:
+    """Every row's full prompt, by call id. ``rows`` come in ``seq`` order and include each row's parent
+    (parents are successful calls of the same session, so a session's successful calls always suffice)."""
+    prompts: dict[uuid.UUID, list[int]] = {}
+    chains: dict[uuid.UUID, Sequence[int]] = {}
+    for row in rows:
+        stored = list(row.prompt_token_ids)
+        if row.prompt_parent_id is None:
+            prompt = stored
+        else:
+            if row.prompt_parent_id not in prompts:
+                raise PolarError(f"call {row.id}: its prompt's parent {row.prompt_parent_id} was not loaded first")
+            parent = row.prompt_parent_id
+            head = [*prompts[parent], *chains[parent]][: row.prompt_prefix_len]
+            prompt = head + stored
+        prompts[row.id] = prompt
+        chains[row.id] = row.completion_token_ids
+    return prompts
