@@ -211,3 +211,27 @@ def live_proxy(
             yield LiveProxy(f"http://127.0.0.1:{proxy_port}", services, f"http://127.0.0.1:{engine_port}", engine_log)
         finally:
             services.db.dispose()
+
+
+def submit_tasks(services: Services, *tasks: dict[str, Any]) -> uuid.UUID:
+    """Submit a batch of ``tasks`` through the domain function (validated as the API would)."""
+    from polar.batches import request_hash, submit_batch
+    from polar.task_request import parse_batch_request
+
+    body = {"tasks": list(tasks)}
+    return submit_batch(services, parse_batch_request(body), request_hash(body)).batch_id
+
+
+def stage_functions() -> dict[Stage, Callable[[Services, uuid.UUID], None]]:
+    """What each stage queue's worker calls, for tests that deliver stage messages themselves."""
+    from polar.stages.init import init_session
+    from polar.stages.postrun import postrun_session
+    from polar.stages.ready import ready_session
+    from polar.stages.run import run_session
+
+    return {
+        Stage.INIT: init_session,
+        Stage.READY: ready_session,
+        Stage.RUN: run_session,
+        Stage.POSTRUN: postrun_session,
+    }

@@ -9,14 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from polar.batches import request_hash, submit_batch
 from polar.dispatch import Stage
 from polar.feed import read_feed, wait_for_feed
 from polar.services import Services
 from polar.storage.models import ModelCall
-from polar.task_request import parse_batch_request
-from tests.polar.stages.test_stages import STAGE_FUNCTIONS
-from tests.support import command_task, domain_services
+from tests.support import command_task, domain_services, stage_functions, submit_tasks
 
 
 @pytest.fixture
@@ -24,9 +21,8 @@ def services(database_url: str, tmp_path: Path) -> Services:
     return domain_services(database_url, tmp_path, ready_buffer=100)
 
 
-def submit(services: Services, *tasks: dict) -> uuid.UUID:
-    body = {"tasks": list(tasks)}
-    return submit_batch(services, parse_batch_request(body), request_hash(body)).batch_id
+submit = submit_tasks
+STAGE_FUNCTIONS = stage_functions()
 
 
 def add_call(services: Services, session_id: uuid.UUID) -> None:

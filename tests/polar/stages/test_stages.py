@@ -8,20 +8,13 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from polar.batches import request_hash, submit_batch
 from polar.dispatch import Stage
 from polar.reconciler import reconcile
 from polar.services import Services
-from polar.stages.init import init_session
-from polar.stages.postrun import postrun_session
-from polar.stages.ready import ready_session
-from polar.stages.run import run_session
 from polar.storage.models import Session, SessionEvent
-from polar.task_request import parse_batch_request
-from tests.support import command_task, domain_services
+from tests.support import command_task, domain_services, stage_functions, submit_tasks
 
-STAGE_FUNCTIONS = {Stage.INIT: init_session, Stage.READY: ready_session, Stage.RUN: run_session,
-                   Stage.POSTRUN: postrun_session}  # fmt: skip
+STAGE_FUNCTIONS = stage_functions()
 
 
 @pytest.fixture
@@ -29,9 +22,7 @@ def services(database_url: str, tmp_path: Path) -> Services:
     return domain_services(database_url, tmp_path, ready_buffer=4)
 
 
-def submit(services: Services, *tasks: dict) -> uuid.UUID:
-    body = {"tasks": list(tasks)}
-    return submit_batch(services, parse_batch_request(body), request_hash(body)).batch_id
+submit = submit_tasks
 
 
 def drain(services: Services) -> None:
