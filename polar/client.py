@@ -63,6 +63,10 @@ class PolarClient:
             yield from page["items"]
             offset = page["next_offset"]
 
+    def cancel(self, batch_id: str) -> dict[str, Any]:
+        """Cancel a batch: unstarted sessions end at once, started ones go through postrun."""
+        return self._call("POST", f"/v1/batches/{batch_id}/cancel")  # type: ignore[no-any-return]
+
     def session(self, session_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/sessions/{session_id}")  # type: ignore[no-any-return]
 

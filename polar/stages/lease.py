@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import sqlalchemy as sa
 
 from polar.clock import as_utc, utcnow
 from polar.services import Services
 from polar.states import State
-from polar.storage.models import Session, Task
+from polar.storage.models import Batch, Session, Task
 from polar.task_request import TaskRequest, task_from_json
 
 
@@ -61,28 +61,38 @@ def claim(services: Services, session_id: uuid.UUID, state: State) -> Claimed | 
     return load(services, session_id) if taken else None
 
 
-def _beat(services: Services, session_id: uuid.UUID, state: State) -> datetime:
-    now = utcnow()
+def _beat(services: Services, session_id: uuid.UUID, state: State) -> bool:
+    """Refresh the lease; True when the session's batch has been cancelled meanwhile."""
+    cancelled = sa.select(Batch.cancel_requested_at.is_not(None)).where(Batch.id == Session.batch_id).scalar_subquery()
     with services.db.unit() as db:
-        db.execute(
-            sa.update(Session)
-            .where(Session.id == session_id, Session.state == state.value, Session.worker == services.worker)
-            .values(heartbeat_at=now)
+        return bool(
+            db.execute(
+                sa.update(Session)
+                .where(Session.id == session_id, Session.state == state.value, Session.worker == services.worker)
+                .values(heartbeat_at=utcnow())
+                .returning(cancelled)
+            ).scalar()
         )
-    return now
 
 
 @contextmanager
-def heartbeat(services: Services, session_id: uuid.UUID, state: State) -> Iterator[None]:
-    """Refresh the lease every ``heartbeat_interval_s`` while the body runs."""
+def heartbeat(
+    services: Services, session_id: uuid.UUID, state: State, on_cancel: Callable[[], None] | None = None
+) -> Iterator[None]:
+    """Refresh the lease every ``heartbeat_interval_s`` while the body runs; call ``on_cancel`` (once) when the
+    session's batch is cancelled, so a long stage can stop its work."""
     stop = threading.Event()
 
     def beat() -> None:
+        notified = False
         while not stop.wait(services.config.heartbeat_interval_s):
             try:
-                _beat(services, session_id, state)
-            except Exception:
+                cancelled = _beat(services, session_id, state)
+            except Exception:  # a missed beat is retried; the reconciler tolerates a few
                 continue
+            if cancelled and on_cancel is not None and not notified:
+                notified = True
+                on_cancel()
 
     thread = threading.Thread(target=beat, name=f"heartbeat-{session_id}", daemon=True)
     thread.start()

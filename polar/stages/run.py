@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import sqlalchemy as sa
@@ -38,9 +39,10 @@ def _record_handle(services: Services, session_id: uuid.UUID, runtime: Runtime) 
         db.execute(sa.update(Session).where(Session.id == session_id).values(runtime_handle=runtime.handle))
 
 
-def _execute(services: Services, claimed: Claimed, key: str) -> tuple[Outcome, int | None, str | None]:
+def _execute(
+    services: Services, claimed: Claimed, key: str, runtime: Runtime
+) -> tuple[Outcome, int | None, str | None]:
     session, task = claimed.session, claimed.task
-    runtime = attach_runtime(session.runtime_handle or {}, services.config)
     context = HarnessContext(
         session_id=session.id,
         task_id=session.task_id,
@@ -68,6 +70,27 @@ def _execute(services: Services, claimed: Claimed, key: str) -> tuple[Outcome, i
     return Outcome.EXITED, result.exit_code, error
 
 
+def _run(services: Services, claimed: Claimed, key: str) -> tuple[Outcome, int | None, str | None]:
+    """The harness under the session's heartbeat; a batch cancel kills it and the outcome says so."""
+    if claimed.remaining_s <= 0:
+        return Outcome.TIMEOUT, None, "budget exhausted before the harness started"
+    cancelled = threading.Event()
+    try:
+        runtime = attach_runtime(claimed.session.runtime_handle or {}, services.config)
+
+        def cancel() -> None:
+            cancelled.set()
+            runtime.kill_processes()
+
+        with heartbeat(services, claimed.session.id, State.RUNNING, on_cancel=cancel):
+            outcome, exit_code, error = _execute(services, claimed, key, runtime)
+    except RuntimeFailure as exc:
+        return Outcome.ERROR, None, str(exc)
+    if cancelled.is_set():
+        return Outcome.CANCELLED, exit_code, "the batch was cancelled while the harness ran"
+    return outcome, exit_code, error
+
+
 def run_session(services: Services, session_id: uuid.UUID) -> None:
     """Run the harness to its end (or its budget's) and hand the session to postrun."""
     key = mint_key()
@@ -76,14 +99,7 @@ def run_session(services: Services, session_id: uuid.UUID) -> None:
     admit(services)  # leaving ready frees a READY-buffer slot
     claimed = load(services, session_id)
     assert claimed is not None
-    if claimed.remaining_s <= 0:
-        outcome, exit_code, error = Outcome.TIMEOUT, None, "budget exhausted before the harness started"
-    else:
-        with heartbeat(services, session_id, State.RUNNING):
-            try:
-                outcome, exit_code, error = _execute(services, claimed, key)
-            except RuntimeFailure as exc:
-                outcome, exit_code, error = Outcome.ERROR, None, str(exc)
+    outcome, exit_code, error = _run(services, claimed, key)
     send_to_postrun(
         services,
         session_id,

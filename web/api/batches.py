@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify, request
 
 from polar.batches import batch_status, request_hash, submit_batch
+from polar.cancel import cancel_batch
 from polar.errors import ValidationError
 from polar.serialization import batch_json
 from polar.sessions import list_sessions
@@ -41,3 +42,10 @@ def sessions(batch_id: str) -> Response:
         offset=int_arg("offset", 0, 0, 10**9),
     )
     return jsonify(page)
+
+
+@blueprint.post("/<batch_id>/cancel")
+def cancel(batch_id: str) -> tuple[Response, int]:
+    result = cancel_batch(services(), parse_id(batch_id, "batch"))
+    payload = {"batch_id": str(result.batch_id), "cancelled": result.cancelled, "stopping": result.stopping}
+    return jsonify(payload), 202

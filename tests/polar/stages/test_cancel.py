@@ -1,0 +1,30 @@
+"""Cancelling a batch on the domain functions: unstarted sessions end at once, prepared ones via postrun."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from polar.cancel import cancel_batch
+from polar.storage.models import Batch, Session
+from tests.support import command_task, domain_services, stage_functions, submit_tasks
+
+
+def test_cancel_ends_every_session(database_url: str, tmp_path: Path) -> None:
+    services = domain_services(database_url, tmp_path, ready_buffer=2)
+    batch_id = submit_tasks(services, command_task("t", "true", samples=4))
+    result = cancel_batch(services, batch_id)
+    assert (result.cancelled, result.stopping) == (2, 2)  # two pending, two admitted into init
+    functions = stage_functions()
+    while services.dispatcher.sent:  # type: ignore[attr-defined]
+        stage, session_id = services.dispatcher.sent.pop(0)  # type: ignore[attr-defined]
+        functions[stage](services, session_id)
+    with services.db.unit() as db:
+        states = db.scalars(sa.select(Session.state)).all()
+        batch = db.get(Batch, batch_id)
+        assert batch is not None and batch.finished_at is not None and batch.cancel_requested_at is not None
+        assert db.scalar(sa.select(sa.func.count()).where(Session.feed_seq.is_not(None))) == 4
+    assert states == ["cancelled"] * 4
+    again = cancel_batch(services, batch_id)
+    assert (again.cancelled, again.stopping) == (0, 0)
