@@ -209,3 +209,31 @@ def demo(state_dir: Path, tasks: int, samples: int, out: Path, run_concurrency: 
     click.echo(f"trajectories written to {out}")
     if states.count("completed") != len(states):
         raise click.ClickException("some sessions did not complete; see the logs above")
+
+
+@main.group()
+def harness() -> None:
+    """Coding-agent CLIs the harness presets drive."""
+
+
+@harness.command("install")
+@click.argument("names", nargs=-1)
+@click.option("--list", "show", is_flag=True, help="Show the installed versions instead.")
+def harness_install(names: tuple[str, ...], show: bool) -> None:
+    """Install the CLIs of presets NAME… (npm, into POLAR_HARNESS_CACHE); skips those already installed."""
+    from polar.errors import PolarError
+    from polar.harnesses.install import PACKAGES, cache_dir, install, installed
+
+    if show:
+        click.echo(f"cache: {cache_dir()}")
+        for name, version in installed().items():
+            click.echo(f"{name:12} {PACKAGES[name].package:32} {version or '-'}")
+        return
+    if not names:
+        raise click.UsageError(f"name at least one preset: {', '.join(PACKAGES)} (or --list)")
+    try:
+        versions = install(names)
+    except PolarError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for name, version in versions.items():
+        click.echo(f"{name:12} {version}")

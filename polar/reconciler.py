@@ -25,7 +25,7 @@ from polar.callbacks import deliver_batch_finished, undelivered_batches
 from polar.clock import utcnow
 from polar.dispatch import Stage
 from polar.errors import RuntimeFailure
-from polar.runtimes import attach_runtime
+from polar.runtimes import RUNTIMES, attach_runtime
 from polar.services import Services
 from polar.stages.handoff import send_to_postrun
 from polar.states import TERMINAL, Outcome, State
@@ -97,6 +97,32 @@ def _kill_lost(services: Services, handle: dict | None, node: str | None) -> Non
         pass
 
 
+def _live_sessions(services: Services, ids: list[str]) -> set[str]:
+    parsed = []
+    for value in ids:
+        try:
+            parsed.append(uuid.UUID(value))
+        except ValueError:
+            continue  # not a session of ours: an orphan
+    with services.db.unit() as db:
+        rows = db.scalars(
+            sa.select(Session.id).where(Session.id.in_(parsed), Session.state.not_in([s.value for s in TERMINAL]))
+        )
+        return {str(row) for row in rows}
+
+
+def _reap_containers(services: Services) -> int:
+    """Remove this node's Docker containers whose session has ended or is unknown (e.g. a killed worker's)."""
+    if "docker" not in RUNTIMES:
+        return 0
+    from polar.runtimes.docker import reap_orphans
+
+    try:
+        return reap_orphans(services.config.node, lambda ids: _live_sessions(services, ids))
+    except RuntimeFailure:
+        return 0  # no Docker engine on this node
+
+
 def reconcile(services: Services) -> Counter[str]:
     """One pass; returns what it did, by kind."""
     done: Counter[str] = Counter()
@@ -132,6 +158,7 @@ def reconcile(services: Services) -> Counter[str]:
         with services.db.unit() as db:
             db.execute(sa.update(Session).where(Session.id == session_id).values(runtime_handle=None))
         done["torn_down"] += 1
+    done["containers_reaped"] += _reap_containers(services)
     for batch_id in undelivered_batches(services, services.config.stale_after_s):
         done["callbacks"] += deliver_batch_finished(services, batch_id)
     done["admitted"] += len(admit(services))

@@ -35,3 +35,30 @@ if ! reachable 6379; then
   wait_for 6379
 fi
 echo "postgres and redis are reachable"
+
+# bubblewrap for the bwrap runtime.
+if ! command -v bwrap >/dev/null; then
+  echo "installing bubblewrap ..."
+  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null \
+    || echo "WARNING: could not install bubblewrap; the bwrap runtime tests will fail" >&2
+fi
+
+# A Docker engine for the docker runtime. Host networking only, so no bridge and no iptables are needed.
+# Never fatal: without an engine the docker tests skip loudly ("NO DOCKER ENGINE: ...").
+start_dockerd() {
+  if ! command -v dockerd >/dev/null; then
+    echo "installing docker.io ..."
+    as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null \
+      || return 1
+  fi
+  as_root sh -c 'nohup dockerd --iptables=false --bridge=none > /tmp/polar-dockerd.log 2>&1 &'
+  for _ in $(seq 1 60); do as_root docker info >/dev/null 2>&1 && return 0; sleep 0.5; done
+  return 1
+}
+if docker info >/dev/null 2>&1; then
+  echo "docker engine is reachable"
+elif start_dockerd; then
+  echo "docker engine started (log: /tmp/polar-dockerd.log)"
+else
+  echo "!!!!! WARNING: no Docker engine could be started (see /tmp/polar-dockerd.log); docker tests will SKIP !!!!!" >&2
+fi

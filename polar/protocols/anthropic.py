@@ -192,8 +192,14 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             messages.extend(_user_messages(message.get("content"), where))
         elif message.get("role") == "assistant":
             messages.append(_assistant_message(message.get("content"), where))
+        elif message.get("role") == "system":
+            # Claude Code (2.1.19x) sends agent and skill listings as system messages between turns; keep them
+            # where they stand (the chat template renders a system turn there) rather than refuse the request.
+            text = _system(message.get("content"))
+            if text:
+                messages.append({"role": "system", "content": text})
         else:
-            raise _fail("must be 'user' or 'assistant'", f"{where}.role")
+            raise _fail("must be 'user', 'assistant' or 'system'", f"{where}.role")
     return messages
 
 

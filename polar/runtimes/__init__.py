@@ -1,10 +1,13 @@
-"""Runtimes: where sessions run. ``base`` is the interface; ``local`` a private directory on the host.
+"""Runtimes: where sessions run. ``base`` is the interface; ``local`` a private directory on the host;
+``bwrap`` the same directory with commands in a bubblewrap sandbox; ``docker`` a container per session.
 
-The registry maps the ``runtime.backend`` names of a TaskRequest to their classes.
+The registry maps the ``runtime.backend`` names of a TaskRequest to their classes (``docker`` only when the
+``docker`` package imports); ``check_runtime`` also rejects a backend whose tool or engine is missing here.
 """
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -12,13 +15,22 @@ from typing import Any
 from polar.config import Config
 from polar.errors import RuntimeFailure, ValidationError
 from polar.runtimes.base import ExecResult, Runtime
+from polar.runtimes.bwrap import BwrapRuntime
 from polar.runtimes.local import LocalRuntime
 from polar.task_request import RuntimeSpec
 
-RUNTIMES: dict[str, type[Runtime]] = {"local": LocalRuntime}
+RUNTIMES: dict[str, type[Runtime]] = {"local": LocalRuntime, "bwrap": BwrapRuntime}
+
+try:
+    from polar.runtimes.docker import DockerRuntime, engine_problem
+except ImportError:  # the docker SDK is not installed: the backend is simply unavailable
+    pass
+else:
+    RUNTIMES["docker"] = DockerRuntime
 
 __all__ = [
     "RUNTIMES",
+    "BwrapRuntime",
     "ExecResult",
     "LocalRuntime",
     "Runtime",
@@ -34,6 +46,17 @@ def check_runtime(spec: RuntimeSpec, field: str) -> None:
             f"{field}.backend: {spec.backend!r} is not available here (available: {', '.join(sorted(RUNTIMES))})",
             field=f"{field}.backend",
         )
+    problem = _unavailable(spec)
+    if problem:
+        raise ValidationError(f"{field}.backend: {spec.backend!r} cannot run here: {problem}", field=f"{field}.backend")
+
+
+def _unavailable(spec: RuntimeSpec) -> str | None:
+    if spec.backend == "bwrap" and shutil.which("bwrap") is None:
+        return "bubblewrap ('bwrap') is not installed"
+    if spec.backend == "docker":
+        return engine_problem(spec.image)
+    return None
 
 
 def create_runtime(session_id: uuid.UUID, spec: RuntimeSpec, config: Config) -> Runtime:

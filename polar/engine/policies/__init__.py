@@ -1,7 +1,7 @@
 """Policies decide what the reference engine's "model" says.
 
-`base` defines the contract (PolicyRequest in, AssistantTurn out); `scripted`, `arithmetic` and `echo` are the
-built-in policies; `registry` maps names to them and imports `module:Class` paths for outside ones.
+`base` defines the contract (PolicyRequest in, AssistantTurn out); `scripted`, `arithmetic`, `echo` and `tool_user`
+are the built-in policies; `registry` maps names to them and imports `module:Class` paths for outside ones.
 """
 
 from polar.engine.policies.arithmetic import ArithmeticPolicy
@@ -9,6 +9,7 @@ from polar.engine.policies.base import AssistantTurn, Policy, PolicyRequest, Sam
 from polar.engine.policies.echo import EchoPolicy
 from polar.engine.policies.registry import POLICIES, PolicyFactory, load_policy
 from polar.engine.policies.scripted import ScriptedPolicy
+from polar.engine.policies.tool_user import ToolUserPolicy
 
 __all__ = [
     "POLICIES",
@@ -20,5 +21,6 @@ __all__ = [
     "PolicyRequest",
     "SamplingParams",
     "ScriptedPolicy",
+    "ToolUserPolicy",
     "load_policy",
 ]

@@ -10,6 +10,7 @@ from polar.engine.policies.arithmetic import ArithmeticPolicy
 from polar.engine.policies.base import Policy
 from polar.engine.policies.echo import EchoPolicy
 from polar.engine.policies.scripted import ScriptedPolicy
+from polar.engine.policies.tool_user import ToolUserPolicy
 
 PolicyFactory = Callable[[Mapping[str, Any]], Policy]
 
@@ -17,6 +18,7 @@ POLICIES: Mapping[str, PolicyFactory] = {
     "scripted": ScriptedPolicy,
     "arithmetic": ArithmeticPolicy,
     "echo": EchoPolicy,
+    "tool_user": ToolUserPolicy,
 }
 
 

@@ -193,7 +193,7 @@ def test_prefill_sampling_and_thinking_switches() -> None:
         ({"messages": "hi"}, "messages"),
         ({"messages": []}, "messages"),
         ({"messages": ["hi"]}, "messages[0]"),
-        ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": [{"text": "no type"}]}]}, "messages[0].content[0]"),
         ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "b"}]}]},
@@ -419,3 +419,19 @@ def test_the_sdk_parses_our_streams_and_errors() -> None:
         with pytest.raises(error) as raised:
             client.messages.create(model="m", max_tokens=5, messages=hi)
         assert raised.value.status_code == status and raised.value.body["error"]["message"] == "no"  # type: ignore[index]
+
+
+def test_system_messages_between_turns_are_kept_in_place() -> None:
+    """Claude Code 2.1.19x sends agent/skill listings as role "system" entries inside ``messages``."""
+    body = {
+        "model": "m",
+        "max_tokens": 10,
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": [{"type": "text", "text": "Available agents: none."}]},
+            {"role": "user", "content": "go"},
+        ],
+    }
+    messages = anthropic.normalize(body).engine_body["messages"]
+    assert [m["role"] for m in messages] == ["user", "system", "user"]
+    assert messages[1]["content"] == "Available agents: none."

@@ -60,12 +60,13 @@ def row_counts(client: FlaskClient) -> dict[str, int]:
          '"colour": 1}]}', "application/json", "tasks[0].colour: unknown field"),
         ('{"tasks": [{"task_id": "a", "instruction": "x", "harness": {"name": "command", "command": "true"}, '
          '"num_samples": "many"}]}', "application/json", "tasks[0].num_samples"),
-        ('{"tasks": [{"task_id": "a", "instruction": "x", "harness": {"name": "codex"}}]}', "application/json",
+        ('{"tasks": [{"task_id": "a", "instruction": "x", "harness": {"name": "emacs"}}]}', "application/json",
          "tasks[0].harness.name"),
         ('{"tasks": [{"task_id": "a", "instruction": "x", "harness": {"name": "command", "command": "true"}, '
          '"evaluator": {"name": "no_such"}}]}', "application/json", "tasks[0].evaluator.name"),
         ('{"tasks": [{"task_id": "a", "instruction": "x", "harness": {"name": "command", "command": "true"}, '
-         '"runtime": {"backend": "docker"}}]}', "application/json", "tasks[0].runtime.backend"),
+         '"runtime": {"backend": "docker", "image": "polar-no-such-image:0"}}]}', "application/json",
+         "tasks[0].runtime.backend"),
     ],
 )  # fmt: skip
 def test_bad_batches_are_rejected_and_write_nothing(

@@ -1,0 +1,94 @@
+"""What the six coding-agent CLI presets share: their settings, model name, private home and binary lookup.
+
+Every preset runs its CLI from the install cache (``polar.harnesses.install``) with ``HOME`` set to
+``<session_dir>/home``, where it writes the CLI's config; the real home is never read or written.
+``spec.settings`` understood by the presets (each preset's docstring says which it honours):
+
+- ``max_turns`` (int): the CLI's own turn limit;
+- ``extra_args`` (list of str): appended to the command line before the instruction;
+- ``mcp_servers`` (object): MCP servers in the CLI's own config format, keyed by server name.
+
+Other keys are refused, so a typo does not pass silently.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from polar.errors import RuntimeFailure
+from polar.harnesses.base import HarnessContext
+from polar.harnesses.install import require_binary
+
+DEFAULT_MODEL = "polar-policy"
+SETTINGS = ("max_turns", "extra_args", "mcp_servers")
+
+
+@dataclass(frozen=True)
+class PresetSettings:
+    """``spec.settings`` checked: the turn limit, extra command-line arguments and MCP servers."""
+
+    max_turns: int | None = None
+    extra_args: tuple[str, ...] = ()
+    mcp_servers: dict[str, Any] = field(default_factory=dict)
+
+
+def preset_settings(context: HarnessContext) -> PresetSettings:
+    """The preset settings of ``context.spec``; RuntimeFailure naming a bad or unknown key."""
+    raw = context.spec.settings
+    name = context.spec.name
+    unknown = sorted(set(raw) - set(SETTINGS))
+    if unknown:
+        raise RuntimeFailure(f"harness {name!r}: unknown settings {unknown} (known: {', '.join(SETTINGS)})")
+    max_turns = raw.get("max_turns")
+    if max_turns is not None and (not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1):
+        raise RuntimeFailure(f"harness {name!r}: settings.max_turns must be a positive integer")
+    extra = raw.get("extra_args") or []
+    if not isinstance(extra, list) or not all(isinstance(arg, str) for arg in extra):
+        raise RuntimeFailure(f"harness {name!r}: settings.extra_args must be a list of strings")
+    servers = raw.get("mcp_servers") or {}
+    if not isinstance(servers, dict):
+        raise RuntimeFailure(f"harness {name!r}: settings.mcp_servers must be an object keyed by server name")
+    return PresetSettings(max_turns, tuple(extra), dict(servers))
+
+
+def refuse(context: HarnessContext, settings: PresetSettings, *unsupported: str) -> None:
+    """RuntimeFailure when a setting this CLI cannot honour was given."""
+    given = [key for key in unsupported if context.spec.settings.get(key)]
+    if given:
+        raise RuntimeFailure(f"harness {context.spec.name!r} does not support settings {given}")
+
+
+def model_name(context: HarnessContext) -> str:
+    """The model the CLI asks for: ``spec.model``, else ``polar-policy``."""
+    return context.spec.model or DEFAULT_MODEL
+
+
+def home_dir(context: HarnessContext) -> Path:
+    """The session's private home (created)."""
+    home = context.session_dir / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def binary(context: HarnessContext) -> str:
+    """The CLI binary from the install cache; RuntimeFailure when it is not installed."""
+    return str(require_binary(context.spec.name))
+
+
+def write_config(path: Path, text: str) -> Path:
+    """Write a config file under the session home (parents created, owner-only since it may hold the key)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(0o600)
+    except OSError as exc:
+        raise RuntimeFailure(f"cannot write harness config {path}: {exc}") from exc
+    return path
+
+
+def write_json(path: Path, data: Any) -> Path:
+    """Write ``data`` as indented JSON (see ``write_config``)."""
+    return write_config(path, json.dumps(data, indent=2) + "\n")

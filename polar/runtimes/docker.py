@@ -1,0 +1,258 @@
+"""The ``docker`` runtime: one container per session, reached through the Docker engine (``DOCKER_HOST``).
+
+``create`` starts ``sleep infinity`` from ``spec.image`` (default ``polar-test:latest``) with:
+- the session directory bind-mounted read-write at its host path, so ``session_dir`` is valid inside and out;
+- the host's Python (venv, base interpreter, ``polar``) bind-mounted read-only at its host paths;
+- the host's network (``network_mode="host"``: the harness reaches the proxy on 127.0.0.1);
+- ``spec.limits`` as CPU, memory and PID limits; labels ``polar.session`` and ``polar.node``;
+- a non-root user: the caller's uid, or 1000 when the caller is root (the session directory is chowned to it).
+
+Timeouts: each command runs as a detached exec with its output appended to ``logs/<name>.log``; the host polls
+it against the deadline. On timeout, and after every command (so background children never outlive it), a root
+exec sends ``kill -9 -1``, which kills every process in the container but PID 1. One command runs at a time per
+session, so that is exactly the command's process tree, whatever process groups it made.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tarfile
+import time
+import uuid
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+import docker
+from docker.errors import DockerException, NotFound
+
+from polar.config import Config
+from polar.errors import RuntimeFailure
+from polar.runtimes._host_python import python_paths
+from polar.runtimes.base import OUTPUT_TAIL_BYTES, ExecResult, Runtime, StartHook, TickHook
+from polar.task_request import RuntimeSpec
+
+DEFAULT_IMAGE = "polar-test:latest"
+SESSION_LABEL = "polar.session"
+NODE_LABEL = "polar.node"
+TICK_S = 0.2
+_RUN_LOGGED = 'log=$1; shift; exec "$@" >>"$log" 2>&1'
+
+
+def engine_problem(image: str | None = None, timeout_s: float = 3.0) -> str | None:
+    """None when a Docker engine answers and holds ``image``; otherwise why not (for a clear 400 at submission)."""
+    try:
+        client = docker.from_env(timeout=int(max(1, timeout_s)))
+    except DockerException as exc:
+        return f"no Docker engine answers ({exc})"
+    try:
+        client.ping()
+        client.images.get(image or DEFAULT_IMAGE)
+    except NotFound:
+        return f"image {image or DEFAULT_IMAGE!r} is not on the Docker engine (build or pull it first)"
+    except DockerException as exc:
+        return f"no Docker engine answers ({exc})"
+    finally:
+        client.close()
+    return None
+
+
+def _client() -> docker.DockerClient:
+    try:
+        return docker.from_env()
+    except DockerException as exc:
+        raise RuntimeFailure(f"no Docker engine: {exc}") from exc
+
+
+def _user() -> str:
+    return "1000:1000" if os.getuid() == 0 else f"{os.getuid()}:{os.getgid()}"
+
+
+def _tail(path: Path) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - OUTPUT_TAIL_BYTES))
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _session_dir(root: Path, user: str) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+    uid, gid = (int(part) for part in user.split(":"))
+    for sub in ("work", "home", "logs"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    for path in (root, root / "work", root / "home", root / "logs"):
+        os.chown(path, uid, gid)
+    root.chmod(0o700)
+
+
+class DockerRuntime(Runtime):
+    backend = "docker"
+
+    def __init__(self, client: docker.DockerClient, container_id: str, root: Path, user: str) -> None:
+        self._client = client
+        self._container_id = container_id
+        self._root = root
+        self._user = user
+
+    @classmethod
+    def create(cls, session_id: uuid.UUID, spec: RuntimeSpec, config: Config) -> DockerRuntime:
+        client = _client()
+        name = f"polar-{session_id}"
+        root = Path(config.work_root).resolve() / str(session_id)
+        user = _user()
+        volumes = {path: {"bind": path, "mode": "ro"} for path in python_paths()}
+        volumes[str(root)] = {"bind": str(root), "mode": "rw"}
+        limits: dict[str, Any] = {}
+        if spec.limits.cpus:
+            limits["nano_cpus"] = int(spec.limits.cpus * 1e9)
+        if spec.limits.memory_mb:
+            limits["mem_limit"] = f"{spec.limits.memory_mb}m"
+        if spec.limits.pids:
+            limits["pids_limit"] = spec.limits.pids
+        try:
+            _remove(client, name)  # an earlier, partial init of the same session
+            _session_dir(root, user)
+            container = client.containers.run(
+                spec.image or DEFAULT_IMAGE,
+                ["sleep", "infinity"],
+                name=name,
+                detach=True,
+                labels={SESSION_LABEL: str(session_id), NODE_LABEL: config.node},
+                network_mode="host",
+                volumes=volumes,
+                user=user,
+                working_dir=str(root / "work"),
+                **limits,
+            )
+        except (DockerException, OSError) as exc:
+            raise RuntimeFailure(f"cannot create container {name}: {exc}") from exc
+        return cls(client, str(container.id), root, user)
+
+    @classmethod
+    def attach(cls, handle: Mapping[str, Any], config: Config) -> DockerRuntime:
+        return cls(_client(), str(handle["container"]), Path(handle["root"]), str(handle.get("user", _user())))
+
+    @property
+    def handle(self) -> dict[str, Any]:
+        return {"backend": self.backend, "container": self._container_id, "root": str(self._root), "user": self._user}
+
+    @property
+    def session_dir(self) -> Path:
+        return self._root
+
+    def exec(
+        self,
+        command: list[str],
+        env: Mapping[str, str],
+        timeout_s: float,
+        log_name: str,
+        on_start: StartHook | None = None,
+        on_tick: TickHook | None = None,
+    ) -> ExecResult:
+        log_path = self._root / "logs" / f"{log_name}.log"
+        started = time.monotonic()
+        api = self._client.api
+        try:
+            exec_id = api.exec_create(
+                self._container_id,
+                ["/bin/sh", "-c", _RUN_LOGGED, "sh", str(log_path), *command],
+                environment=dict(env),
+                workdir=str(self._root / "work"),
+                user=self._user,
+            )["Id"]
+            api.exec_start(exec_id, detach=True)
+            state = api.exec_inspect(exec_id)
+        except DockerException as exc:
+            raise RuntimeFailure(f"cannot start {command[0]!r} in container {self._container_id[:12]}: {exc}") from exc
+        if on_start:
+            on_start(int(state.get("Pid") or 0))
+        timed_out = False
+        try:
+            while state.get("Running"):
+                if time.monotonic() - started >= timeout_s:
+                    timed_out = True
+                    break
+                if on_tick:
+                    on_tick()
+                time.sleep(min(TICK_S, max(0.0, timeout_s - (time.monotonic() - started))))
+                state = api.exec_inspect(exec_id)
+        except DockerException as exc:
+            raise RuntimeFailure(f"lost the exec of {command[0]!r}: {exc}") from exc
+        finally:
+            self.kill_processes()
+        return ExecResult(
+            exit_code=None if timed_out else state.get("ExitCode"),
+            timed_out=timed_out,
+            duration_s=time.monotonic() - started,
+            output_tail=_tail(log_path),
+        )
+
+    def copy_in(self, host_path: Path, runtime_path: str) -> None:
+        target = Path(runtime_path)
+        target = target if target.is_absolute() else self._root / "work" / target
+        uid, gid = (int(part) for part in self._user.split(":"))
+
+        def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+            info.uid, info.gid, info.uname, info.gname = uid, gid, "", ""
+            return info
+
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            archive.add(host_path, arcname=target.name, filter=owned)
+        try:
+            container = self._client.containers.get(self._container_id)
+            container.exec_run(["mkdir", "-p", str(target.parent)], user="root")
+            if not container.put_archive(str(target.parent), buffer.getvalue()):
+                raise RuntimeFailure(f"cannot copy {host_path} to {runtime_path}")
+        except DockerException as exc:
+            raise RuntimeFailure(f"cannot copy {host_path} to {runtime_path}: {exc}") from exc
+
+    def is_alive(self) -> bool:
+        try:
+            return self._client.containers.get(self._container_id).status == "running"
+        except DockerException:
+            return False
+
+    def kill_processes(self) -> None:
+        try:
+            self._client.containers.get(self._container_id).exec_run(["/bin/sh", "-c", "kill -9 -1"], user="root")
+        except DockerException:
+            pass  # gone or stopped: nothing runs in it
+
+    def destroy(self) -> None:
+        try:
+            _remove(self._client, self._container_id)
+        except DockerException as exc:
+            raise RuntimeFailure(f"cannot remove container {self._container_id[:12]}: {exc}") from exc
+        shutil.rmtree(self._root, ignore_errors=True)
+
+
+def _remove(client: docker.DockerClient, name_or_id: str) -> None:
+    try:
+        client.containers.get(name_or_id).remove(force=True)
+    except NotFound:
+        pass
+
+
+def reap_orphans(node: str, live: Callable[[list[str]], Collection[str]]) -> int:
+    """Remove this node's polar containers whose session is terminal or unknown.
+
+    ``live`` gets the session ids found on containers and returns those still live (not terminal). Containers are
+    listed first, so a session whose ``init`` creates its container meanwhile is never mistaken for an orphan.
+    """
+    client = _client()
+    try:
+        found = client.containers.list(all=True, filters={"label": [SESSION_LABEL, f"{NODE_LABEL}={node}"]})
+        keep = set(live([str(c.labels.get(SESSION_LABEL)) for c in found]))
+        orphans = [c for c in found if c.labels.get(SESSION_LABEL) not in keep]
+        for container in orphans:
+            _remove(client, str(container.id))
+    except DockerException as exc:
+        raise RuntimeFailure(f"cannot reap containers: {exc}") from exc
+    finally:
+        client.close()
+    return len(orphans)

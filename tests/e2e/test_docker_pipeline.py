@@ -1,0 +1,72 @@
+"""Sessions with ``runtime.backend = "docker"`` through the whole pipeline: init creates the container, run
+executes the harness inside it, postrun removes it, even when the run worker is SIGKILLed mid-run."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.docker_engine import require_docker_image
+from tests.support import command_task, running_stack, wait_until
+
+DOCKER = {"runtime": {"backend": "docker"}}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def docker_image() -> None:
+    require_docker_image()
+
+
+def _containers_of(session_id: object) -> list[str]:
+    listed = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=polar.session={session_id}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return listed.stdout.split()
+
+
+def _running_session(stack, task_id: str) -> object:  # type: ignore[no-untyped-def]
+    rows = wait_until(
+        lambda: stack.sql("SELECT id FROM sessions WHERE task_id = :t AND state = 'running'", t=task_id),
+        timeout_s=60,
+        message=f"{task_id} to run",
+    )
+    return rows[0][0]
+
+
+def test_a_session_runs_inside_its_container(database_url: str, broker_url: str, tmp_path: Path) -> None:
+    host_only = tmp_path / "host-only.txt"
+    host_only.write_text("the host sees this")
+    # Exits 0 only inside a container that cannot see the host's files.
+    command = f"test -f /.dockerenv && test ! -e {host_only} && echo inside > marker.txt && sleep 2"
+    with running_stack(database_url, broker_url, tmp_path) as stack:
+        submitted = stack.client.submit({"tasks": [command_task("in-docker", command, **DOCKER)]})
+        session_id = _running_session(stack, "in-docker")
+        assert len(_containers_of(session_id)) == 1  # created by init, running now
+        final = stack.wait(submitted["batch_id"], timeout_s=90)
+        errors = stack.sql("SELECT error FROM sessions")
+        assert final["counts"] == {"completed": 1}, errors
+        wait_until(lambda: _containers_of(session_id) == [], timeout_s=30, message="postrun to remove the container")
+
+
+def test_a_killed_run_worker_still_ends_terminal_and_removes_the_container(
+    database_url: str, broker_url: str, tmp_path: Path
+) -> None:
+    env = {"POLAR_VISIBILITY_TIMEOUT": "6"}
+    with running_stack(database_url, broker_url, tmp_path, run_concurrency=1, env=env) as stack:
+        submitted = stack.client.submit({"tasks": [command_task("victim", "sleep 120", **DOCKER)]})
+        session_id = _running_session(stack, "victim")
+        assert len(_containers_of(session_id)) == 1
+        stack.stack.signal("worker-run", signal.SIGKILL)
+        stack.stack.processes["worker-run"].wait()
+        stack.stack.start_one("worker-run")
+
+        stack.wait(submitted["batch_id"], timeout_s=90)
+        (row,) = stack.sql("SELECT state, outcome FROM sessions WHERE id = :id", id=session_id)
+        assert row.state == "failed" and row.outcome == "worker_lost"
+        wait_until(lambda: _containers_of(session_id) == [], timeout_s=30, message="the container to be removed")

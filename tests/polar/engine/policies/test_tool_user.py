@@ -1,0 +1,175 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from polar.engine.conversation import Message, ToolCall
+from polar.engine.policies import POLICIES, PolicyRequest, ToolUserPolicy
+from polar.engine.policies.tool_user import FileTask, choose_call, parse_file_task, working_directory
+
+ASK = "Create hello.txt containing HELLO-123"
+ABSOLUTE = "The absolute path to the file to write (must be absolute, not relative)"
+
+
+def tool(name: str, properties: dict[str, Any], required: list[str] | None = None, description: str = "") -> dict:
+    parameters = {"type": "object", "properties": properties, "required": required or list(properties)}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
+
+
+STRING = {"type": "string"}
+# Tool lists shaped like what each CLI offers (names and schemas as seen on the wire; abridged).
+CLAUDE = (
+    tool("Bash", {"command": STRING, "timeout": {"type": "number"}, "description": STRING}, ["command"]),
+    tool("Read", {"file_path": STRING}),
+    tool("Write", {"file_path": {"type": "string", "description": ABSOLUTE}, "content": STRING}),
+    tool("Edit", {"file_path": STRING, "old_string": STRING, "new_string": STRING}),
+)
+CODEX = (
+    tool("exec_command", {"cmd": STRING, "workdir": STRING, "yield_time_ms": {"type": "number"}}, ["cmd"]),
+    tool("write_stdin", {"session_id": {"type": "number"}, "chars": STRING}),
+    tool("apply_patch", {"input": STRING}, description="Use the `apply_patch` tool to edit files."),
+)
+CODEX_OLD = (
+    tool("shell", {"command": {"type": "array", "items": STRING}, "timeout_ms": {"type": "number"}}, ["command"]),
+)
+CODEX_PATCH_ONLY = (tool("apply_patch", {"input": STRING}),)
+GEMINI = (
+    tool("read_file", {"absolute_path": STRING}),
+    tool("run_shell_command", {"command": STRING, "description": STRING, "directory": STRING}, ["command"]),
+    tool("write_file", {"file_path": {"type": "string", "description": "The path to the file to write to."},
+                        "content": STRING}),
+)  # fmt: skip
+QWEN = (
+    tool("run_shell_command", {"command": STRING, "is_background": {"type": "boolean"}}),
+    tool("write_file", {"file_path": {"type": "string", "description": "The absolute path to the file."},
+                        "content": STRING}),
+)  # fmt: skip
+OPENCODE = (
+    tool("bash", {"command": STRING, "timeout": {"type": "number"}, "description": STRING}, ["command", "description"]),
+    tool("edit", {"filePath": STRING, "oldString": STRING, "newString": STRING}),
+    tool("write", {"content": STRING, "filePath": {"type": "string", "description": ABSOLUTE}}),
+)
+PI = (
+    tool("read", {"path": STRING}),
+    tool("bash", {"command": STRING, "timeout": {"type": "number"}}, ["command"]),
+    tool("edit", {"path": STRING, "oldText": STRING, "newText": STRING}),
+    tool("write", {"path": STRING, "content": STRING}),
+)
+
+
+def request(*messages: Message, tools: tuple = (), tool_choice: str = "auto") -> PolicyRequest:
+    return PolicyRequest(messages=messages, tools=tools, tool_choice=tool_choice)
+
+
+def first_call(tools: tuple, system: str = "") -> ToolCall:
+    messages = ((Message("system", system),) if system else ()) + (Message("user", ASK),)
+    turn = ToolUserPolicy({}).respond(request(*messages, tools=tools))
+    assert len(turn.tool_calls) == 1 and not turn.content
+    return turn.tool_calls[0]
+
+
+def test_registered() -> None:
+    assert POLICIES["tool_user"] is ToolUserPolicy
+
+
+@pytest.mark.parametrize(
+    ("text", "task"),
+    [
+        (ASK, FileTask("hello.txt", "HELLO-123")),
+        ("Please create a file named out/a.md with content 'two words'.", FileTask("out/a.md", "two words")),
+        ("<system-reminder>x</system-reminder>\nCreate /tmp/r/x.txt containing X-1.", FileTask("/tmp/r/x.txt", "X-1")),
+        ('Write notes.txt with the text "a b"', FileTask("notes.txt", "a b")),
+        ('"Create a.txt containing A-1"', FileTask("a.txt", "A-1")),
+        ("<task>Create a.txt containing A-1.</task>", FileTask("a.txt", "A-1")),
+        ("What is 2 + 2?", None),
+    ],
+)
+def test_parse_file_task(text: str, task: FileTask | None) -> None:
+    assert parse_file_task(text) == task
+
+
+def test_working_directory_from_the_system_prompt() -> None:
+    assert working_directory((Message("system", "Env:\n Working directory: /s/work\n"),)) == "/s/work"
+    assert working_directory((Message("system", "Current working directory: /a/b."),)) == "/a/b"
+    assert working_directory((Message("system", "I'm currently working in the directory: /g"),)) == "/g"
+    assert working_directory((Message("system", "nothing"),)) is None
+
+
+def test_claude_code_write_with_absolute_path_from_the_system_prompt() -> None:
+    call = first_call(CLAUDE, system="<env>\nWorking directory: /s/work\n</env>")
+    assert call == ToolCall("Write", {"file_path": "/s/work/hello.txt", "content": "HELLO-123"})
+
+
+def test_absolute_path_wanted_but_no_cwd_stays_relative() -> None:
+    assert first_call(CLAUDE).arguments["file_path"] == "hello.txt"
+
+
+def test_codex_exec_command_string() -> None:
+    assert first_call(CODEX) == ToolCall("exec_command", {"cmd": "printf '%s' HELLO-123 > hello.txt"})
+
+
+def test_codex_shell_array() -> None:
+    call = first_call(CODEX_OLD)
+    assert call == ToolCall("shell", {"command": ["bash", "-lc", "printf '%s' HELLO-123 > hello.txt"]})
+
+
+def test_codex_apply_patch_when_nothing_else() -> None:
+    patch = "*** Begin Patch\n*** Add File: hello.txt\n+HELLO-123\n*** End Patch\n"
+    assert first_call(CODEX_PATCH_ONLY) == ToolCall("apply_patch", {"input": patch})
+
+
+def test_gemini_write_file_relative() -> None:
+    call = first_call(GEMINI, system="I'm currently working in the directory: /g/work")
+    assert call == ToolCall("write_file", {"file_path": "hello.txt", "content": "HELLO-123"})
+
+
+def test_qwen_write_file_absolute() -> None:
+    call = first_call(QWEN, system="Current working directory: /q/work")
+    assert call == ToolCall("write_file", {"file_path": "/q/work/hello.txt", "content": "HELLO-123"})
+
+
+def test_opencode_write_file_path() -> None:
+    call = first_call(OPENCODE, system="Working directory: /o/work")
+    assert call == ToolCall("write", {"filePath": "/o/work/hello.txt", "content": "HELLO-123"})
+
+
+def test_pi_write_path() -> None:
+    assert first_call(PI) == ToolCall("write", {"path": "hello.txt", "content": "HELLO-123"})
+
+
+def test_shell_fills_required_properties_and_quotes() -> None:
+    task = FileTask("my file.txt", "it's")
+    call = choose_call((QWEN[0],), task, None)
+    assert call == ToolCall(
+        "run_shell_command", {"command": "printf '%s' 'it'\"'\"'s' > 'my file.txt'", "is_background": False}
+    )
+    call = choose_call((OPENCODE[0],), task, None)
+    assert call is not None and call.arguments["description"] == "Create my file.txt"
+
+
+def test_write_tool_without_fitting_schema_falls_back_to_shell() -> None:
+    tools = (tool("write", {"data": STRING}), PI[1])
+    assert choose_call(tools, FileTask("a", "b"), None) == ToolCall("bash", {"command": "printf '%s' b > a"})
+
+
+def test_answers_after_the_tool_result() -> None:
+    messages = (
+        Message("user", ASK),
+        Message("assistant", tool_calls=(ToolCall("write", {"path": "hello.txt"}, "c1"),)),
+        Message("tool", "ok", tool_call_id="c1"),
+    )
+    turn = ToolUserPolicy({}).respond(request(*messages, tools=PI))
+    assert turn.content == "Created hello.txt." and not turn.tool_calls
+
+
+@pytest.mark.parametrize("tools", [(), (tool("grep", {"pattern": STRING}),)])
+def test_answers_directly_without_a_fitting_tool(tools: tuple) -> None:
+    turn = ToolUserPolicy({}).respond(request(Message("user", ASK), tools=tools))
+    assert turn.content == "Created hello.txt." and not turn.tool_calls
+
+
+def test_tool_choice_none_and_no_instruction() -> None:
+    policy = ToolUserPolicy({})
+    assert not policy.respond(request(Message("user", ASK), tools=PI, tool_choice="none")).tool_calls
+    assert policy.respond(request(Message("user", "hi"), tools=PI)).content == "I did not find a file to create."

@@ -1,0 +1,171 @@
+from __future__ import annotations
+
+import json
+import tomllib
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from polar.errors import RuntimeFailure, ValidationError
+from polar.harnesses import HARNESSES, HarnessContext, HarnessLaunch
+from polar.harnesses.install import PACKAGES, binary_path, install, installed, installed_version
+from polar.task_request import HarnessSpec
+
+PRESETS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi")
+KEY = "pk-test"
+PROXY = "http://127.0.0.1:9"
+BASE = f"{PROXY}/s/{KEY}"
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A harness cache holding a stand-in binary and package.json for every preset."""
+    cache = tmp_path / "cache"
+    for name, package in PACKAGES.items():
+        binary = binary_path(name, cache)
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        binary.write_text("#!/bin/sh\n")
+        manifest = cache / "node_modules" / package.package / "package.json"
+        manifest.parent.mkdir(parents=True, exist_ok=True)
+        manifest.write_text(json.dumps({"name": package.package, "version": "1.2.3"}))
+    monkeypatch.setenv("POLAR_HARNESS_CACHE", str(cache))
+    return cache
+
+
+def launch(tmp_path: Path, name: str, **spec: Any) -> tuple[HarnessLaunch, Path]:
+    session_dir = tmp_path / "session"
+    (session_dir / "home").mkdir(parents=True, exist_ok=True)
+    context = HarnessContext(
+        session_id=uuid.uuid4(),
+        task_id="t",
+        instruction="Create hello.txt containing HI",
+        spec=HarnessSpec(name=name, **spec),
+        proxy_url=PROXY,
+        proxy_key=KEY,
+        session_dir=session_dir,
+        runtime_env={"FROM_RUNTIME": "1"},
+    )
+    return HARNESSES[name].launch(context), session_dir / "home"
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_registered_with_private_home_and_proxy_env(name: str, cache: Path, tmp_path: Path) -> None:
+    assert HARNESSES[name].name == name
+    result, home = launch(tmp_path, name, env={"EXTRA": "x"})
+    assert result.command[0] == str(binary_path(name, cache))
+    assert result.env["HOME"] == str(home)
+    assert result.env["OPENAI_BASE_URL"] == f"{BASE}/v1" and result.env["ANTHROPIC_BASE_URL"] == BASE
+    assert result.env["EXTRA"] == "x" and result.env["FROM_RUNTIME"] == "1"
+    assert "Create hello.txt containing HI" in " ".join(result.command)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_missing_cli_is_a_runtime_failure(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POLAR_HARNESS_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(RuntimeFailure, match=f"not installed.*polar harness install {name}"):
+        launch(tmp_path, name)
+
+
+def test_claude_code(cache: Path, tmp_path: Path) -> None:
+    servers = {"fs": {"command": "mcp-fs", "args": ["/"]}}
+    result, home = launch(
+        tmp_path, "claude_code", model="m1", settings={"max_turns": 3, "extra_args": ["--x"], "mcp_servers": servers}
+    )
+    mcp = home / ".claude" / "mcp.json"
+    assert result.command[1:] == [
+        "--verbose", "--output-format=stream-json", "--dangerously-skip-permissions", "--model", "m1",
+        "--max-turns", "3", "--mcp-config", str(mcp), "--x", "-p", "Create hello.txt containing HI",
+    ]  # fmt: skip
+    assert json.loads(mcp.read_text()) == {"mcpServers": servers}
+    env = result.env
+    assert env["CLAUDE_CONFIG_DIR"] == str(home / ".claude") and env["IS_SANDBOX"] == "1"
+    assert env["ANTHROPIC_API_KEY"] == KEY and env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+    assert {env[f"ANTHROPIC_DEFAULT_{tier}_MODEL"] for tier in ("SONNET", "OPUS", "HAIKU")} == {"m1"}
+    assert env["ANTHROPIC_MODEL"] == env["CLAUDE_CODE_SUBAGENT_MODEL"] == "m1"
+
+
+def test_codex(cache: Path, tmp_path: Path) -> None:
+    servers = {"docs": {"command": "npx", "args": ["-y", "docs-mcp"], "env": {"A": "b"}}}
+    result, home = launch(tmp_path, "codex", settings={"mcp_servers": servers, "extra_args": ["-c", "a=1"]})
+    assert result.command[1:] == [
+        "exec", "--dangerously-bypass-approvals-and-sandbox", "--skip-git-repo-check", "--json",
+        "--model", "polar-policy", "-c", "a=1", "--", "Create hello.txt containing HI",
+    ]  # fmt: skip
+    config = tomllib.loads((home / ".codex" / "config.toml").read_text())
+    assert config["model"] == "polar-policy" and config["model_provider"] == "polar"
+    assert config["model_providers"]["polar"] == {
+        "name": "polar", "base_url": f"{BASE}/v1", "env_key": "POLAR_PROXY_KEY", "wire_api": "responses",
+    }  # fmt: skip
+    assert config["mcp_servers"] == servers
+    assert json.loads((home / ".codex" / "auth.json").read_text()) == {"OPENAI_API_KEY": KEY}
+    assert result.env["CODEX_HOME"] == str(home / ".codex") and result.env["POLAR_PROXY_KEY"] == KEY
+
+
+def test_gemini_cli(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "gemini_cli", model="g", settings={"max_turns": 5, "mcp_servers": {"s": {}}})
+    assert result.command[1:] == ["--approval-mode=yolo", "--model=g", "--prompt=Create hello.txt containing HI"]
+    settings = json.loads((home / ".gemini" / "settings.json").read_text())
+    assert settings["security"] == {"auth": {"selectedType": "gemini-api-key"}}
+    assert settings["model"] == {"maxSessionTurns": 5} and settings["mcpServers"] == {"s": {}}
+    assert result.env["GEMINI_CLI_TRUST_WORKSPACE"] == "true"
+    assert result.env["GOOGLE_GEMINI_BASE_URL"] == BASE and result.env["GEMINI_API_KEY"] == KEY
+
+
+def test_qwen_code(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "qwen_code", model="q", settings={"extra_args": ["--debug"]})
+    assert result.command[1:] == ["--yolo", "--debug", "--prompt=Create hello.txt containing HI"]
+    settings = json.loads((home / ".qwen" / "settings.json").read_text())
+    assert settings["security"] == {"auth": {"selectedType": "openai"}} and "model" not in settings
+    assert result.env["OPENAI_MODEL"] == "q" and result.env["OPENAI_API_KEY"] == KEY
+
+
+def test_opencode(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "opencode", model="o", settings={"mcp_servers": {"s": {"type": "local"}}})
+    assert result.command[1:] == ["-m", "polar/o", "run", "--format=json", "--", "Create hello.txt containing HI"]
+    config = json.loads((home / ".config" / "opencode" / "opencode.json").read_text())
+    provider = config["provider"]["polar"]
+    assert provider["options"] == {"baseURL": f"{BASE}/v1", "apiKey": KEY} and provider["models"] == {
+        "o": {"name": "o"}
+    }
+    assert set(config["permission"].values()) == {"allow"} and config["mcp"] == {"s": {"type": "local"}}
+    assert result.env["OPENCODE_FAKE_VCS"] == "git" and result.env["XDG_CONFIG_HOME"] == str(home / ".config")
+
+
+def test_pi(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "pi")
+    assert result.command[1:] == [
+        "--print", "--mode", "json", "--no-session", "--provider", "polar", "--model", "polar-policy",
+        "Create hello.txt containing HI",
+    ]  # fmt: skip
+    models = json.loads((home / ".pi" / "agent" / "models.json").read_text())
+    provider = models["providers"]["polar"]
+    assert provider["baseUrl"] == f"{BASE}/v1" and provider["apiKey"] == KEY
+    assert provider["compat"]["maxTokensField"] == "max_tokens"
+    assert provider["models"][0]["id"] == "polar-policy" and provider["models"][0]["api"] == "openai-completions"
+    assert result.env["PI_OFFLINE"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("name", "settings", "message"),
+    [
+        ("codex", {"max_turns": 2}, "does not support"),
+        ("pi", {"mcp_servers": {"a": {}}}, "does not support"),
+        ("opencode", {"max_turns": 2}, "does not support"),
+        ("claude_code", {"max_turn": 2}, "unknown settings"),
+        ("gemini_cli", {"max_turns": 0}, "positive integer"),
+        ("qwen_code", {"extra_args": "--x"}, "list of strings"),
+    ],
+)
+def test_bad_settings(name: str, settings: dict, message: str, cache: Path, tmp_path: Path) -> None:
+    with pytest.raises(RuntimeFailure, match=message):
+        launch(tmp_path, name, settings=settings)
+
+
+def test_install_skips_what_is_cached(cache: Path) -> None:
+    assert install(["pi", "codex", "pi"], cache) == {"pi": "1.2.3", "codex": "1.2.3"}  # no npm call needed
+    assert installed(cache) == dict.fromkeys(PACKAGES, "1.2.3")
+    assert installed_version("pi", cache.parent / "none") is None
+    with pytest.raises(ValidationError, match="unknown harness preset"):
+        install(["vim"], cache)

@@ -1,0 +1,103 @@
+"""The bwrap runtime: a sandbox that sees its session directory and the system, nothing else of the host."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from polar.config import load_config
+from polar.runtimes import attach_runtime, create_runtime
+from polar.task_request import RuntimeSpec
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="NO BWRAP: bubblewrap is not installed")
+
+BWRAP = RuntimeSpec(backend="bwrap")
+
+
+@pytest.fixture
+def config(tmp_path: Path):  # type: ignore[no-untyped-def]
+    return load_config({"POLAR_WORK_ROOT": str(tmp_path / "sessions")}, cwd=tmp_path)
+
+
+@pytest.fixture
+def host_secrets(tmp_path: Path) -> Iterator[list[Path]]:
+    """Files the host can read: one next to the session directories, one in the host's home."""
+    secrets = [tmp_path / "secret.txt", Path.home() / f".polar-bwrap-secret-{uuid.uuid4().hex}"]
+    for path in secrets:
+        path.write_text("host secret")
+    yield secrets
+    secrets[1].unlink(missing_ok=True)
+
+
+def _proc_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_the_host_outside_the_session_directory_is_invisible(config, host_secrets) -> None:  # type: ignore[no-untyped-def]
+    runtime = create_runtime(uuid.uuid4(), BWRAP, config)
+    for secret in host_secrets:
+        assert secret.read_text() == "host secret"  # the host can
+        result = runtime.exec(["/bin/cat", str(secret)], {}, 10, "t")
+        assert result.exit_code != 0 and "host secret" not in result.output_tail
+    listing = runtime.exec(["/bin/sh", "-c", "ls -A /root /home /work/main; ls /tmp"], {}, 10, "ls")
+    # Only this Python's prefixes and the polar package are shown under /root and /work, read-only.
+    assert "tests" not in listing.output_tail.split() and "setup.cfg" not in listing.output_tail.split()
+    assert not any(path.name in listing.output_tail for path in host_secrets)
+
+
+def test_it_writes_in_its_work_directory_and_nowhere_else(config) -> None:  # type: ignore[no-untyped-def]
+    runtime = create_runtime(uuid.uuid4(), BWRAP, config)
+    result = runtime.exec(["/bin/sh", "-c", "pwd; echo made > out.txt; echo x > /usr/x || echo readonly"], {}, 10, "t")
+    assert result.exit_code == 0
+    assert result.output_tail.splitlines()[0] == str(runtime.session_dir / "work")
+    assert "readonly" in result.output_tail
+    assert (runtime.session_dir / "work" / "out.txt").read_text() == "made\n"
+    assert not Path("/usr/x").exists()
+
+
+def test_python_runs_inside(config) -> None:  # type: ignore[no-untyped-def]
+    runtime = create_runtime(uuid.uuid4(), BWRAP, config)
+    code = "import polar.harnesses.python_entry, sys; print('ok', sys.prefix)"
+    result = runtime.exec([sys.executable, "-c", code], {}, 30, "py")
+    assert result.exit_code == 0, result.output_tail
+    assert result.output_tail.split() == ["ok", sys.prefix]
+
+
+def test_timeout_kills_everything_it_started(config) -> None:  # type: ignore[no-untyped-def]
+    runtime = create_runtime(uuid.uuid4(), BWRAP, config)
+    marker = f"{time.time() % 1000 + 600:.4f}"  # a sleep duration no other process uses
+    script = f"sleep {marker} & (setsid sleep {marker} &) ; wait"
+    started = time.monotonic()
+    result = runtime.exec(["/bin/sh", "-c", script], {}, 1.0, "t", on_start=lambda pid: None)
+    assert result.timed_out and result.exit_code is None
+    assert time.monotonic() - started < 6
+    deadline = time.monotonic() + 3
+    while _proc_with(f"sleep\0{marker}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _proc_with(f"sleep\0{marker}") == []
+
+
+def test_attach_and_destroy(config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    runtime = create_runtime(uuid.uuid4(), BWRAP, config)
+    source = tmp_path / "data.txt"
+    source.write_text("payload")
+    runtime.copy_in(source, "data.txt")
+    again = attach_runtime(runtime.handle, config)
+    assert again.handle["backend"] == "bwrap"
+    assert again.exec(["/bin/cat", "data.txt"], {}, 10, "t").output_tail == "payload"
+    again.destroy()
+    assert not runtime.is_alive()
+    again.destroy()

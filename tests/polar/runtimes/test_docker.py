@@ -1,0 +1,118 @@
+"""The docker runtime against a real engine: a container per session, the session directory shared at the same
+path, timeouts that kill everything the command started, and nothing left behind."""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+
+from polar.config import load_config
+from polar.errors import ValidationError
+from polar.runtimes import attach_runtime, check_runtime, create_runtime
+from polar.runtimes.docker import reap_orphans
+from polar.task_request import Limits, RuntimeSpec
+from tests.docker_engine import labelled_containers, require_docker_image
+
+DOCKER = RuntimeSpec(backend="docker")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def docker_image() -> None:
+    require_docker_image()
+
+
+@pytest.fixture
+def config(tmp_path: Path):  # type: ignore[no-untyped-def]
+    return load_config({"POLAR_WORK_ROOT": str(tmp_path / "sessions"), "POLAR_NODE": "test-node"}, cwd=tmp_path)
+
+
+def _container(runtime):  # type: ignore[no-untyped-def]
+    return docker.from_env().containers.get(runtime.handle["container"])
+
+
+def test_commands_run_in_the_container_and_write_to_the_shared_directory(config) -> None:  # type: ignore[no-untyped-def]
+    session_id = uuid.uuid4()
+    runtime = create_runtime(
+        session_id, RuntimeSpec(backend="docker", limits=Limits(cpus=1, memory_mb=256, pids=64)), config
+    )
+    try:
+        script = "pwd; id -u; echo $GREETING; test -f /.dockerenv && echo in-docker; echo made > out.txt"
+        result = runtime.exec(["/bin/sh", "-c", script], {"GREETING": "hi"}, 30, "t")
+        assert result.exit_code == 0 and not result.timed_out, result.output_tail
+        assert result.output_tail.splitlines() == [str(runtime.session_dir / "work"), "1000", "hi", "in-docker"]
+        assert (runtime.session_dir / "work" / "out.txt").read_text() == "made\n"
+        attrs = _container(runtime).attrs
+        assert attrs["Config"]["Labels"] == {"polar.session": str(session_id), "polar.node": "test-node"}
+        assert attrs["HostConfig"]["NetworkMode"] == "host"
+        assert attrs["HostConfig"]["NanoCpus"] == 10**9 and attrs["HostConfig"]["PidsLimit"] == 64
+        assert attrs["HostConfig"]["Memory"] == 256 * 2**20
+        assert runtime.exec(["/bin/cat", "/etc/hostname"], {}, 10, "h").output_tail.strip() == socket.gethostname()
+    finally:
+        runtime.destroy()
+
+
+def test_timeout_kills_everything_the_command_started(config) -> None:  # type: ignore[no-untyped-def]
+    runtime = create_runtime(uuid.uuid4(), DOCKER, config)
+    try:
+        started = time.monotonic()
+        result = runtime.exec(["/bin/sh", "-c", "sleep 600 & (setsid sleep 600 &); wait"], {}, 1.0, "t")
+        assert result.timed_out and result.exit_code is None
+        assert time.monotonic() - started < 8
+        top = _container(runtime).top(ps_args="-eo pid,args")["Processes"]
+        assert [row for row in top if "sleep 600" in row[-1]] == []
+        assert runtime.is_alive()
+        assert runtime.exec(["/bin/true"], {}, 10, "after").exit_code == 0  # still usable
+    finally:
+        runtime.destroy()
+
+
+def test_python_runs_inside(config) -> None:  # type: ignore[no-untyped-def]
+    import sys
+
+    runtime = create_runtime(uuid.uuid4(), DOCKER, config)
+    try:
+        code = "import polar.harnesses.python_entry, sys; print('ok', sys.prefix)"
+        result = runtime.exec([sys.executable, "-c", code], {}, 30, "py")
+        assert result.exit_code == 0, result.output_tail
+        assert result.output_tail.split() == ["ok", sys.prefix]
+    finally:
+        runtime.destroy()
+
+
+def test_copy_attach_and_destroy_leave_nothing(config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    runtime = create_runtime(uuid.uuid4(), DOCKER, config)
+    source = tmp_path / "data.txt"
+    source.write_text("payload")
+    runtime.copy_in(source, "sub/data.txt")
+    runtime.copy_in(source, "/opt/data.txt")
+    again = attach_runtime(runtime.handle, config)
+    assert again.is_alive()
+    assert again.exec(["/bin/cat", "sub/data.txt", "/opt/data.txt"], {}, 10, "t").output_tail == "payloadpayload"
+    again.destroy()
+    assert not runtime.is_alive() and not runtime.session_dir.exists()
+    again.destroy()  # twice is fine
+    assert runtime.handle["container"] not in " ".join(labelled_containers())
+
+
+def test_reap_orphans_removes_containers_of_dead_sessions(config) -> None:  # type: ignore[no-untyped-def]
+    node = f"reap-{uuid.uuid4().hex[:8]}"
+    config = config.with_overrides(node=node)
+    live_id = uuid.uuid4()
+    live, dead = create_runtime(live_id, DOCKER, config), create_runtime(uuid.uuid4(), DOCKER, config)
+    try:
+        assert reap_orphans(node, lambda found: {s for s in found if s == str(live_id)}) == 1
+        assert live.is_alive() and not dead.is_alive()
+    finally:
+        live.destroy()
+        dead.destroy()
+
+
+def test_missing_image_is_rejected_at_submission() -> None:
+    check_runtime(DOCKER, "tasks[0].runtime")
+    with pytest.raises(ValidationError, match="not on the Docker engine"):
+        check_runtime(RuntimeSpec(backend="docker", image="polar-no-such-image:0"), "tasks[0].runtime")
