@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from polar.errors import RuntimeFailure
-from polar.runtimes._host_python import python_paths
+from polar.runtimes._host_python import host_tool_paths
 from polar.runtimes.base import ExecResult, StartHook, TickHook
 from polar.runtimes.local import LocalRuntime
 
@@ -42,7 +42,7 @@ def sandbox_args(session_dir: Path) -> list[str]:
         elif os.path.isdir(link):
             args += ["--ro-bind", link, link]
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    for path in python_paths():
+    for path in host_tool_paths():
         args += ["--ro-bind", path, path]
     # Last, so it wins over the private /tmp when sessions live under /tmp.
     args += ["--bind", str(session_dir), str(session_dir), "--chdir", str(session_dir / "work")]

@@ -15,6 +15,7 @@ session, so that is exactly the command's process tree, whatever process groups 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
@@ -30,7 +31,7 @@ from docker.errors import DockerException, NotFound
 
 from polar.config import Config
 from polar.errors import RuntimeFailure
-from polar.runtimes._host_python import python_paths
+from polar.runtimes._host_python import host_tool_paths
 from polar.runtimes.base import OUTPUT_TAIL_BYTES, ExecResult, Runtime, StartHook, TickHook
 from polar.task_request import RuntimeSpec
 
@@ -89,6 +90,16 @@ def _session_dir(root: Path, user: str) -> None:
     root.chmod(0o700)
 
 
+def _give_to_user(root: Path, user: str) -> None:
+    """Files written from the host since create (harness configs, copies) belong to the worker's user: hand them
+    to the container's user so the harness can read its config. Needs a root worker, as the chown at create."""
+    uid, gid = (int(part) for part in user.split(":"))
+    for directory, dirs, files in os.walk(root):
+        for name in (directory, *(os.path.join(directory, entry) for entry in (*dirs, *files))):
+            with contextlib.suppress(OSError):
+                os.lchown(name, uid, gid)
+
+
 class DockerRuntime(Runtime):
     backend = "docker"
 
@@ -104,7 +115,7 @@ class DockerRuntime(Runtime):
         name = f"polar-{session_id}"
         root = Path(config.work_root).resolve() / str(session_id)
         user = _user()
-        volumes = {path: {"bind": path, "mode": "ro"} for path in python_paths()}
+        volumes = {path: {"bind": path, "mode": "ro"} for path in host_tool_paths()}
         volumes[str(root)] = {"bind": str(root), "mode": "rw"}
         limits: dict[str, Any] = {}
         if spec.limits.cpus:
@@ -157,6 +168,7 @@ class DockerRuntime(Runtime):
         started = time.monotonic()
         api = self._client.api
         try:
+            _give_to_user(self._root, self._user)
             exec_id = api.exec_create(
                 self._container_id,
                 ["/bin/sh", "-c", _RUN_LOGGED, "sh", str(log_path), *command],
