@@ -20,7 +20,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections import deque
 from datetime import datetime
 from pathlib import Path
@@ -30,8 +29,9 @@ import psycopg
 import redis
 
 from polar.client import PolarClient
-from polar.launcher import Stack, engine_spec, gunicorn_spec, stage_workers
+from polar.launcher import Stack, engine_spec, free_port, gunicorn_spec, stage_workers
 from polar.storage.migration import upgrade
+from polar.storage.scratch import create_database, drop_database
 
 ADMIN_DSN = os.environ.get("POLAR_BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 BROKER_URL = os.environ.get("POLAR_BENCH_REDIS", "redis://127.0.0.1:6379") + "/12"
@@ -39,31 +39,6 @@ EXPLAIN = (
     "gap = time from a session leaving `running` (its postrun event: a run slot frees) to the next session "
     "entering `running` (the next harness start); slots freed after the last session started are not counted."
 )
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _database() -> str:
-    name = f"polar_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {name}")  # type: ignore[arg-type]
-    info = psycopg.conninfo.conninfo_to_dict(ADMIN_DSN)
-    user, host, port = info.get("user", "postgres"), info.get("host", "127.0.0.1"), info.get("port", 5432)
-    url = f"postgresql+psycopg://{user}@{host}:{port}/{name}"
-    upgrade(url)
-    return url
-
-
-def _drop(url: str) -> None:
-    name = url.rsplit("/", 1)[1]
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as connection:
-        connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")  # type: ignore[arg-type]
 
 
 def _flush_broker() -> None:
@@ -105,9 +80,10 @@ def _gaps(events: list[tuple[Any, str, datetime, str | None]]) -> tuple[list[flo
 
 def _run(args: argparse.Namespace, ready_buffer: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="polar-bench-prewarm-"))
-    database_url = _database()
+    database_url = create_database(ADMIN_DSN, "polar_bench")
+    upgrade(database_url)
     _flush_broker()
-    ports = {"engine": _free_port(), "api": _free_port(), "proxy": _free_port()}
+    ports = {"engine": free_port(), "api": free_port(), "proxy": free_port()}
     env = {
         "POLAR_DATABASE_URL": database_url,
         "POLAR_BROKER_URL": BROKER_URL,
@@ -144,7 +120,7 @@ def _run(args: argparse.Namespace, ready_buffer: int) -> dict[str, Any]:
                 client.close()
         gaps, wall, buffered_max, ready_max = _gaps(_events(database_url))
     finally:
-        _drop(database_url)
+        drop_database(ADMIN_DSN, database_url)
         _flush_broker()
     return {
         "counts": final["counts"],

@@ -26,12 +26,13 @@ import sqlalchemy as sa
 
 from polar.batches import request_hash, submit_batch
 from polar.config import load_config
-from polar.launcher import Stack, engine_spec, gunicorn_spec
+from polar.launcher import Stack, engine_spec, free_port, gunicorn_spec
 from polar.proxy.keys import hash_key
 from polar.services import Services
 from polar.storage.database import Database
 from polar.storage.migration import upgrade
 from polar.storage.models import Session
+from polar.storage.scratch import create_database, drop_database
 from polar.task_request import parse_batch_request
 
 ADMIN_DSN = os.environ.get("POLAR_BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -42,31 +43,6 @@ BODY = {"model": "polar-reference", "messages": [{"role": "system", "content": "
 class _NoDispatch:
     def send(self, stage: object, session_id: object) -> None:
         """The benchmark makes its session running by hand; nothing is queued."""
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _database() -> str:
-    name = f"polar_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {name}")  # type: ignore[arg-type]
-    info = psycopg.conninfo.conninfo_to_dict(ADMIN_DSN)
-    user, host, port = info.get("user", "postgres"), info.get("host", "127.0.0.1"), info.get("port", 5432)
-    url = f"postgresql+psycopg://{user}@{host}:{port}/{name}"
-    upgrade(url)
-    return url
-
-
-def _drop(url: str) -> None:
-    name = url.rsplit("/", 1)[1]
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as connection:
-        connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")  # type: ignore[arg-type]
 
 
 def _running_session(url: str, tmp: Path) -> str:
@@ -128,8 +104,9 @@ def main() -> int:
     parser.add_argument("--proxy-threads", type=int, default=32)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="polar-bench-"))
-    database_url = _database()
-    engine_port, proxy_port = _free_port(), _free_port()
+    database_url = create_database(ADMIN_DSN, "polar_bench")
+    upgrade(database_url)
+    engine_port, proxy_port = free_port(), free_port()
     env = {"POLAR_DATABASE_URL": database_url, "POLAR_ENGINE_URLS": f"http://127.0.0.1:{engine_port}"}
     specs = [
         engine_spec(engine_port, "echo", ["--policy-config", '{"tokens": 16}']),
@@ -169,7 +146,7 @@ def main() -> int:
                 stored = connection.execute("SELECT count(*) FROM model_calls").fetchone()
             print(f"calls captured: {stored[0] if stored else 0}")
     finally:
-        _drop(database_url)
+        drop_database(ADMIN_DSN, database_url)
     return 0
 
 

@@ -4,49 +4,35 @@ each test that needs a database gets a fresh one, copied from a template migrate
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
-import psycopg
 import pytest
 import redis
 
 from polar.storage.migration import upgrade
+from polar.storage.scratch import admin, scratch_database, sqlalchemy_url
 
 ADMIN_DSN = os.environ.get("POLAR_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_BASE = os.environ.get("POLAR_TEST_REDIS", "redis://127.0.0.1:6379")
 TEMPLATE = f"polar_template_{os.getpid()}"
 
 
-def _sqlalchemy_url(database: str) -> str:
-    info = psycopg.conninfo.conninfo_to_dict(ADMIN_DSN)
-    user, host, port = info.get("user", "postgres"), info.get("host", "127.0.0.1"), info.get("port", 5432)
-    return f"postgresql+psycopg://{user}@{host}:{port}/{database}"
-
-
 def _admin(sql: str) -> None:
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as connection:
-        connection.execute(sql)  # type: ignore[arg-type]
+    admin(ADMIN_DSN, sql)
 
 
 @pytest.fixture(scope="session")
 def template_database() -> Iterator[str]:
     _admin(f"DROP DATABASE IF EXISTS {TEMPLATE}")
     _admin(f"CREATE DATABASE {TEMPLATE}")
-    upgrade(_sqlalchemy_url(TEMPLATE))
+    upgrade(sqlalchemy_url(ADMIN_DSN, TEMPLATE))
     yield TEMPLATE
     _admin(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
 
 
-@contextmanager
-def _fresh_database(prefix: str, template: str | None = None) -> Iterator[str]:
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    _admin(f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
-    try:
-        yield _sqlalchemy_url(name)
-    finally:
-        _admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+def _fresh_database(prefix: str, template: str | None = None) -> AbstractContextManager[str]:
+    return scratch_database(ADMIN_DSN, prefix, template)
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ and a full stack (engine, gunicorn API and proxy, four Celery stage workers) on 
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 import uuid
@@ -18,7 +17,7 @@ import sqlalchemy as sa
 from polar.client import PolarClient
 from polar.config import load_config
 from polar.dispatch import Stage
-from polar.launcher import Stack, engine_spec, gunicorn_spec, stage_workers
+from polar.launcher import Stack, engine_spec, free_port, gunicorn_spec, stage_workers
 from polar.services import Services
 from polar.storage.database import Database
 
@@ -39,12 +38,6 @@ def domain_services(database_url: str, work_root: Path, **overrides: Any) -> Ser
     env = {"POLAR_DATABASE_URL": database_url, "POLAR_WORK_ROOT": str(work_root), "POLAR_BROKER_URL": "memory://"}
     config = load_config(env, cwd=work_root).with_overrides(**overrides)
     return Services(config, Database(database_url), RecordingDispatcher(), "test")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def command_task(task_id: str, command: str, samples: int = 1, **extra: Any) -> dict[str, Any]:
