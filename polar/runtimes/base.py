@@ -19,6 +19,16 @@ from polar.task_request import RuntimeSpec
 OUTPUT_TAIL_BYTES = 4096
 
 
+def output_tail(path: Path) -> str:
+    """The last ``OUTPUT_TAIL_BYTES`` of a command's log (kept with a failing session's error)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - OUTPUT_TAIL_BYTES))
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
 @dataclass(frozen=True)
 class ExecResult:
     """How a command ended: ``exit_code`` is None when it was killed for exceeding its time."""

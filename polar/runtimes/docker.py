@@ -32,7 +32,7 @@ from docker.errors import DockerException, NotFound
 from polar.config import Config
 from polar.errors import RuntimeFailure
 from polar.runtimes._host_python import host_tool_paths
-from polar.runtimes.base import OUTPUT_TAIL_BYTES, ExecResult, Runtime, StartHook, TickHook
+from polar.runtimes.base import ExecResult, Runtime, StartHook, TickHook, output_tail
 from polar.task_request import RuntimeSpec
 
 DEFAULT_IMAGE = "polar-test:latest"
@@ -69,15 +69,6 @@ def _client() -> docker.DockerClient:
 
 def _user() -> str:
     return "1000:1000" if os.getuid() == 0 else f"{os.getuid()}:{os.getgid()}"
-
-
-def _tail(path: Path) -> str:
-    try:
-        with path.open("rb") as handle:
-            handle.seek(max(0, path.stat().st_size - OUTPUT_TAIL_BYTES))
-            return handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 def _session_dir(root: Path, user: str) -> None:
@@ -200,7 +191,7 @@ class DockerRuntime(Runtime):
             exit_code=None if timed_out else state.get("ExitCode"),
             timed_out=timed_out,
             duration_s=time.monotonic() - started,
-            output_tail=_tail(log_path),
+            output_tail=output_tail(log_path),
         )
 
     def copy_in(self, host_path: Path, runtime_path: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from polar.config import Config
 from polar.errors import RuntimeFailure
-from polar.runtimes.base import OUTPUT_TAIL_BYTES, ExecResult, Runtime, StartHook, TickHook
+from polar.runtimes.base import ExecResult, Runtime, StartHook, TickHook, output_tail
 from polar.task_request import RuntimeSpec
 
 TICK_S = 0.2
@@ -39,15 +39,6 @@ def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> None:
             except ProcessLookupError:
                 return
             time.sleep(0.05)
-
-
-def _tail(path: Path) -> str:
-    try:
-        with path.open("rb") as handle:
-            handle.seek(max(0, path.stat().st_size - OUTPUT_TAIL_BYTES))
-            return handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 class LocalRuntime(Runtime):
@@ -128,7 +119,7 @@ class LocalRuntime(Runtime):
             exit_code=None if timed_out else process.returncode,
             timed_out=timed_out,
             duration_s=time.monotonic() - started,
-            output_tail=_tail(log_path),
+            output_tail=output_tail(log_path),
         )
 
     def copy_in(self, host_path: Path, runtime_path: str) -> None:
