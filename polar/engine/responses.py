@@ -102,6 +102,22 @@ def chat_finish_reason(gen: Generation, parsed: ParsedCompletion) -> str:
     return "tool_calls" if parsed.tool_calls else gen.finish_reason
 
 
+def _envelope(ctx: ResponseContext, kind: str, choice: dict[str, Any], gen: Generation, **extra: Any) -> dict[str, Any]:
+    """The fields vLLM's chat and completion responses share around their one choice."""
+    return {
+        "id": ctx.request_id,
+        "object": kind,
+        "created": ctx.created,
+        "model": ctx.model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage(gen),
+        **extra,
+        "kv_transfer_params": None,
+    }
+
+
 def chat_response(
     ctx: ResponseContext, tok: Tokenizer, gen: Generation, parsed: ParsedCompletion, output: OutputOptions
 ) -> dict[str, Any]:
@@ -114,19 +130,14 @@ def chat_response(
         "stop_reason": gen.stop_reason,
         "token_ids": list(gen.token_ids) if output.return_token_ids else None,
     }
-    return {
-        "id": ctx.request_id,
-        "object": "chat.completion",
-        "created": ctx.created,
-        "model": ctx.model,
-        "choices": [choice],
-        "service_tier": None,
-        "system_fingerprint": None,
-        "usage": usage(gen),
-        "prompt_logprobs": None,
-        "prompt_token_ids": list(gen.prompt_token_ids) if output.return_token_ids else None,
-        "kv_transfer_params": None,
-    }
+    return _envelope(
+        ctx,
+        "chat.completion",
+        choice,
+        gen,
+        prompt_logprobs=None,
+        prompt_token_ids=list(gen.prompt_token_ids) if output.return_token_ids else None,
+    )
 
 
 def completion_logprobs(
@@ -171,17 +182,7 @@ def completion_response(
         "prompt_logprobs": None,
         "prompt_token_ids": list(gen.prompt_token_ids) if output.return_token_ids else None,
     }
-    return {
-        "id": ctx.request_id,
-        "object": "text_completion",
-        "created": ctx.created,
-        "model": ctx.model,
-        "choices": [choice],
-        "service_tier": None,
-        "system_fingerprint": None,
-        "usage": usage(gen),
-        "kv_transfer_params": None,
-    }
+    return _envelope(ctx, "text_completion", choice, gen)
 
 
 def models_response(model: str, max_model_len: int, created: int) -> dict[str, Any]:
