@@ -24,9 +24,9 @@ import httpx
 import psycopg
 import sqlalchemy as sa
 
-from polar.batches import request_hash, submit_batch
 from polar.config import load_config
 from polar.launcher import Stack, engine_spec, free_port, gunicorn_spec
+from polar.lifecycle.batches import request_hash, submit_batch
 from polar.proxy.keys import hash_key
 from polar.services import Services
 from polar.storage.database import Database

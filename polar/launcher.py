@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from polar.dispatch import Stage
+from polar.lifecycle.dispatch import Stage
 
 PYTHON = sys.executable
 

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 from polar.clock import utcnow
 from polar.config import Config
-from polar.dispatch import Dispatcher, Stage
+from polar.lifecycle.dispatch import Dispatcher, Stage
 from polar.storage.database import Database
 from polar.storage.models import Session
 

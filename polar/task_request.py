@@ -118,7 +118,8 @@ class BatchRequest(_Strict):
     name: str | None = Field(default=None, max_length=512)
     defaults: dict[str, Any] = Field(default_factory=dict)
     tasks: list[TaskRequest] = Field(min_length=1)
-    # POSTed {"event": "group_finished" | "batch_finished", ...} as groups and the batch finish (polar.callbacks).
+    # POSTed {"event": "group_finished" | "batch_finished", ...} as groups and the batch finish
+    # (polar.training.callbacks).
     callback_url: str | None = Field(default=None, max_length=2048)
 
     @field_validator("callback_url")

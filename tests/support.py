@@ -16,8 +16,8 @@ import sqlalchemy as sa
 
 from polar.client import PolarClient
 from polar.config import load_config
-from polar.dispatch import Stage
 from polar.launcher import Stack, engine_spec, free_port, gunicorn_spec, pipeline_env, pipeline_specs
+from polar.lifecycle.dispatch import Stage
 from polar.services import Services
 from polar.storage.database import Database
 
@@ -135,7 +135,7 @@ class LiveProxy:
 
     def session(self, **task: Any) -> tuple[uuid.UUID, str]:
         """A new running session (its task given ``task`` fields) and its proxy key."""
-        from polar.batches import request_hash, submit_batch
+        from polar.lifecycle.batches import request_hash, submit_batch
         from polar.proxy.keys import hash_key
         from polar.storage.models import Session
         from polar.task_request import parse_batch_request
@@ -154,7 +154,7 @@ class LiveProxy:
         return f"{self.url}/s/{key}"
 
     def calls(self, session_id: uuid.UUID) -> list[dict[str, Any]]:
-        from polar.sessions import session_calls
+        from polar.lifecycle.sessions import session_calls
 
         return session_calls(self.services, session_id)
 
@@ -196,7 +196,7 @@ def live_proxy(
 
 def submit_tasks(services: Services, *tasks: dict[str, Any]) -> uuid.UUID:
     """Submit a batch of ``tasks`` through the domain function (validated as the API would)."""
-    from polar.batches import request_hash, submit_batch
+    from polar.lifecycle.batches import request_hash, submit_batch
     from polar.task_request import parse_batch_request
 
     body = {"tasks": list(tasks)}

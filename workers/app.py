@@ -13,7 +13,7 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from polar.config import Config, load_config
-from polar.dispatch import Stage
+from polar.lifecycle.dispatch import Stage
 
 TASK_NAMES = {stage: f"polar.{stage.value}" for stage in Stage}
 FILESYSTEM_TRANSPORT = "workers.filesystem_broker:Transport"

@@ -6,7 +6,7 @@ import uuid
 
 from celery import Celery
 
-from polar.dispatch import Stage
+from polar.lifecycle.dispatch import Stage
 from workers.app import TASK_NAMES
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from celery.signals import worker_ready
 
-from polar.reconciler import reconcile
+from polar.lifecycle.reconciler import reconcile
 from workers.context import services_for
 
 log = logging.getLogger(__name__)

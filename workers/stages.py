@@ -6,7 +6,7 @@ import uuid
 
 from celery import Task
 
-from polar.dispatch import Stage
+from polar.lifecycle.dispatch import Stage
 from polar.stages.init import init_session
 from polar.stages.postrun import postrun_session
 from polar.stages.ready import ready_session

@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from polar.lifecycle.states import Outcome
 from polar.reconstruction.base import CapturedCall, TrajectoryData
 from polar.runtimes.base import Runtime
-from polar.states import Outcome
 from polar.task_request import RuntimeSpec, TaskRequest
 
 

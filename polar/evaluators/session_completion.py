@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from polar.evaluators.base import Evaluation, EvaluationContext
-from polar.states import Outcome
+from polar.lifecycle.states import Outcome
 
 
 class SessionCompletion:

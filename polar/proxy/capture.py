@@ -19,7 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from polar.errors import SessionNotRunning
-from polar.states import State
+from polar.lifecycle.states import State
 from polar.storage.database import Database
 from polar.storage.models import ModelCall, Session
 from polar.storage.prompts import Chain, encode_prompt

@@ -16,7 +16,6 @@ from types import ModuleType
 from typing import Any
 
 from polar.config import Config
-from polar.engine_control import ControlState, ControlView
 from polar.errors import (
     EngineError,
     EnginePaused,
@@ -27,13 +26,14 @@ from polar.errors import (
     ValidationError,
 )
 from polar.json_body import parse_json
+from polar.lifecycle.states import State
 from polar.protocols import ClientRequest, Detected, EngineAnswer, RequestContext
 from polar.proxy import tito
 from polar.proxy.capture import CallRecord, record_call, session_state_for_key
 from polar.proxy.engines import EnginePool, EngineReply
 from polar.proxy.keys import hash_key
-from polar.states import State
 from polar.storage.database import Database
+from polar.training.engine_control import ControlState, ControlView
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from polar.admission import admit
-from polar.dispatch import Stage
-from polar.lifecycle import transition
+from polar.lifecycle.admission import admit
+from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.states import BUFFERED, Outcome, State
+from polar.lifecycle.transitions import transition
 from polar.services import Services
-from polar.states import BUFFERED, Outcome, State
 
 
 def send_to_postrun(

@@ -15,16 +15,16 @@ from typing import Any
 import sqlalchemy as sa
 
 from polar.clock import utcnow
-from polar.dispatch import Stage
 from polar.errors import RuntimeFailure
 from polar.evaluators import fresh_runtime_spec, load_evaluator
-from polar.lifecycle import transition
+from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.states import Outcome, State
+from polar.lifecycle.transitions import transition
 from polar.runtimes import EVALUATOR_ROLE, Runtime, create_runtime
 from polar.runtimes.base import command_env
 from polar.services import Services
 from polar.stages.handoff import send_to_postrun
 from polar.stages.lease import Claimed, claim, heartbeat
-from polar.states import Outcome, State
 from polar.storage.models import Session
 from polar.task_request import CopyStep, RunStep, RuntimeSpec
 

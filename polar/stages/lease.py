@@ -16,8 +16,8 @@ from datetime import timedelta
 import sqlalchemy as sa
 
 from polar.clock import as_utc, utcnow
+from polar.lifecycle.states import State
 from polar.services import Services
-from polar.states import State
 from polar.storage.models import Batch, Session, Task
 from polar.task_request import TaskRequest, task_from_json
 

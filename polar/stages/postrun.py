@@ -15,19 +15,19 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from polar.batches import mark_batch_finished
-from polar.callbacks import after_session_ended
 from polar.errors import RuntimeFailure
 from polar.evaluators import Evaluation, EvaluationContext, load_evaluator
-from polar.feed import assign_position
-from polar.lifecycle import transition
+from polar.lifecycle.batches import mark_batch_finished
+from polar.lifecycle.states import Outcome, State
+from polar.lifecycle.transitions import transition
 from polar.reconstruction import RECONSTRUCTIONS, CapturedCall, TrajectoryData
 from polar.runtimes import Runtime, attach_runtime
 from polar.services import Services
 from polar.stages.lease import Claimed, claim, heartbeat
-from polar.states import Outcome, State
 from polar.storage.models import ModelCall, Session, Trajectory
 from polar.storage.prompts import full_prompts
+from polar.training.callbacks import after_session_ended
+from polar.training.feed import assign_position
 
 
 def captured_calls(services: Services, session_id: uuid.UUID) -> list[CapturedCall]:

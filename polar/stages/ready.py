@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import uuid
 
-from polar.dispatch import Stage
 from polar.errors import RuntimeFailure
+from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.states import Outcome, State
 from polar.runtimes import attach_runtime
 from polar.services import Services
 from polar.stages.handoff import send_to_postrun
 from polar.stages.lease import load
-from polar.states import Outcome, State
 
 
 def ready_session(services: Services, session_id: uuid.UUID) -> None:

@@ -7,17 +7,17 @@ import uuid
 
 import sqlalchemy as sa
 
-from polar.admission import admit
 from polar.clock import utcnow
 from polar.errors import RuntimeFailure
 from polar.harnesses import HARNESSES, HarnessContext
-from polar.lifecycle import transition
+from polar.lifecycle.admission import admit
+from polar.lifecycle.states import Outcome, State
+from polar.lifecycle.transitions import transition
 from polar.proxy.keys import hash_key, mint_key
 from polar.runtimes import Runtime, attach_runtime
 from polar.services import Services
 from polar.stages.handoff import send_to_postrun
 from polar.stages.lease import Claimed, heartbeat, load
-from polar.states import Outcome, State
 from polar.storage.models import Session
 
 

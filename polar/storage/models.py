@@ -96,7 +96,7 @@ class Session(Base):
     stage_enqueued_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     deadline_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     num_calls: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=0, server_default="0")
-    # Position in the trainers' feed: assigned when the session ends, in commit order (see polar.feed).
+    # Position in the trainers' feed: assigned when the session ends, in commit order (see polar.training.feed).
     feed_seq: Mapped[int | None] = mapped_column(sa.BigInteger(), unique=True)
     created_at: Mapped[datetime] = _created()
     init_started_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from polar.batches import request_hash, submit_batch
+from polar.lifecycle.batches import request_hash, submit_batch
 from polar.services import Services
 from polar.storage.models import Trajectory
 from polar.task_request import parse_batch_request

@@ -13,9 +13,9 @@ import openai
 import pytest
 import sqlalchemy as sa
 
+from polar.lifecycle.states import Outcome, State
 from polar.stages.handoff import send_to_postrun
 from polar.stages.postrun import postrun_session
-from polar.states import Outcome, State
 from tests.support import LiveProxy, live_proxy
 
 CITIES = ("Paris", "Rome")
@@ -108,7 +108,7 @@ def test_with_tito_one_trajectory_and_exact_tokens(proxy: LiveProxy) -> None:
 
 
 def test_sft_export_reads_the_chat_form_of_tito_calls(proxy: LiveProxy) -> None:
-    from polar.exports import export_rows
+    from polar.training.exports import export_rows
 
     session_id = converse(proxy, tito=True)
     with proxy.services.db.unit() as db:

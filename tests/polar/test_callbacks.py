@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from polar.batches import request_hash, submit_batch
-from polar.reconciler import reconcile
+from polar.lifecycle.batches import request_hash, submit_batch
+from polar.lifecycle.reconciler import reconcile
 from polar.services import Services
 from polar.storage.models import Batch
 from polar.task_request import parse_batch_request

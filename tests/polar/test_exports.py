@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from polar.errors import NotFound, ValidationError
-from polar.export_formats import write_jsonl, write_parquet
-from polar.exports import export_rows, export_summary, sft_messages
 from polar.services import Services
 from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
+from polar.training.export_formats import write_jsonl, write_parquet
+from polar.training.exports import export_rows, export_summary, sft_messages
 from tests.support import domain_services
 
 RL_COLUMNS = ["trajectory_id", "session_id", "batch_id", "task_id", "sample_index", "group_id", "agent",

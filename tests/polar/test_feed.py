@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from polar.dispatch import Stage
-from polar.feed import read_feed, wait_for_feed
+from polar.lifecycle.dispatch import Stage
 from polar.services import Services
 from polar.storage.models import ModelCall
+from polar.training.feed import read_feed, wait_for_feed
 from tests.support import command_task, domain_services, stage_functions, submit_tasks
 
 

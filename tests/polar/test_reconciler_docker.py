@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from polar.reconciler import reconcile
+from polar.lifecycle.reconciler import reconcile
 from polar.runtimes import create_runtime
 from polar.task_request import RuntimeSpec
 from tests.docker_engine import containers_of, require_docker_image

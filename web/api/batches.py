@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify, request
 
-from polar.batches import batch_status, request_hash, submit_batch
-from polar.cancel import cancel_batch
 from polar.errors import ValidationError
+from polar.lifecycle.batches import batch_status, request_hash, submit_batch
+from polar.lifecycle.cancel import cancel_batch
+from polar.lifecycle.sessions import list_sessions
 from polar.serialization import batch_json
-from polar.sessions import list_sessions
 from polar.task_request import parse_batch_request
 from web.api.requests import int_arg, json_body, parse_id, services
 

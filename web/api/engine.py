@@ -6,9 +6,9 @@ import dataclasses
 
 from flask import Blueprint, Response, jsonify, request
 
-from polar.engine_control import read_state, set_state
 from polar.errors import ValidationError
 from polar.json_body import parse_json
+from polar.training.engine_control import read_state, set_state
 from web.api.requests import services
 
 blueprint = Blueprint("engine", __name__, url_prefix="/v1/engine")

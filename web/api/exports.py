@@ -14,8 +14,8 @@ from pathlib import Path
 from flask import Blueprint, Response, request, send_file, stream_with_context
 
 from polar.errors import ValidationError
-from polar.export_formats import MEDIA_TYPES, check_format, jsonl_chunks, write_parquet
-from polar.exports import ExportSummary, check_kind, export_rows, export_summary
+from polar.training.export_formats import MEDIA_TYPES, check_format, jsonl_chunks, write_parquet
+from polar.training.exports import ExportSummary, check_kind, export_rows, export_summary
 from web.api.requests import parse_id, services
 
 blueprint = Blueprint("exports", __name__, url_prefix="/v1/batches")

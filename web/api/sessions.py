@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
-from polar.sessions import get_session, session_calls, session_trajectories
+from polar.lifecycle.sessions import get_session, session_calls, session_trajectories
 from web.api.requests import parse_id, services
 
 blueprint = Blueprint("sessions", __name__, url_prefix="/v1/sessions")

@@ -1,11 +1,11 @@
-"""``/v1/trajectories``: the trainers' feed, a long-poll behind a cursor (``polar.feed``)."""
+"""``/v1/trajectories``: the trainers' feed, a long-poll behind a cursor (``polar.training.feed``)."""
 
 from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify, request
 
 from polar.errors import ValidationError
-from polar.feed import wait_for_feed
+from polar.training.feed import wait_for_feed
 from web.api.requests import int_arg, parse_id, services
 
 blueprint = Blueprint("trajectories", __name__, url_prefix="/v1/trajectories")

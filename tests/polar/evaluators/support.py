@@ -14,8 +14,8 @@ import pytest
 from polar.config import Config, load_config
 from polar.errors import ValidationError
 from polar.evaluators import EvaluationContext, check_evaluator
+from polar.lifecycle.states import Outcome
 from polar.runtimes import EVALUATOR_ROLE, Runtime, create_runtime
-from polar.states import Outcome
 from polar.task_request import EvaluatorSpec, RuntimeSpec, task_from_json
 from tests.support import command_task
 

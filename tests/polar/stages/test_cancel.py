@@ -6,7 +6,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from polar.cancel import cancel_batch
+from polar.lifecycle.cancel import cancel_batch
 from polar.storage.models import Batch, Session
 from tests.support import command_task, domain_services, stage_functions, submit_tasks
 

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from polar.evaluators import Evaluation, EvaluationContext
-from polar.reconciler import reconcile
+from polar.lifecycle.reconciler import reconcile
 from polar.runtimes import EVALUATOR_ROLE, create_runtime
 from polar.services import Services
 from polar.storage.models import Session

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from polar.dispatch import Stage
-from polar.reconciler import reconcile
+from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.reconciler import reconcile
 from polar.services import Services
 from polar.storage.models import Session, SessionEvent
 from tests.support import command_task, domain_services, stage_functions, submit_tasks

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from polar.batches import request_hash, submit_batch
 from polar.errors import PolarError
+from polar.lifecycle.batches import request_hash, submit_batch
+from polar.lifecycle.sessions import session_calls
 from polar.proxy.capture import CallRecord, record_call
 from polar.services import Services
-from polar.sessions import session_calls
 from polar.stages.postrun import captured_calls
 from polar.storage.migration import upgrade
 from polar.storage.models import ModelCall, Session

@@ -20,17 +20,17 @@ from datetime import timedelta
 
 import sqlalchemy as sa
 
-from polar.admission import admit
-from polar.callbacks import deliver_batch_finished, undelivered_batches
 from polar.clock import utcnow
-from polar.dispatch import Stage
 from polar.errors import RuntimeFailure
+from polar.lifecycle.admission import admit
+from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.states import TERMINAL, Outcome, State
 from polar.runtimes import RUNTIMES, attach_runtime
 from polar.services import Services
 from polar.stages.handoff import send_to_postrun
-from polar.states import TERMINAL, Outcome, State
 from polar.storage.locks import RECONCILER, try_exclusive
 from polar.storage.models import Session
+from polar.training.callbacks import deliver_batch_finished, undelivered_batches
 
 _STAGE_OF = {State.INIT: Stage.INIT, State.READY: Stage.READY, State.POSTRUN: Stage.POSTRUN}
 

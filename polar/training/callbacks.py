@@ -20,7 +20,7 @@ import httpx
 import sqlalchemy as sa
 
 from polar.clock import iso, utcnow
-from polar.groups import group_id
+from polar.lifecycle.groups import group_id
 from polar.services import Services
 from polar.storage.models import Batch, Session, Task
 

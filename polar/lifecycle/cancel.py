@@ -10,16 +10,16 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from polar.admission import admit
-from polar.batches import mark_batch_finished
 from polar.clock import utcnow
 from polar.errors import NotFound
-from polar.feed import assign_position
-from polar.lifecycle import transition
+from polar.lifecycle.admission import admit
+from polar.lifecycle.batches import mark_batch_finished
+from polar.lifecycle.states import Outcome, State
+from polar.lifecycle.transitions import transition
 from polar.services import Services
 from polar.stages.handoff import send_to_postrun
-from polar.states import Outcome, State
 from polar.storage.models import Batch, Session
+from polar.training.feed import assign_position
 
 
 @dataclass(frozen=True)

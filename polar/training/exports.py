@@ -33,9 +33,9 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from polar.errors import NotFound, ValidationError
-from polar.groups import group_id
+from polar.lifecycle.groups import group_id
+from polar.lifecycle.states import TERMINAL, State
 from polar.services import Services
-from polar.states import TERMINAL, State
 from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
 
 Kind = Literal["rl", "sft"]

@@ -10,10 +10,10 @@ import uuid
 
 import sqlalchemy as sa
 
-from polar.dispatch import Stage
-from polar.lifecycle import transition
+from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.states import BUFFERED, State
+from polar.lifecycle.transitions import transition
 from polar.services import Services
-from polar.states import BUFFERED, State
 from polar.storage.locks import ADMISSION, exclusive
 from polar.storage.models import Session, Task
 

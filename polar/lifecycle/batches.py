@@ -16,15 +16,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from polar.admission import admit
 from polar.clock import utcnow
 from polar.errors import Conflict, NotFound, ValidationError
 from polar.evaluators import check_evaluator
 from polar.harnesses import check_harness
+from polar.lifecycle.admission import admit
+from polar.lifecycle.states import TERMINAL, State
 from polar.reconstruction import RECONSTRUCTIONS
 from polar.runtimes import check_runtime
 from polar.services import Services
-from polar.states import TERMINAL, State
 from polar.storage.models import Batch, Session, SessionEvent, Task
 from polar.task_request import BatchRequest, task_to_json
 

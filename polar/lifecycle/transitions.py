@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session as DbSession
 
 from polar.clock import utcnow
-from polar.states import ALLOWED, State
+from polar.lifecycle.states import ALLOWED, State
 from polar.storage.models import Session, SessionEvent
 
 _STAMP = {

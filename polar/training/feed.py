@@ -15,10 +15,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session as DbSession
 
-from polar.groups import group_id
+from polar.lifecycle.groups import group_id
+from polar.lifecycle.states import TERMINAL
 from polar.serialization import trajectory_json
 from polar.services import Services
-from polar.states import TERMINAL
 from polar.storage.locks import FEED, exclusive
 from polar.storage.models import Session, Task, Trajectory
 

@@ -1,4 +1,4 @@
-"""Writing export rows (``polar.exports``) as JSONL or Parquet, streamed from the row iterator.
+"""Writing export rows (``polar.training.exports``) as JSONL or Parquet, streamed from the row iterator.
 
 for chunk in jsonl_chunks(rows): response.write(chunk)     # one JSON object per line
 write_parquet(rows, "rl", path)                            # row groups of ROW_GROUP_SIZE, explicit schema
@@ -19,7 +19,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from polar.errors import ValidationError
-from polar.exports import Kind
+from polar.training.exports import Kind
 
 Format = Literal["jsonl", "parquet"]
 FORMATS: tuple[Format, ...] = ("jsonl", "parquet")
