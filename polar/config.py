@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -42,6 +43,8 @@ class Config:
     stale_after_s: float = 30.0
     requeue_after_s: float = 300.0
     reconcile_interval_s: float = 5.0
+    # How long work that is done (a captured call, a finished harness) waits out an unreachable database.
+    db_outage_s: float = 60.0
     max_body_bytes: int = 32 * 1024 * 1024
 
     @property
@@ -104,6 +107,19 @@ def _json_object(env: Mapping[str, str], name: str) -> dict[str, Any]:
     return value
 
 
+# A node's name becomes part of queue names (``run.<node>``) and container labels.
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def _node_name(value: str) -> str:
+    if not _NODE_NAME.fullmatch(value):
+        raise ValidationError(
+            f"POLAR_NODE must be 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit; got {value!r}",
+            field="POLAR_NODE",
+        )
+    return value
+
+
 def embedded_urls(root: Path) -> tuple[str, str]:
     """The SQLite database and filesystem broker an embedded deployment uses under ``root``."""
     return f"sqlite:///{(root / 'polar.db').resolve()}", "filesystem://"
@@ -135,7 +151,7 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         state_dir=str(state_dir),
         work_root=env.get("POLAR_WORK_ROOT") or str(state_dir / "sessions"),
         api_url=(env.get("POLAR_API_URL") or base.api_url).rstrip("/"),
-        node=env.get("POLAR_NODE") or socket.gethostname(),
+        node=_node_name(env.get("POLAR_NODE") or socket.gethostname()),
         served_model=env.get("POLAR_SERVED_MODEL") or None,
         sampling_overrides=_json_object(env, "POLAR_SAMPLING_OVERRIDES"),
         engine_timeout_s=_number(env, "POLAR_ENGINE_TIMEOUT", base.engine_timeout_s),
@@ -143,5 +159,6 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         stale_after_s=_number(env, "POLAR_STALE_AFTER", base.stale_after_s),
         requeue_after_s=_number(env, "POLAR_REQUEUE_AFTER", base.requeue_after_s),
         reconcile_interval_s=_number(env, "POLAR_RECONCILE_INTERVAL", base.reconcile_interval_s),
+        db_outage_s=_number(env, "POLAR_DB_OUTAGE", base.db_outage_s),
         max_body_bytes=int(_number(env, "POLAR_MAX_BODY_BYTES", base.max_body_bytes)),
     )

@@ -9,6 +9,7 @@
     ├── EnginePaused           model calls are held while a trainer syncs weights (429)
     ├── EngineError            the inference engine failed (502)
     │   └── EngineTimeout      the inference engine did not answer in time (504)
+    ├── CaptureFailed          a call could not be recorded, so its answer is withheld (503)
     ├── RuntimeFailure         a runtime could not be created or a command could not start
     └── EvaluationError        an evaluator raised; the session is marked failed
 
@@ -66,6 +67,11 @@ class EngineError(PolarError):
 
 class EngineTimeout(EngineError):
     """The inference engine did not answer within the proxy's timeout."""
+
+
+class CaptureFailed(PolarError):
+    """The database stayed unreachable longer than Polar waits: the engine's answer is not sent, because an
+    answer the harness received must always be in the database."""
 
 
 class RuntimeFailure(PolarError):

@@ -14,32 +14,44 @@ def _seconds(start: Any, end: Any) -> float | None:
     return round((end - start).total_seconds(), 3) if start and end else None
 
 
-def batch_json(batch: Batch, status: str, counts: dict[str, int]) -> dict[str, Any]:
+def batch_json(
+    batch: Batch, status: str, counts: dict[str, int], attempts: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """``counts``: sessions per state, each sample once (its latest attempt); ``attempts``: how many attempts the
+    infrastructure lost (``retried``) and how many samples ran out of attempts (``out_of_attempts``)."""
     return {
         "batch_id": str(batch.id),
         "name": batch.name,
         "status": status,
         "num_sessions": batch.num_sessions,
         "counts": counts,
+        "attempts": attempts or {"retried": 0, "out_of_attempts": 0},
         "created_at": iso(batch.created_at),
         "finished_at": iso(batch.finished_at),
     }
 
 
-def session_json(session: Session) -> dict[str, Any]:
+def session_json(session: Session, max_attempts: int | None = None) -> dict[str, Any]:
+    """``max_attempts``: the task's bound on attempts per sample, when the caller read the task."""
     return {
         "session_id": str(session.id),
         "batch_id": str(session.batch_id),
         "task_id": session.task_id,
         "sample_index": session.sample_index,
+        "attempt": session.attempt,
+        "max_attempts": max_attempts,
         "state": session.state,
         "outcome": session.outcome,
+        "outcome_class": session.outcome_class,
+        "retry_of": str(session.retry_of) if session.retry_of else None,
+        "retried_as": str(session.retried_as) if session.retried_as else None,
         "reward": session.reward,
         "exit_code": session.exit_code,
         "error": session.error,
         "evaluation": session.evaluation,
         "num_calls": session.num_calls,
         "worker": session.worker,
+        "node": session.node,
         "created_at": iso(session.created_at),
         "finished_at": iso(session.finished_at),
         "timings": {

@@ -21,8 +21,16 @@ class Services:
     dispatcher: Dispatcher
     worker: str
 
-    def dispatch(self, stage: Stage, session_id: uuid.UUID) -> None:
-        """Queue ``stage`` and remember when, so the reconciler can tell a lost message from a queued one."""
+    def dispatch(self, stage: Stage, session_id: uuid.UUID, *, pinned: bool = True) -> None:
+        """Queue ``stage`` and remember when, so the reconciler can tell a lost message from a queued one.
+
+        Every stage after ``init`` goes to the queue of the node that ran the session's init (``pinned``); the
+        reconciler unpins a lost node's sessions so a surviving node can finish them."""
         with self.db.unit() as db:
-            db.execute(sa.update(Session).where(Session.id == session_id).values(stage_enqueued_at=utcnow()))
-        self.dispatcher.send(stage, session_id)
+            node = db.scalar(
+                sa.update(Session)
+                .where(Session.id == session_id)
+                .values(stage_enqueued_at=utcnow())
+                .returning(Session.node)
+            )
+        self.dispatcher.send(stage, session_id, node if pinned and stage is not Stage.INIT else None)

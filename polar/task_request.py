@@ -17,6 +17,7 @@ from polar.errors import ValidationError
 from polar.import_path import IMPORT_PATH
 
 MAX_SESSIONS_PER_BATCH = 100_000
+DEFAULT_MAX_ATTEMPTS = 3
 
 
 class _Strict(BaseModel):
@@ -104,6 +105,9 @@ class TaskRequest(_Strict):
     # Token-in-token-out: build each prompt from the session's own earlier tokens (polar.proxy.tito).
     token_in_token_out: bool = False
     evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
+    # Attempts per sample: one lost to the infrastructure (a killed worker, a lost node, the engine failing the
+    # harness's calls) is retried up to this many in all (polar.lifecycle.attempts).
+    max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=20)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("task_id")

@@ -29,9 +29,11 @@ class RecordingDispatcher:
     """Keeps the stage messages instead of sending them, so a test can run each stage function itself."""
 
     sent: list[tuple[Stage, uuid.UUID]] = field(default_factory=list)
+    routed: list[tuple[Stage, uuid.UUID, str | None]] = field(default_factory=list)  # every message, with its node
 
-    def send(self, stage: Stage, session_id: uuid.UUID) -> None:
+    def send(self, stage: Stage, session_id: uuid.UUID, node: str | None = None) -> None:
         self.sent.append((stage, session_id))
+        self.routed.append((stage, session_id, node))
 
 
 def domain_services(database_url: str, work_root: Path, **overrides: Any) -> Services:
@@ -201,6 +203,19 @@ def submit_tasks(services: Services, *tasks: dict[str, Any]) -> uuid.UUID:
 
     body = {"tasks": list(tasks)}
     return submit_batch(services, parse_batch_request(body), request_hash(body)).batch_id
+
+
+def deliver_all(services: Services, until: Callable[[Stage, uuid.UUID], bool] | None = None) -> None:
+    """Deliver a ``RecordingDispatcher``'s messages one by one to the stage functions, as workers would, until
+    none are left (or ``until(stage, session_id)`` says to stop before a message, which stays queued)."""
+    functions = stage_functions()
+    sent = services.dispatcher.sent  # type: ignore[attr-defined]
+    while sent:
+        stage, session_id = sent[0]
+        if until is not None and until(stage, session_id):
+            return
+        sent.pop(0)
+        functions[stage](services, session_id)
 
 
 def stage_functions() -> dict[Stage, Callable[[Services, uuid.UUID], None]]:

@@ -1,15 +1,19 @@
 """The Celery app: four stage queues (init, ready, run, postrun), each consumed by its own worker pool.
 
 Tasks are acknowledged late and rejected (requeued) when their worker process dies; every task is named for its
-stage so Flower shows each queue's work. ``celery -A workers worker -Q run -c 8`` starts a run pool.
+stage so Flower shows each queue's work. ``POLAR_NODE=a celery -A workers worker -Q run -c 8`` starts a run
+pool on node ``a``: besides the shared ``run`` queue it consumes ``run.a``, where every session initialised on
+node ``a`` is sent (``polar.lifecycle.dispatch``). ``init`` has no node queue: any node may prepare a session.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from celery import Celery
+from celery.signals import celeryd_after_setup
 from kombu import Exchange, Queue
 
 from polar.config import Config, load_config
@@ -19,6 +23,16 @@ TASK_NAMES = {stage: f"polar.{stage.value}" for stage in Stage}
 FILESYSTEM_TRANSPORT = "workers.filesystem_broker:Transport"
 # A direct exchange of our own name: brokers keep bindings, and this one holds only the four stage queues.
 STAGE_EXCHANGE = Exchange("polar.stages", type="direct")
+
+
+# Stages that run where the session's runtime lives, on the queue of the node that ran its init.
+PINNED = (Stage.READY, Stage.RUN, Stage.POSTRUN)
+
+
+def stage_queue(stage: Stage, node: str | None = None) -> Queue:
+    """The queue of ``stage``: the shared one, or ``node``'s own (``run.<node>``)."""
+    name = f"{stage.value}.{node}" if node and stage in PINNED else stage.value
+    return Queue(name, STAGE_EXCHANGE, routing_key=name)
 
 
 def _transport_options(config: Config) -> dict[str, object]:
@@ -45,7 +59,7 @@ def create_celery(config: Config) -> Celery:
     app.conf.update(
         # Each queue bound by its own routing key: a bare Queue(name) takes the default exchange and routing key,
         # which bound all four queues to one key, so every stage message reached every stage's workers.
-        task_queues=[Queue(stage.value, STAGE_EXCHANGE, routing_key=stage.value) for stage in Stage],
+        task_queues=[stage_queue(stage) for stage in Stage],
         task_routes={TASK_NAMES[stage]: {"queue": stage.value} for stage in Stage},
         task_default_queue=Stage.INIT.value,
         task_default_exchange=STAGE_EXCHANGE.name,
@@ -63,6 +77,22 @@ def create_celery(config: Config) -> Celery:
         worker_hijack_root_logger=False,
     )
     return app
+
+
+def subscribe_node_queues(consumer_queues: Any, node: str) -> list[str]:
+    """Add this node's own queue for every pinned stage the worker consumes (``-Q run`` → also ``run.<node>``)."""
+    selected = {str(name) for name in consumer_queues.consume_from}
+    added = []
+    for stage in PINNED:
+        if stage.value in selected:
+            added.append(consumer_queues.select_add(stage_queue(stage, node)).name)
+    return added
+
+
+@celeryd_after_setup.connect(weak=False)
+def _subscribe(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    # The worker subscribes by itself: ``-Q run`` with POLAR_NODE set is all an operator writes.
+    subscribe_node_queues(instance.app.amqp.queues, load_config().node)
 
 
 celery_app = create_celery(load_config())

@@ -7,12 +7,14 @@ import uuid
 from celery import Celery
 
 from polar.lifecycle.dispatch import Stage
-from workers.app import TASK_NAMES
+from workers.app import TASK_NAMES, stage_queue
 
 
 class CeleryDispatcher:
     def __init__(self, app: Celery) -> None:
         self._app = app
 
-    def send(self, stage: Stage, session_id: uuid.UUID) -> None:
-        self._app.send_task(TASK_NAMES[stage], args=[str(session_id)], queue=stage.value)
+    def send(self, stage: Stage, session_id: uuid.UUID, node: str | None = None) -> None:
+        # The Queue itself (not its name): the producer declares it and its binding on first use, so a message
+        # for a node whose workers have not started yet waits in that node's queue instead of being dropped.
+        self._app.send_task(TASK_NAMES[stage], args=[str(session_id)], queue=stage_queue(stage, node))

@@ -22,6 +22,7 @@ class HarnessContext:
     proxy_key: str
     session_dir: Path
     runtime_env: dict[str, str]
+    attempt: int = 1  # which attempt of its sample this session is (polar.lifecycle.attempts)
 
     @property
     def proxy_base(self) -> str:
@@ -61,6 +62,7 @@ def proxy_environment(context: HarnessContext) -> dict[str, str]:
             "POLAR_SESSION_ID": str(context.session_id),
             "POLAR_TASK_ID": context.task_id,
             "POLAR_SESSION_DIR": str(context.session_dir),
+            "POLAR_ATTEMPT": str(context.attempt),
             "PYTHONUNBUFFERED": "1",
         }
     )

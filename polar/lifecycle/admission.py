@@ -1,7 +1,11 @@
 """The bounded READY buffer (DESIGN.md §2): admit pending sessions into ``init`` while init + ready < bound.
 
-Admission runs under a database lock so concurrent admitters (the API after a submit, run workers as sessions
-leave ``ready``, the reconciler) never overshoot the bound together. Init tasks are sent after commit.
+The bound is the sum of the live nodes' own READY bounds (``polar.lifecycle.nodes``); each init worker then
+takes a session only while its node has room, so every node holds at most its own bound. Admission runs under
+a database lock so concurrent admitters (the API after a submit, run workers as sessions leave ``ready``, the
+reconciler, init workers checking their node) never overshoot together. Init tasks are sent after commit.
+
+Later attempts of samples lost to the infrastructure go first: their GRPO groups are waiting on them.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import uuid
 import sqlalchemy as sa
 
 from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.nodes import ready_capacity
 from polar.lifecycle.states import BUFFERED, State
 from polar.lifecycle.transitions import transition
 from polar.services import Services
@@ -26,18 +31,19 @@ def admit(services: Services) -> list[uuid.UUID]:
         occupied = db.scalar(
             sa.select(sa.func.count()).select_from(Session).where(Session.state.in_([s.value for s in BUFFERED]))
         )
-        room = services.config.ready_buffer - int(occupied or 0)
+        capacity = ready_capacity(db, services.config.stale_after_s, services.config.ready_buffer)
+        room = capacity - int(occupied or 0)
         if room <= 0:
             return []
         candidates = db.scalars(
             sa.select(Session.id)
             .join(Task, Task.id == Session.task_pk)
             .where(Session.state == State.PENDING.value)
-            .order_by(Session.created_at, Session.batch_id, Task.position, Session.sample_index)
+            .order_by(Session.attempt.desc(), Session.created_at, Session.batch_id, Task.position, Session.sample_index)
             .limit(room)
         ).all()
         for session_id in candidates:
-            if transition(db, session_id, State.PENDING, State.INIT, worker=services.worker, detail="admitted"):
+            if transition(db, session_id, State.PENDING, State.INIT, by=services, detail="admitted"):
                 admitted.append(session_id)
     for session_id in admitted:
         services.dispatch(Stage.INIT, session_id)

@@ -21,6 +21,7 @@ from polar.errors import Conflict, NotFound, ValidationError
 from polar.evaluators import check_evaluator
 from polar.harnesses import check_harness
 from polar.lifecycle.admission import admit
+from polar.lifecycle.attempts import OutcomeClass, is_latest_attempt
 from polar.lifecycle.states import TERMINAL, State
 from polar.reconstruction import RECONSTRUCTIONS
 from polar.runtimes import check_runtime
@@ -106,6 +107,7 @@ def submit_batch(
             "to_state": State.PENDING.value,
             "at": now,
             "worker": services.worker,
+            "node": services.config.node,
             "detail": "submitted",
         }
         for row in sessions
@@ -136,27 +138,44 @@ def submit_batch(
 
 
 def _state_counts(db: Any, batch_id: uuid.UUID) -> dict[str, int]:
+    """Sessions per state, each sample counted once by its latest attempt."""
     rows = db.execute(
-        sa.select(Session.state, sa.func.count()).where(Session.batch_id == batch_id).group_by(Session.state)
+        sa.select(Session.state, sa.func.count())
+        .where(Session.batch_id == batch_id, is_latest_attempt())
+        .group_by(Session.state)
     ).all()
     return {state: int(count) for state, count in rows}
 
 
+def _attempt_counts(db: Any, batch_id: uuid.UUID) -> dict[str, int]:
+    """Attempts the infrastructure lost: retried, and samples left without a task outcome (out of attempts)."""
+    lost = Session.outcome_class == OutcomeClass.INFRASTRUCTURE.value
+    retried, out_of_attempts = db.execute(
+        sa.select(
+            sa.func.count().filter(lost, Session.retried_as.is_not(None)),
+            sa.func.count().filter(lost, Session.retried_as.is_(None)),
+        ).where(Session.batch_id == batch_id)
+    ).one()
+    return {"retried": int(retried or 0), "out_of_attempts": int(out_of_attempts or 0)}
+
+
 def batch_status(services: Services, batch_id: uuid.UUID) -> dict[str, Any]:
-    """The batch's counts per state and an overall status (pending, running, finished)."""
+    """The batch's counts per state (each sample once), attempts lost to the infrastructure, and an overall status
+    (pending, running, finished)."""
     with services.db.unit() as db:
         batch = db.get(Batch, batch_id)
         if batch is None:
             raise NotFound(f"batch {batch_id} not found")
         counts = _state_counts(db, batch_id)
+        attempts = _attempt_counts(db, batch_id)
     finished = sum(n for state, n in counts.items() if State(state) in TERMINAL)
     if finished == batch.num_sessions:
         status = "finished"
-    elif counts.get(State.PENDING.value, 0) == batch.num_sessions:
+    elif counts.get(State.PENDING.value, 0) == batch.num_sessions and not attempts["retried"]:
         status = "pending"
     else:
         status = "running"
-    return {"batch": batch, "status": status, "counts": counts}
+    return {"batch": batch, "status": status, "counts": counts, "attempts": attempts}
 
 
 def mark_batch_finished(db: Any, batch_id: uuid.UUID) -> None:

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from polar.clock import utcnow
 from polar.errors import NotFound
 from polar.lifecycle.admission import admit
+from polar.lifecycle.attempts import OutcomeClass
 from polar.lifecycle.batches import mark_batch_finished
 from polar.lifecycle.states import Outcome, State
 from polar.lifecycle.transitions import transition
@@ -42,7 +43,14 @@ def cancel_batch(services: Services, batch_id: uuid.UUID) -> Cancelled:
         cancelled = 0
         for session_id in pending:
             if transition(
-                db, session_id, State.PENDING, State.CANCELLED, worker=services.worker, detail="batch cancelled"
+                db,
+                session_id,
+                State.PENDING,
+                State.CANCELLED,
+                by=services,
+                detail="batch cancelled",
+                outcome=Outcome.CANCELLED.value,
+                outcome_class=OutcomeClass.TASK.value,
             ):
                 assign_position(db, session_id)
                 cancelled += 1

@@ -1,4 +1,9 @@
-"""How the domain hands a session to a stage queue, without knowing the queue technology (Celery in ``workers/``)."""
+"""How the domain hands a session to a stage queue, without knowing the queue technology (Celery in ``workers/``).
+
+``init`` is shared by every node. After init, a session's runtime lives on the node that ran it, so its
+``ready``, ``run`` and ``postrun`` messages go to that node's own queue (``run.<node>``), consumed only by that
+node's workers. A lost node's sessions are finished from the shared ``postrun`` queue (``polar.lifecycle.nodes``).
+"""
 
 from __future__ import annotations
 
@@ -15,5 +20,6 @@ class Stage(StrEnum):
 
 
 class Dispatcher(Protocol):
-    def send(self, stage: Stage, session_id: uuid.UUID) -> None:
-        """Queue ``stage`` for ``session_id``. Called only after the transaction that made it due has committed."""
+    def send(self, stage: Stage, session_id: uuid.UUID, node: str | None = None) -> None:
+        """Queue ``stage`` for ``session_id`` on ``node``'s queue (None: the shared one). Called only after the
+        transaction that made it due has committed."""

@@ -1,22 +1,35 @@
-"""The reconciler: finds sessions whose stage task vanished (killed worker, lost broker message) and moves
-them on, so every session ends in a terminal state.
+"""The reconciler: finds sessions whose stage task vanished (killed worker, lost broker message, lost node) and
+moves them on, so every session ends in a terminal state.
 
-- ``running`` with a stale heartbeat: its run worker died. The session goes to ``postrun`` (outcome
-  ``worker_lost``) so the calls already captured are still reconstructed and evaluated.
-- ``init``/``postrun`` with a stale heartbeat: the stage task is sent again; its claim succeeds on a stale lease.
+- every pass first announces this node as alive (``polar.lifecycle.nodes``);
+- a *lost node* (no worker seen for ``stale_after_s``): its sessions in init, ready or running go to postrun as
+  ``node_lost``, and those already in postrun are re-labelled so; all are finished from the shared postrun queue
+  by a surviving node, and their next attempts run elsewhere;
+- ``running`` with a stale heartbeat on a live node: its run worker died. The session goes to ``postrun``
+  (outcome ``worker_lost``) so the calls already captured are still reconstructed; the sample is retried;
+- ``init``/``postrun`` with a stale heartbeat: the stage task is sent again; its claim succeeds on a stale lease;
 - ``init``/``ready``/``postrun`` queued for longer than ``requeue_after_s`` with nobody on it: sent again
-  (a duplicate is harmless: the second claim finds the session taken).
-- ``init``/``ready`` past their deadline: to ``postrun`` as timed out.
-- terminal sessions whose runtime teardown was interrupted: torn down.
+  (a duplicate is harmless: the second claim finds the session taken);
+- ``init``/``ready`` past their deadline: to ``postrun`` as timed out;
+- this node's runtimes whose session has ended (teardown interrupted, or finished elsewhere while this node was
+  lost): torn down; session directories and containers of sessions that ended or are unknown: removed.
+
+Lease judgments (lost runs, lost nodes) are skipped for a pass when ``judge_leases`` is False: right after the
+reconciler itself could not reach the database, heartbeats that failed during the same outage are not evidence
+that their workers died.
+
 One reconciler pass runs at a time (an advisory lock), from any worker process.
 """
 
 from __future__ import annotations
 
+import shutil
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import sqlalchemy as sa
 
@@ -24,6 +37,7 @@ from polar.clock import utcnow
 from polar.errors import RuntimeFailure
 from polar.lifecycle.admission import admit
 from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.nodes import announce, lost_nodes
 from polar.lifecycle.states import TERMINAL, Outcome, State
 from polar.runtimes import RUNTIMES, attach_runtime
 from polar.services import Services
@@ -33,17 +47,24 @@ from polar.storage.models import Session
 from polar.training.callbacks import deliver_batch_finished, undelivered_batches
 
 _STAGE_OF = {State.INIT: Stage.INIT, State.READY: Stage.READY, State.POSTRUN: Stage.POSTRUN}
+_HELD = [State.INIT.value, State.READY.value, State.RUNNING.value]
 
 
 @dataclass
 class _Plan:
+    lost_nodes: list[str] = field(default_factory=list)
+    node_lost: list[tuple[uuid.UUID, State, str]] = field(default_factory=list)
     lost_runs: list[tuple[uuid.UUID, dict | None, str | None]] = field(default_factory=list)
     resend: list[tuple[Stage, uuid.UUID]] = field(default_factory=list)
     expired: list[tuple[uuid.UUID, State]] = field(default_factory=list)
     leaked: list[tuple[uuid.UUID, list[dict]]] = field(default_factory=list)
 
 
-def _plan(services: Services) -> _Plan | None:
+def _on_live_node(lost: list[str]) -> sa.ColumnElement[bool]:
+    return sa.or_(Session.node.is_(None), Session.node.not_in(lost)) if lost else sa.true()
+
+
+def _plan(services: Services, judge_leases: bool) -> _Plan | None:
     now = utcnow()
     stale = now - timedelta(seconds=services.config.stale_after_s)
     requeue = now - timedelta(seconds=services.config.requeue_after_s)
@@ -51,16 +72,37 @@ def _plan(services: Services) -> _Plan | None:
     with services.db.unit() as db:
         if not try_exclusive(db, RECONCILER):
             return None
-        rows = db.execute(
-            sa.select(Session.id, Session.state, Session.runtime_handle, Session.node).where(
-                Session.state == State.RUNNING.value, Session.heartbeat_at < stale
-            )
-        ).all()
-        plan.lost_runs = [(r.id, r.runtime_handle, r.node) for r in rows]
-        queued = [s.value for s in _STAGE_OF]
+        lost = lost_nodes(db, services.config.stale_after_s) if judge_leases else []
+        plan.lost_nodes = lost
+        live = _on_live_node(lost)
+        if lost:
+            lease_gone = sa.or_(Session.heartbeat_at.is_(None), Session.heartbeat_at < stale)
+            rows = db.execute(
+                sa.select(Session.id, Session.state, Session.node).where(
+                    Session.node.in_(lost),
+                    sa.or_(
+                        Session.state.in_(_HELD),
+                        # Already in postrun: re-sent unpinned at most once per stale window until a node takes it.
+                        sa.and_(
+                            Session.state == State.POSTRUN.value,
+                            lease_gone,
+                            sa.or_(Session.stage_enqueued_at.is_(None), Session.stage_enqueued_at < stale),
+                        ),
+                    ),
+                )
+            ).all()
+            plan.node_lost = [(r.id, State(r.state), r.node) for r in rows]
+        if judge_leases:
+            rows = db.execute(
+                sa.select(Session.id, Session.runtime_handle, Session.node).where(
+                    Session.state == State.RUNNING.value, Session.heartbeat_at < stale, live
+                )
+            ).all()
+            plan.lost_runs = [(r.id, r.runtime_handle, r.node) for r in rows]
         rows = db.execute(
             sa.select(Session.id, Session.state).where(
-                Session.state.in_(queued),
+                Session.state.in_([s.value for s in _STAGE_OF]),
+                live,
                 sa.or_(
                     sa.and_(Session.heartbeat_at < stale, Session.stage_enqueued_at < stale),
                     sa.and_(Session.heartbeat_at.is_(None), Session.stage_enqueued_at < requeue),
@@ -73,6 +115,7 @@ def _plan(services: Services) -> _Plan | None:
                 Session.state.in_([State.INIT.value, State.READY.value]),
                 Session.deadline_at < now,
                 sa.or_(Session.heartbeat_at.is_(None), Session.heartbeat_at < stale),
+                live,
             )
         ).all()
         plan.expired = [(r.id, State(r.state)) for r in rows]
@@ -88,9 +131,27 @@ def _plan(services: Services) -> _Plan | None:
     return plan
 
 
-def _kill_lost(services: Services, handle: dict | None, node: str | None) -> None:
-    if not handle or node != services.config.node:
-        return  # another node's runtime: its own reconciler pass or postrun tears it down
+def _end_on_lost_node(services: Services, session_id: uuid.UUID, state: State, node: str) -> bool:
+    """Hand a lost node's session to the shared postrun queue as ``node_lost`` (it cannot be reached there)."""
+    error = f"node {node!r} lost: none of its workers seen for over {services.config.stale_after_s:g}s"
+    on_node = Session.node == node
+    if state is not State.POSTRUN:
+        return send_to_postrun(services, session_id, state, Outcome.NODE_LOST, error, where=[on_node], pinned=False)
+    with services.db.unit() as db:
+        relabelled = db.execute(
+            sa.update(Session)
+            .where(Session.id == session_id, Session.state == State.POSTRUN.value, on_node)
+            .values(outcome=Outcome.NODE_LOST.value, error=error, heartbeat_at=None)
+            .returning(Session.id)
+        ).first()
+    if relabelled is not None:
+        services.dispatch(Stage.POSTRUN, session_id, pinned=False)
+    return relabelled is not None
+
+
+def _kill_lost(services: Services, handle: dict | None) -> None:
+    if not handle:
+        return
     try:
         attach_runtime(handle, services.config).kill_processes()
     except RuntimeFailure:
@@ -124,24 +185,58 @@ def _reap_containers(services: Services) -> int:
         return 0  # no Docker engine on this node
 
 
-def reconcile(services: Services) -> Counter[str]:
+def _session_of(directory: Path) -> str | None:
+    """The session a runtime directory belongs to (``<id>`` or ``<id>-<role>``), or None for anything else."""
+    try:
+        return str(uuid.UUID(directory.name[:36]))
+    except ValueError:
+        return None
+
+
+def _reap_directories(services: Services) -> int:
+    """Remove session directories under this node's work root whose session has ended or is unknown and that
+    nothing touched for a stale window (a lost node's, once it is back). A directory of a session still live
+    anywhere is kept: the work root may be shared by the nodes of one machine."""
+    root = Path(services.config.work_root)
+    if not root.is_dir():
+        return 0
+    quiet_since = time.time() - services.config.stale_after_s
+    candidates = {}
+    for entry in root.iterdir():
+        session = _session_of(entry)
+        try:
+            if session and entry.is_dir() and entry.stat().st_mtime < quiet_since:
+                candidates[entry] = session
+        except OSError:
+            continue
+    if not candidates:
+        return 0
+    live = _live_sessions(services, sorted(set(candidates.values())))
+    removed = 0
+    for entry, session in candidates.items():
+        if session not in live:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed += not entry.exists()
+    return removed
+
+
+def reconcile(services: Services, judge_leases: bool = True) -> Counter[str]:
     """One pass; returns what it did, by kind."""
     done: Counter[str] = Counter()
-    plan = _plan(services)
+    announce(services)
+    plan = _plan(services, judge_leases)
     if plan is None:
         return done
     stale = utcnow() - timedelta(seconds=services.config.stale_after_s)
+    for session_id, state, node in plan.node_lost:
+        done["node_lost"] += _end_on_lost_node(services, session_id, state, node)
     for session_id, handle, node in plan.lost_runs:
-        _kill_lost(services, handle, node)
         error = f"run worker lost: no heartbeat for over {services.config.stale_after_s:g}s"
-        if send_to_postrun(
-            services,
-            session_id,
-            State.RUNNING,
-            Outcome.WORKER_LOST,
-            error,
-            where=[Session.heartbeat_at < stale],
-        ):
+        # Compare-and-set first: a run whose heartbeat came back meanwhile keeps running, unharmed.
+        where = [Session.heartbeat_at < stale]
+        if send_to_postrun(services, session_id, State.RUNNING, Outcome.WORKER_LOST, error, where=where):
+            if node == services.config.node:  # another node's postrun kills what is left there
+                _kill_lost(services, handle)
             done["lost_runs"] += 1
     for session_id, state in plan.expired:
         if send_to_postrun(services, session_id, state, Outcome.TIMEOUT, f"budget exhausted while {state.value}"):
@@ -165,6 +260,7 @@ def reconcile(services: Services) -> Counter[str]:
             )
         done["torn_down"] += 1
     done["containers_reaped"] += _reap_containers(services)
+    done["directories_reaped"] += _reap_directories(services)
     for batch_id in undelivered_batches(services, services.config.stale_after_s):
         done["callbacks"] += deliver_batch_finished(services, batch_id)
     done["admitted"] += len(admit(services))

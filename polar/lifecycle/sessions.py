@@ -8,35 +8,43 @@ from typing import Any
 import sqlalchemy as sa
 
 from polar.errors import NotFound
+from polar.lifecycle.attempts import DEFAULT_MAX_ATTEMPTS
 from polar.serialization import call_json, session_json, trajectory_json
 from polar.services import Services
 from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
 from polar.storage.prompts import full_prompts
 
 
+def _max_attempts(spec: dict[str, Any]) -> int:
+    return int(spec.get("max_attempts") or DEFAULT_MAX_ATTEMPTS)
+
+
 def get_session(services: Services, session_id: uuid.UUID) -> dict[str, Any]:
     with services.db.unit() as db:
-        session = db.get(Session, session_id)
-        if session is None:
+        row = db.execute(
+            sa.select(Session, Task.spec).join(Task, Task.id == Session.task_pk).where(Session.id == session_id)
+        ).first()
+        if row is None:
             raise NotFound(f"session {session_id} not found")
-        return session_json(session)
+        return session_json(row[0], _max_attempts(row[1]))
 
 
 def list_sessions(services: Services, batch_id: uuid.UUID, limit: int, offset: int) -> dict[str, Any]:
-    """A page of a batch's sessions, in task order then sample order."""
+    """A page of a batch's sessions, in task order, then sample order, then attempt (attempts lost to the
+    infrastructure are listed too, with ``outcome_class`` and ``retried_as``)."""
     with services.db.unit() as db:
         if db.get(Batch, batch_id) is None:
             raise NotFound(f"batch {batch_id} not found")
         total = db.scalar(sa.select(sa.func.count()).select_from(Session).where(Session.batch_id == batch_id))
-        rows = db.scalars(
-            sa.select(Session)
+        rows = db.execute(
+            sa.select(Session, Task.spec)
             .join(Task, Task.id == Session.task_pk)
             .where(Session.batch_id == batch_id)
-            .order_by(Task.position, Session.sample_index)
+            .order_by(Task.position, Session.sample_index, Session.attempt)
             .limit(limit)
             .offset(offset)
         ).all()
-        items = [session_json(row) for row in rows]
+        items = [session_json(session, _max_attempts(spec)) for session, spec in rows]
     next_offset = offset + len(items)
     return {"items": items, "total": total, "next_offset": next_offset if next_offset < (total or 0) else None}
 

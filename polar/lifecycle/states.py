@@ -32,10 +32,17 @@ ALLOWED: dict[State, frozenset[State]] = {
 
 
 class Outcome(StrEnum):
-    """How the harness run ended; postrun turns it into a terminal state."""
+    """How an attempt ended; postrun turns it into a terminal state, and ``polar.lifecycle.attempts`` says
+    whether the policy or the infrastructure caused it."""
 
-    EXITED = "exited"
-    TIMEOUT = "timeout"
-    WORKER_LOST = "worker_lost"
-    ERROR = "error"
-    CANCELLED = "cancelled"
+    # What the task did: the training signal.
+    EXITED = "exited"  # the harness exited by itself (any exit code)
+    TIMEOUT = "timeout"  # the session's budget ran out
+    CANCELLED = "cancelled"  # the batch was cancelled
+    PREPARE_FAILED = "prepare_failed"  # one of the task's own prepare steps failed
+    # What the machinery did: never a reward.
+    WORKER_LOST = "worker_lost"  # the run worker stopped heartbeating (killed, its machine froze)
+    NODE_LOST = "node_lost"  # every worker of the node holding the runtime is gone
+    RUNTIME_FAILED = "runtime_failed"  # the runtime could not be created, reached, or disappeared
+    ENGINE_FAILED = "engine_failed"  # the harness failed after the engine failed its calls
+    ERROR = "error"  # Polar itself failed unexpectedly

@@ -14,7 +14,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session as DbSession
 
 from polar.clock import utcnow
-from polar.lifecycle.states import ALLOWED, State
+from polar.lifecycle.states import ALLOWED, TERMINAL, State
+from polar.services import Services
 from polar.storage.models import Session, SessionEvent
 
 _STAMP = {
@@ -31,7 +32,7 @@ def transition(
     expected: State | Iterable[State],
     new: State,
     *,
-    worker: str | None = None,
+    by: Services,
     detail: str | None = None,
     where: Iterable[sa.ColumnElement[bool]] = (),
     **fields: Any,
@@ -39,20 +40,18 @@ def transition(
     """Move ``session_id`` from one of ``expected`` to ``new`` if it is still there; True when it moved.
 
     ``fields`` are set in the same UPDATE; ``where`` adds conditions (e.g. a stale heartbeat). The caller's
-    transaction commits both the row and its event together.
+    transaction commits both the row and its event together; both name ``by``'s worker, the event its node.
     """
     expected_set = {expected} if isinstance(expected, State) else set(expected)
     for state in expected_set:
         if new not in ALLOWED.get(state, frozenset()):
             raise ValueError(f"transition {state} -> {new} is not allowed")
     now: datetime = utcnow()
-    values: dict[str, Any] = {"state": new.value, "heartbeat_at": None, **fields}
-    if worker is not None:
-        values["worker"] = worker
+    values: dict[str, Any] = {"state": new.value, "heartbeat_at": None, "worker": by.worker, **fields}
     stamp = _STAMP.get(new)
     if stamp and stamp not in values:
         values[stamp] = now
-    if new in (State.COMPLETED, State.FAILED, State.TIMED_OUT, State.CANCELLED):
+    if new in TERMINAL:
         values.setdefault("finished_at", now)
     conditions = list(where)
     # One compare-and-set per expected state, so the event records the state the row really left.
@@ -64,7 +63,7 @@ def transition(
             .returning(Session.id)
         )
         if result.first() is not None:
-            record_event(db, session_id, state, new, worker, detail, now)
+            record_event(db, session_id, state, new, by, detail, now)
             return True
     return False
 
@@ -74,7 +73,7 @@ def record_event(
     session_id: uuid.UUID,
     from_state: State | None,
     to_state: State,
-    worker: str | None,
+    by: Services,
     detail: str | None,
     at: datetime | None = None,
 ) -> None:
@@ -84,7 +83,8 @@ def record_event(
             from_state=from_state.value if from_state else None,
             to_state=to_state.value,
             at=at or utcnow(),
-            worker=worker,
+            worker=by.worker,
+            node=by.config.node,
             detail=detail,
         )
     )

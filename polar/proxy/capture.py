@@ -25,13 +25,20 @@ from polar.storage.models import ModelCall, Session
 from polar.storage.prompts import Chain, encode_prompt
 
 _sessions = Session.__table__
+_calls = ModelCall.__table__
+# A call is stored once however often its insert is retried (a commit whose acknowledgement a database restart
+# swallowed): the sequence number is only claimed while the call's own id is not there yet.
 _NEXT_SEQ = (
     sa.update(_sessions)
-    .where(_sessions.c.id == sa.bindparam("session_id"), _sessions.c.state == State.RUNNING.value)
+    .where(
+        _sessions.c.id == sa.bindparam("session_id"),
+        _sessions.c.state == State.RUNNING.value,
+        ~sa.exists().where(_calls.c.id == sa.bindparam("call_id")),
+    )
     .values(num_calls=_sessions.c.num_calls + 1)
     .returning(_sessions.c.num_calls)
 )
-_calls = ModelCall.__table__
+_STORED = sa.select(_calls.c.id).where(_calls.c.id == sa.bindparam("call_id"))
 # A parent is looked for among the session's latest calls only: the call a prompt extends is nearly always a
 # recent one (parallel sub-agents interleave, hence the margin), and a bounded window keeps the lookup one short
 # index range scan however long the session runs.
@@ -106,9 +113,10 @@ class CallRecord:
     response: dict[str, Any]
 
 
-def record_call(db: Database, record: CallRecord) -> uuid.UUID:
-    """Store ``record``; raises ``SessionNotRunning`` (and stores nothing) once the session has moved on."""
-    call_id = uuid.uuid4()
+def record_call(db: Database, record: CallRecord, call_id: uuid.UUID | None = None) -> uuid.UUID:
+    """Store ``record`` as ``call_id`` (new if not given; storing the same id again stores nothing); raises
+    ``SessionNotRunning`` (and stores nothing) once the session has moved on."""
+    call_id = call_id or uuid.uuid4()
     # Shallow on purpose: dataclasses.asdict deep-copies every token list and payload (~1 ms a call).
     values = {"id": call_id, **{field.name: getattr(record, field.name) for field in fields(record)}}
     if db.is_postgres:
@@ -117,14 +125,17 @@ def record_call(db: Database, record: CallRecord) -> uuid.UUID:
             # call's prompt is stored against an older parent (or in full).
             values.update(_delta(connection, _CHAINS_POSTGRES, record))
             prefixed = {f"v_{name}": value for name, value in values.items()}
-            seq = connection.execute(_INSERT_CLAIMING_SEQ, {"session_id": record.session_id, **prefixed}).scalar()
+            bound = {"session_id": record.session_id, "call_id": call_id, **prefixed}
+            seq = connection.execute(_INSERT_CLAIMING_SEQ, bound).scalar()
+            stored = seq is not None or connection.execute(_STORED, {"call_id": call_id}).first() is not None
     else:  # SQLite has no data-modifying CTEs: the same in one transaction
         with db.engine.begin() as connection:
-            seq = connection.execute(_NEXT_SEQ, {"session_id": record.session_id}).scalar()
+            seq = connection.execute(_NEXT_SEQ, {"session_id": record.session_id, "call_id": call_id}).scalar()
             if seq is not None:
                 values.update(_delta(connection, _CHAINS_SQLITE, record))
                 connection.execute(_INSERT, {"seq": seq, **values})
-    if seq is None:
+            stored = seq is not None or connection.execute(_STORED, {"call_id": call_id}).first() is not None
+    if not stored:
         raise SessionNotRunning("this session is no longer running; its proxy key has expired")
     return call_id
 

@@ -23,7 +23,7 @@ from polar.errors import EngineError, EngineTimeout
 
 @dataclass(frozen=True)
 class EngineReply:
-    url: str
+    url: str | None  # None for a call no engine answered
     status_code: int
     body: dict[str, Any]
     latency_ms: float

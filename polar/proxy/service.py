@@ -2,6 +2,10 @@
 call, answer in the client's protocol (as a stream when asked).
 
 Errors come back in the client's own error shape with a truthful status; nothing here knows about Flask.
+
+A call the engine failed (unreachable, 5xx, timed out) is recorded too, with the status the harness got, so
+postrun can tell an engine outage from the policy's own failure (``polar.lifecycle.attempts``). While the
+database is unreachable the proxy waits (``POLAR_DB_OUTAGE``) rather than answer a call it could not record.
 """
 
 from __future__ import annotations
@@ -10,13 +14,16 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
 
 from polar.config import Config
 from polar.errors import (
+    CaptureFailed,
     EngineError,
     EnginePaused,
     EngineTimeout,
@@ -33,9 +40,12 @@ from polar.proxy.capture import CallRecord, record_call, session_state_for_key
 from polar.proxy.engines import EnginePool, EngineReply
 from polar.proxy.keys import hash_key
 from polar.storage.database import Database
+from polar.storage.outage import ride_out
 from polar.training.engine_control import ControlState, ControlView
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 KEY_CACHE_S = 5.0
 KEY_CACHE_SIZE = 100_000
@@ -47,6 +57,7 @@ STATUS: dict[type[PolarError], int] = {
     EnginePaused: 429,
     EngineTimeout: 504,
     EngineError: 502,
+    CaptureFailed: 503,
 }
 
 
@@ -116,7 +127,7 @@ class ProxyService:
         cached = self._keys.get(key_hash)
         if cached is not None and cached[1] > time.monotonic():
             return cached[0]
-        found = session_state_for_key(self.db, key_hash)
+        found = self._recorded(lambda: session_state_for_key(self.db, key_hash))
         if found is None:
             raise Unauthorized("unknown proxy key")
         session_id, state = found
@@ -126,6 +137,13 @@ class ProxyService:
             self._keys.clear()
         self._keys[key_hash] = (session_id, time.monotonic() + KEY_CACHE_S)
         return session_id
+
+    def _recorded(self, work: Callable[[], T]) -> T:
+        """``work`` against the database, waiting out an outage; ``CaptureFailed`` if it lasts too long."""
+        try:
+            return ride_out(work, within_s=self.config.db_outage_s)
+        except sa.exc.DBAPIError as exc:
+            raise CaptureFailed(f"Polar could not reach its database: {type(exc.orig).__name__}; retry") from exc
 
     def error(self, protocol: ModuleType, exc: PolarError) -> ProxyAnswer:
         status = next((code for kind, code in STATUS.items() if isinstance(exc, kind)), 500)
@@ -210,11 +228,15 @@ class ProxyService:
         control = self._admitted()
         chat_body = {**request.engine_body, **self.config.sampling_overrides}
         link = self._tito_link(session_id, agent, chat_body)
-        if link is not None:
-            engine_body, reply = self._ask_with_tokens(session_id, link, chat_body)
-        else:
-            engine_body = _capture_fields(chat_body)
-            reply = self._ask(session_id, "/v1/chat/completions", engine_body)
+        engine_body = _capture_fields(chat_body)
+        try:
+            if link is not None:
+                engine_body, reply = self._ask_with_tokens(session_id, link, chat_body)
+            else:
+                reply = self._ask(session_id, "/v1/chat/completions", engine_body)
+        except EngineError as exc:
+            self._capture_failure(session_id, agent, request, body, engine_body, exc, started, control.policy_version)
+            raise
         captured = time.perf_counter()
         self._capture(session_id, agent, request, body, engine_body, reply, started, control.policy_version)
         # Where the proxy's time went, for clients and benchmarks (W3C Server-Timing).
@@ -233,6 +255,26 @@ class ProxyService:
             return ProxyAnswer(200, stream=stream, media_type=media_type, headers=timing)
         return ProxyAnswer(200, protocol.render_response(request, answer), headers=timing)
 
+    def _capture_failure(
+        self,
+        session_id: uuid.UUID,
+        agent: str | None,
+        request: ClientRequest,
+        body: Any,
+        engine_body: dict[str, Any],
+        exc: EngineError,
+        started: float,
+        policy_version: str | None,
+    ) -> None:
+        """Record a call the engine failed, with the status the harness gets (best effort: the harness gets its
+        error either way)."""
+        status = exc.status_code or 502
+        reply = EngineReply(None, status, {"error": {"message": str(exc)}}, 0.0)
+        try:
+            self._capture(session_id, agent, request, body, engine_body, reply, started, policy_version)
+        except (PolarError, sa.exc.DBAPIError):
+            log.warning("could not record a call the engine failed (%s)", status)
+
     def _capture(
         self,
         session_id: uuid.UUID,
@@ -245,25 +287,25 @@ class ProxyService:
         policy_version: str | None,
     ) -> None:
         answer = EngineAnswer(reply.body) if reply.status_code == 200 else None
-        record_call(
-            self.db,
-            CallRecord(
-                session_id=session_id,
-                agent=agent,
-                provider=request.provider,
-                model=request.model,
-                stream=request.stream,
-                prompt_token_ids=answer.prompt_token_ids if answer else [],
-                completion_token_ids=answer.completion_token_ids if answer else [],
-                logprobs=answer.logprobs if answer else [],
-                finish_reason=answer.finish_reason if answer else None,
-                status_code=reply.status_code,
-                latency_ms=(time.perf_counter() - started) * 1000,
-                engine_latency_ms=reply.latency_ms,
-                engine_url=reply.url,
-                policy_version=policy_version,
-                request=body,
-                normalized_request=engine_body,
-                response=reply.body,
-            ),
+        record = CallRecord(
+            session_id=session_id,
+            agent=agent,
+            provider=request.provider,
+            model=request.model,
+            stream=request.stream,
+            prompt_token_ids=answer.prompt_token_ids if answer else [],
+            completion_token_ids=answer.completion_token_ids if answer else [],
+            logprobs=answer.logprobs if answer else [],
+            finish_reason=answer.finish_reason if answer else None,
+            status_code=reply.status_code,
+            latency_ms=(time.perf_counter() - started) * 1000,
+            engine_latency_ms=reply.latency_ms,
+            engine_url=reply.url,
+            policy_version=policy_version,
+            request=body,
+            normalized_request=engine_body,
+            response=reply.body,
         )
+        # The same call id on every try: a commit whose acknowledgement was lost is not stored twice.
+        call_id = uuid.uuid4()
+        self._recorded(lambda: record_call(self.db, record, call_id))

@@ -22,9 +22,12 @@ def send_to_postrun(
     outcome: Outcome,
     error: str | None = None,
     where: Iterable[sa.ColumnElement[bool]] = (),
+    pinned: bool = True,
     **fields: Any,
 ) -> bool:
-    """Compare-and-set the session into ``postrun`` with its outcome, queue postrun, refill the READY buffer."""
+    """Compare-and-set the session into ``postrun`` with its outcome, queue postrun, refill the READY buffer.
+
+    ``pinned=False`` queues postrun on the shared queue: for a lost node's session, finished elsewhere."""
     expected_set = {expected} if isinstance(expected, State) else set(expected)
     with services.db.unit() as db:
         moved = transition(
@@ -32,7 +35,7 @@ def send_to_postrun(
             session_id,
             expected_set,
             State.POSTRUN,
-            worker=services.worker,
+            by=services,
             detail=outcome.value if not error else f"{outcome.value}: {error[:200]}",
             where=where,
             outcome=outcome.value,
@@ -40,7 +43,7 @@ def send_to_postrun(
             **fields,
         )
     if moved:
-        services.dispatch(Stage.POSTRUN, session_id)
+        services.dispatch(Stage.POSTRUN, session_id, pinned=pinned)
         if expected_set & BUFFERED:
             admit(services)
     return moved

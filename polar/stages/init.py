@@ -2,11 +2,19 @@
 then, when the task's evaluator wants a clean runtime to judge in, create and prepare that one too (off the
 critical path, before the harness starts).
 
+Init is the one shared stage: whichever node's worker claims the session becomes its ``node`` (where its
+runtime lives and every later stage runs), provided that node has room in its own READY bound; a full node
+hands the session back to the shared queue for another.
+
 The budget starts here (not while pending): ``deadline_at = init start + timeout_seconds``.
+
+A prepare step of the task's own that fails is the task's outcome (``prepare_failed``); a runtime that cannot be
+created or used is the infrastructure's (``runtime_failed``, retried as a new attempt).
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -24,13 +32,20 @@ from polar.runtimes import EVALUATOR_ROLE, Runtime, create_runtime
 from polar.runtimes.base import command_env
 from polar.services import Services
 from polar.stages.handoff import send_to_postrun
-from polar.stages.lease import Claimed, claim, heartbeat
+from polar.stages.lease import Claimed, NodeFull, claim, heartbeat
 from polar.storage.models import Session
 from polar.task_request import CopyStep, RunStep, RuntimeSpec
+
+# How long a full node's init worker waits before handing a session back (it has nothing else to do meanwhile).
+HAND_BACK_S = 0.5
 
 
 class _BudgetExhausted(Exception):
     """The session's time ran out during init."""
+
+
+class _StepFailed(Exception):
+    """One of the task's own prepare steps failed: the task's outcome, not the infrastructure's."""
 
 
 def _start_budget(services: Services, claimed: Claimed) -> Claimed:
@@ -40,9 +55,7 @@ def _start_budget(services: Services, claimed: Claimed) -> Claimed:
     deadline = now + timedelta(seconds=claimed.task.timeout_seconds)
     with services.db.unit() as db:
         db.execute(
-            sa.update(Session)
-            .where(Session.id == claimed.session.id)
-            .values(init_started_at=now, deadline_at=deadline, node=services.config.node)
+            sa.update(Session).where(Session.id == claimed.session.id).values(init_started_at=now, deadline_at=deadline)
         )
     claimed.session.init_started_at, claimed.session.deadline_at = now, deadline
     return claimed
@@ -55,6 +68,8 @@ def _prepare(runtime: Runtime, spec: RuntimeSpec, claimed: Claimed, what: str = 
         if remaining <= 0:
             raise _BudgetExhausted(f"budget exhausted before {what} {index}")
         if isinstance(step, CopyStep):
+            if not Path(step.copy_).exists():
+                raise _StepFailed(f"{what} {index}: nothing to copy at {step.copy_!r}")
             runtime.copy_in(Path(step.copy_), step.to)
             continue
         assert isinstance(step, RunStep)
@@ -64,7 +79,7 @@ def _prepare(runtime: Runtime, spec: RuntimeSpec, claimed: Claimed, what: str = 
             raise _BudgetExhausted(f"{what} {index} ran past the session budget")
         if result.timed_out or result.exit_code != 0:
             status = "timed out" if result.timed_out else f"exited with code {result.exit_code}"
-            raise RuntimeFailure(f"{what} {index} ({step.run!r}) {status}: {result.output_tail[-500:]}")
+            raise _StepFailed(f"{what} {index} ({step.run!r}) {status}: {result.output_tail[-500:]}")
 
 
 def _record(services: Services, session_id: uuid.UUID, **handles: dict[str, Any]) -> None:
@@ -77,7 +92,7 @@ def _prepare_evaluator_runtime(services: Services, claimed: Claimed) -> None:
     try:
         spec = fresh_runtime_spec(load_evaluator(claimed.task.evaluator), claimed.task)
     except Exception as exc:  # the evaluator's own code: whatever it raises fails the session, nothing else
-        raise RuntimeFailure(f"evaluator {claimed.task.evaluator.name!r}: {type(exc).__name__}: {exc}") from exc
+        raise _StepFailed(f"evaluator {claimed.task.evaluator.name!r}: {type(exc).__name__}: {exc}") from exc
     if spec is None:
         return
     runtime = create_runtime(claimed.session.id, spec, services.config, EVALUATOR_ROLE)
@@ -87,7 +102,12 @@ def _prepare_evaluator_runtime(services: Services, claimed: Claimed) -> None:
 
 def init_session(services: Services, session_id: uuid.UUID) -> None:
     """Prepare the session's runtime and hand the session to ``ready`` (or to ``postrun`` if preparing failed)."""
-    claimed = claim(services, session_id, State.INIT)
+    try:
+        claimed = claim(services, session_id, State.INIT, take_node=True)
+    except NodeFull:
+        time.sleep(HAND_BACK_S)
+        services.dispatch(Stage.INIT, session_id)
+        return
     if claimed is None:
         return
     claimed = _start_budget(services, claimed)
@@ -100,10 +120,13 @@ def init_session(services: Services, session_id: uuid.UUID) -> None:
         except _BudgetExhausted as exc:
             send_to_postrun(services, session_id, State.INIT, Outcome.TIMEOUT, str(exc))
             return
+        except _StepFailed as exc:
+            send_to_postrun(services, session_id, State.INIT, Outcome.PREPARE_FAILED, str(exc))
+            return
         except RuntimeFailure as exc:
-            send_to_postrun(services, session_id, State.INIT, Outcome.ERROR, str(exc))
+            send_to_postrun(services, session_id, State.INIT, Outcome.RUNTIME_FAILED, str(exc))
             return
     with services.db.unit() as db:
-        moved = transition(db, session_id, State.INIT, State.READY, worker=services.worker)
+        moved = transition(db, session_id, State.INIT, State.READY, by=services)
     if moved:
         services.dispatch(Stage.READY, session_id)

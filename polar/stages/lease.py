@@ -12,12 +12,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import sqlalchemy as sa
 
 from polar.clock import as_utc, utcnow
-from polar.lifecycle.states import State
+from polar.lifecycle.states import BUFFERED, State
 from polar.services import Services
+from polar.storage.locks import ADMISSION, exclusive
 from polar.storage.models import Batch, Session, Task
 from polar.task_request import TaskRequest, task_from_json
 
@@ -43,11 +45,37 @@ def load(services: Services, session_id: uuid.UUID) -> Claimed | None:
     return Claimed(row[0], task_from_json(row[1]))
 
 
-def claim(services: Services, session_id: uuid.UUID, state: State) -> Claimed | None:
-    """Take the session if it is in ``state`` and nobody holds a live lease on it."""
+class NodeFull(Exception):
+    """This node already holds its READY bound of sessions in init and ready; another node should take it."""
+
+
+def _node_full(db: Any, services: Services, session_id: uuid.UUID) -> bool:
+    exclusive(db, ADMISSION)  # the same lock admission takes, so the two never overshoot together
+    held = db.scalar(
+        sa.select(sa.func.count())
+        .select_from(Session)
+        .where(
+            Session.node == services.config.node,
+            Session.state.in_([s.value for s in BUFFERED]),
+            Session.id != session_id,
+        )
+    )
+    return int(held or 0) >= services.config.ready_buffer
+
+
+def claim(services: Services, session_id: uuid.UUID, state: State, *, take_node: bool = False) -> Claimed | None:
+    """Take the session if it is in ``state`` and nobody holds a live lease on it.
+
+    ``take_node`` (init): the session's runtime will live on this node, so it becomes the session's ``node``,
+    provided the node has room in its READY bound; ``NodeFull`` otherwise."""
     now = utcnow()
     stale = now - timedelta(seconds=services.config.stale_after_s)
+    values: dict[str, Any] = {"heartbeat_at": now, "worker": services.worker}
+    if take_node:
+        values["node"] = services.config.node
     with services.db.unit() as db:
+        if take_node and _node_full(db, services, session_id):
+            raise NodeFull(services.config.node)
         taken = db.execute(
             sa.update(Session)
             .where(
@@ -55,7 +83,7 @@ def claim(services: Services, session_id: uuid.UUID, state: State) -> Claimed | 
                 Session.state == state.value,
                 sa.or_(Session.heartbeat_at.is_(None), Session.heartbeat_at < stale),
             )
-            .values(heartbeat_at=now, worker=services.worker)
+            .values(**values)
             .returning(Session.id)
         ).first()
     return load(services, session_id) if taken else None

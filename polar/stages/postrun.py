@@ -4,6 +4,11 @@ when it had one).
 
 The terminal compare-and-set, the trajectory rows and the reward commit in one transaction, so a redelivered
 postrun can never leave duplicate trajectories.
+
+An attempt lost to the infrastructure (``polar.lifecycle.attempts``) is not scored: its trajectories are kept
+for audit, and the same transaction starts the sample's next attempt, or settles the sample as out of attempts.
+A lost node's sessions are finished here by a surviving node, which cannot reach their runtimes: it leaves them
+(and their handles) for the lost node's reconciler to tear down when it comes back.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import sqlalchemy as sa
 
 from polar.errors import RuntimeFailure
 from polar.evaluators import Evaluation, EvaluationContext, load_evaluator
+from polar.lifecycle.admission import admit
+from polar.lifecycle.attempts import OutcomeClass, classify, refine, retries_left, start_next_attempt
 from polar.lifecycle.batches import mark_batch_finished
 from polar.lifecycle.states import Outcome, State
 from polar.lifecycle.transitions import transition
@@ -24,7 +31,7 @@ from polar.reconstruction import RECONSTRUCTIONS, CapturedCall, TrajectoryData
 from polar.runtimes import Runtime, attach_runtime
 from polar.services import Services
 from polar.stages.lease import Claimed, claim, heartbeat
-from polar.storage.models import ModelCall, Session, Trajectory
+from polar.storage.models import Batch, ModelCall, Session, Trajectory
 from polar.storage.prompts import full_prompts
 from polar.training.callbacks import after_session_ended
 from polar.training.feed import assign_position
@@ -84,18 +91,43 @@ def final_state(outcome: Outcome, exit_code: int | None, evaluator_error: str | 
     return State.COMPLETED
 
 
+# Engine answers that mean the engine failed the call (unreachable, 5xx, timed out), as the proxy records them.
+ENGINE_FAILURE_STATUSES = (502, 503, 504)
+
+
+def engine_failures(services: Services, session_id: uuid.UUID) -> int:
+    """How many of the session's calls the engine failed."""
+    with services.db.unit() as db:
+        return int(
+            db.scalar(
+                sa.select(sa.func.count())
+                .select_from(ModelCall)
+                .where(ModelCall.session_id == session_id, ModelCall.status_code.in_(ENGINE_FAILURE_STATUSES))
+            )
+            or 0
+        )
+
+
+@dataclass(frozen=True)
+class _Scored:
+    evaluation: Evaluation | None
+    error: str | None
+    runtime_failed: bool  # the evaluator's runtime broke under it: nothing was judged
+
+
 def _evaluate(
     services: Services,
     claimed: Claimed,
+    outcome: Outcome,
     runtimes: _Runtimes,
     calls: Sequence[CapturedCall],
     trajectories: Sequence[TrajectoryData],
-) -> tuple[Evaluation | None, str | None]:
+) -> _Scored:
     session = claimed.session
     context = EvaluationContext(
         session_id=session.id,
         task=claimed.task,
-        outcome=Outcome(session.outcome or Outcome.ERROR.value),
+        outcome=outcome,
         exit_code=session.exit_code,
         runtime=runtimes.session,
         calls=calls,
@@ -105,9 +137,10 @@ def _evaluate(
         final_message=final_message(services, session.id),
     )
     try:
-        return load_evaluator(claimed.task.evaluator).evaluate(context), None
+        return _Scored(load_evaluator(claimed.task.evaluator).evaluate(context), None, False)
     except Exception as exc:
-        return None, f"evaluator {claimed.task.evaluator.name!r} failed: {type(exc).__name__}: {exc}"
+        error = f"evaluator {claimed.task.evaluator.name!r} failed: {type(exc).__name__}: {exc}"
+        return _Scored(None, error, isinstance(exc, RuntimeFailure))
 
 
 @dataclass(frozen=True)
@@ -130,15 +163,49 @@ def _attach(services: Services, handle: dict[str, Any] | None) -> Runtime | None
         return None
 
 
-def _store(
-    services: Services,
-    claimed: Claimed,
-    trajectories: Sequence[TrajectoryData],
-    evaluation: Evaluation | None,
-    evaluator_error: str | None,
-) -> bool:
+def _runtimes_here(services: Services, session: Session) -> _Runtimes | None:
+    """The session's runtimes, or None when another node holds them (a lost node's session finished here)."""
+    if session.node is not None and session.node != services.config.node:
+        return None
+    return _Runtimes(_attach(services, session.runtime_handle), _attach(services, session.evaluator_runtime_handle))
+
+
+@dataclass(frozen=True)
+class _Ending:
+    outcome: Outcome
+    error: str | None
+    scored: _Scored
+
+    @property
+    def outcome_class(self) -> OutcomeClass:
+        return classify(self.outcome)
+
+
+def _settle(db: Any, services: Services, claimed: Claimed, ending: _Ending) -> bool:
+    """After the terminal compare-and-set: start the sample's next attempt (True) when the infrastructure lost
+    this one and attempts are left, else give the session its feed position (the sample is settled)."""
     session = claimed.session
-    state = final_state(Outcome(session.outcome or Outcome.ERROR.value), session.exit_code, evaluator_error)
+    cancelled = db.scalar(sa.select(Batch.cancel_requested_at).where(Batch.id == session.batch_id)) is not None
+    retry = (
+        ending.outcome_class is OutcomeClass.INFRASTRUCTURE
+        and retries_left(session.attempt, claimed.task.max_attempts)
+        and not cancelled
+    )
+    if retry:
+        start_next_attempt(db, session, services, ending.outcome.value)
+    else:
+        assign_position(db, session.id)
+    return retry
+
+
+def _store(
+    services: Services, claimed: Claimed, trajectories: Sequence[TrajectoryData], ending: _Ending
+) -> bool | None:
+    """The terminal transaction; None when another worker ended the session first, else whether a next attempt
+    was started."""
+    session = claimed.session
+    evaluation, evaluator_error = ending.scored.evaluation, ending.scored.error
+    state = final_state(ending.outcome, session.exit_code, evaluator_error)
     reward = evaluation.reward if evaluation else None
     per_trajectory = list(evaluation.trajectory_rewards or []) if evaluation else []
     with services.db.unit() as db:
@@ -147,15 +214,18 @@ def _store(
             session.id,
             State.POSTRUN,
             state,
-            worker=services.worker,
-            detail=evaluator_error,
+            by=services,
+            detail=evaluator_error
+            or (ending.outcome.value if ending.outcome_class is OutcomeClass.INFRASTRUCTURE else None),
             where=[Session.worker == services.worker],
             reward=reward,
             evaluation=dict(evaluation.details) if evaluation else None,
-            error=session.error or evaluator_error,
+            error=ending.error or evaluator_error,
+            outcome=ending.outcome.value,
+            outcome_class=ending.outcome_class.value,
         )
         if not moved:
-            return False
+            return None
         db.execute(sa.delete(Trajectory).where(Trajectory.session_id == session.id))
         for position, trajectory in enumerate(trajectories):
             db.add(
@@ -172,9 +242,33 @@ def _store(
                     stats=trajectory.stats,
                 )
             )
-        assign_position(db, session.id)
+        retried = _settle(db, services, claimed, ending)
         mark_batch_finished(db, session.batch_id)
-    return True
+    return retried
+
+
+def _ending(
+    services: Services,
+    claimed: Claimed,
+    runtimes: _Runtimes | None,
+    calls: Sequence[CapturedCall],
+    trajectories: Sequence[TrajectoryData],
+) -> _Ending:
+    """How the attempt really ended: the engine's failures and the evaluator's runtime taken into account; only
+    an attempt with a task outcome is scored."""
+    session = claimed.session
+    recorded = Outcome(session.outcome or Outcome.ERROR.value)
+    failures = engine_failures(services, session.id)
+    outcome = refine(recorded, session.exit_code, failures, evaluator_runtime_failed=False)
+    error = session.error
+    if outcome is Outcome.ENGINE_FAILED:
+        error = f"the engine failed {failures} of the harness's calls; {error or recorded.value}"
+    if classify(outcome) is OutcomeClass.INFRASTRUCTURE:
+        return _Ending(outcome, error, _Scored(None, None, False))
+    scored = _evaluate(services, claimed, outcome, runtimes or _Runtimes(None, None), calls, trajectories)
+    if refine(outcome, session.exit_code, failures, scored.runtime_failed) is Outcome.RUNTIME_FAILED:
+        return _Ending(Outcome.RUNTIME_FAILED, error or scored.error, _Scored(None, scored.error, True))
+    return _Ending(outcome, error, scored)
 
 
 def postrun_session(services: Services, session_id: uuid.UUID) -> None:
@@ -184,16 +278,18 @@ def postrun_session(services: Services, session_id: uuid.UUID) -> None:
     with heartbeat(services, session_id, State.POSTRUN):
         calls = captured_calls(services, session_id)
         trajectories = RECONSTRUCTIONS[claimed.task.reconstruction](calls)
-        session = claimed.session
-        runtimes = _Runtimes(
-            _attach(services, session.runtime_handle), _attach(services, session.evaluator_runtime_handle)
-        )
-        if runtimes.session is not None:
+        runtimes = _runtimes_here(services, claimed.session)
+        if runtimes is not None and runtimes.session is not None:
             runtimes.session.kill_processes()
-        evaluation, evaluator_error = _evaluate(services, claimed, runtimes, calls, trajectories)
-        if not _store(services, claimed, trajectories, evaluation, evaluator_error):
+        ending = _ending(services, claimed, runtimes, calls, trajectories)
+        retried = _store(services, claimed, trajectories, ending)
+        if retried is None:
             return
+    if retried:
+        admit(services)
     after_session_ended(services, session_id)
+    if runtimes is None:
+        return  # another node's runtimes: its own reconciler tears them down
     runtimes.destroy()
     with services.db.unit() as db:
         db.execute(

@@ -28,6 +28,6 @@ def ready_session(services: Services, session_id: uuid.UUID) -> None:
     except RuntimeFailure:
         alive = False
     if not alive:
-        send_to_postrun(services, session_id, State.READY, Outcome.ERROR, "the session's runtime disappeared")
+        send_to_postrun(services, session_id, State.READY, Outcome.RUNTIME_FAILED, "the session's runtime disappeared")
         return
     services.dispatch(Stage.RUN, session_id)

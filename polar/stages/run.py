@@ -19,6 +19,7 @@ from polar.services import Services
 from polar.stages.handoff import send_to_postrun
 from polar.stages.lease import Claimed, heartbeat, load
 from polar.storage.models import Session
+from polar.storage.outage import ride_out
 
 
 def _start(services: Services, session_id: uuid.UUID, key: str) -> bool:
@@ -28,7 +29,7 @@ def _start(services: Services, session_id: uuid.UUID, key: str) -> bool:
             session_id,
             State.READY,
             State.RUNNING,
-            worker=services.worker,
+            by=services,
             proxy_key_hash=hash_key(key),
             heartbeat_at=utcnow(),
         )
@@ -52,6 +53,7 @@ def _execute(
         proxy_key=key,
         session_dir=runtime.session_dir,
         runtime_env=dict(task.runtime.env),
+        attempt=session.attempt,
     )
     launch = HARNESSES[task.harness.name].launch(context)
     result = runtime.exec(
@@ -85,7 +87,7 @@ def _run(services: Services, claimed: Claimed, key: str) -> tuple[Outcome, int |
         with heartbeat(services, claimed.session.id, State.RUNNING, on_cancel=cancel):
             outcome, exit_code, error = _execute(services, claimed, key, runtime)
     except RuntimeFailure as exc:
-        return Outcome.ERROR, None, str(exc)
+        return Outcome.RUNTIME_FAILED, None, str(exc)
     if cancelled.is_set():
         return Outcome.CANCELLED, exit_code, "the batch was cancelled while the harness ran"
     return outcome, exit_code, error
@@ -100,13 +102,18 @@ def run_session(services: Services, session_id: uuid.UUID) -> None:
     claimed = load(services, session_id)
     assert claimed is not None
     outcome, exit_code, error = _run(services, claimed, key)
-    send_to_postrun(
-        services,
-        session_id,
-        State.RUNNING,
-        outcome,
-        error,
-        where=[Session.worker == services.worker],
-        exit_code=exit_code,
-        run_finished_at=utcnow(),
+    finished_at = utcnow()
+    # The harness's work is done: a database restart right now must not turn it into a lost run.
+    ride_out(
+        lambda: send_to_postrun(
+            services,
+            session_id,
+            State.RUNNING,
+            outcome,
+            error,
+            where=[Session.worker == services.worker],
+            exit_code=exit_code,
+            run_finished_at=finished_at,
+        ),
+        within_s=services.config.db_outage_s,
     )

@@ -69,7 +69,8 @@ class Task(Base):
 class Session(Base):
     __tablename__ = "sessions"
     __table_args__ = (
-        sa.UniqueConstraint("task_pk", "sample_index"),
+        # One row per attempt of a sample (polar.lifecycle.attempts).
+        sa.UniqueConstraint("task_pk", "sample_index", "attempt"),
         sa.Index("ix_sessions_state_created_at", "state", "created_at"),
         sa.Index("ix_sessions_batch_id", "batch_id"),
     )
@@ -79,8 +80,13 @@ class Session(Base):
     task_pk: Mapped[uuid.UUID] = mapped_column(sa.ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False)
     task_id: Mapped[str] = mapped_column(sa.Text(), nullable=False)
     sample_index: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
+    attempt: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=1, server_default="1")
     state: Mapped[str] = mapped_column(sa.Text(), nullable=False, default="pending")
     outcome: Mapped[str | None] = mapped_column(sa.Text())
+    # Set when the attempt ends: "task" (training signal) or "infrastructure" (retried or out of attempts).
+    outcome_class: Mapped[str | None] = mapped_column(sa.Text())
+    retry_of: Mapped[uuid.UUID | None] = mapped_column(sa.ForeignKey("sessions.id", ondelete="SET NULL"))
+    retried_as: Mapped[uuid.UUID | None] = mapped_column(sa.ForeignKey("sessions.id", ondelete="SET NULL"))
     reward: Mapped[float | None] = mapped_column(sa.Float())
     exit_code: Mapped[int | None] = mapped_column(sa.Integer())
     error: Mapped[str | None] = mapped_column(sa.Text())
@@ -178,7 +184,22 @@ class SessionEvent(Base):
     to_state: Mapped[str] = mapped_column(sa.Text(), nullable=False)
     at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), nullable=False)
     worker: Mapped[str | None] = mapped_column(sa.Text())
+    # The node (``POLAR_NODE``) of the process that made the change.
+    node: Mapped[str] = mapped_column(sa.Text(), nullable=False)
     detail: Mapped[str | None] = mapped_column(sa.Text())
+
+
+class Node(Base):
+    """A worker node: its READY bound and run slots, and when one of its workers last said it was alive
+    (the database's clock). See ``polar.lifecycle.nodes``."""
+
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(sa.Text(), primary_key=True)
+    ready_buffer: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
+    run_slots: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
+    started_at: Mapped[datetime] = _created()
+    seen_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), nullable=False)
 
 
 class EngineControl(Base):

@@ -4,6 +4,8 @@ of a task) has finished and when the whole batch has.
     {"event": "group_finished", "batch_id", "group_id", "task_id", "feed_position", "sessions": [...]}
     {"event": "batch_finished", "batch_id", "counts": {state: n}, "finished_at"}
 
+A group's sessions and the batch's counts are each sample's latest attempt (``polar.lifecycle.attempts``).
+
 Events are sent after postrun's commit by the postrun that ended the group's (or batch's) last session; a
 group event is best-effort, a batch event is retried by the reconciler until the receiver answers 2xx.
 """
@@ -20,6 +22,7 @@ import httpx
 import sqlalchemy as sa
 
 from polar.clock import iso, utcnow
+from polar.lifecycle.attempts import is_latest_attempt
 from polar.lifecycle.groups import group_id
 from polar.services import Services
 from polar.storage.models import Batch, Session, Task
@@ -44,10 +47,13 @@ def post(url: str, payload: dict[str, Any]) -> bool:
 
 def _group_event(db: Any, session: Session, task: Task) -> dict[str, Any] | None:
     members = db.execute(
-        sa.select(Session.id, Session.sample_index, Session.state, Session.reward, Session.feed_seq)
-        .where(Session.task_pk == session.task_pk)
+        sa.select(
+            Session.id, Session.sample_index, Session.attempt, Session.state, Session.reward, Session.feed_seq,
+            Session.outcome_class,
+        )
+        .where(Session.task_pk == session.task_pk, is_latest_attempt())
         .order_by(Session.sample_index)
-    ).all()
+    ).all()  # fmt: skip
     finished = [m for m in members if m.feed_seq is not None]
     # Only the postrun that ended the group's last session speaks for it.
     if len(finished) < task.num_samples or max(m.feed_seq for m in finished) != session.feed_seq:
@@ -59,7 +65,14 @@ def _group_event(db: Any, session: Session, task: Task) -> dict[str, Any] | None
         "task_id": session.task_id,
         "feed_position": session.feed_seq,
         "sessions": [
-            {"session_id": str(m.id), "sample_index": m.sample_index, "state": m.state, "reward": m.reward}
+            {
+                "session_id": str(m.id),
+                "sample_index": m.sample_index,
+                "attempt": m.attempt,
+                "state": m.state,
+                "reward": m.reward,
+                "outcome_class": m.outcome_class,
+            }
             for m in members
         ],
     }
@@ -72,7 +85,9 @@ def deliver_batch_finished(services: Services, batch_id: uuid.UUID) -> bool:
             return False
         counts = dict(
             db.execute(
-                sa.select(Session.state, sa.func.count()).where(Session.batch_id == batch_id).group_by(Session.state)
+                sa.select(Session.state, sa.func.count())
+                .where(Session.batch_id == batch_id, is_latest_attempt())
+                .group_by(Session.state)
             ).all()
         )
         url = batch.callback_url

@@ -13,10 +13,13 @@ import time
 from dataclasses import dataclass
 from typing import Literal, cast
 
+import sqlalchemy as sa
+
 from polar.clock import utcnow
 from polar.errors import ValidationError
 from polar.storage.database import Database
 from polar.storage.models import EngineControl
+from polar.storage.outage import unreachable
 
 REFRESH_S = 0.5
 MODES = ("reject", "wait")
@@ -68,7 +71,12 @@ class ControlView:
     def current(self) -> ControlState:
         with self._lock:
             if time.monotonic() - self._read_at >= REFRESH_S:
-                self._state = read_state(self._db)
+                try:
+                    self._state = read_state(self._db)
+                except sa.exc.DBAPIError as exc:
+                    if not unreachable(exc):
+                        raise
+                    # Nobody can pause or resume while the database is down: the last state read still holds.
                 self._read_at = time.monotonic()
             return self._state
 

@@ -33,6 +33,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from polar.errors import NotFound, ValidationError
+from polar.lifecycle.attempts import is_training_signal
 from polar.lifecycle.groups import group_id
 from polar.lifecycle.states import TERMINAL, State
 from polar.services import Services
@@ -45,7 +46,8 @@ YIELD_PER = 200
 
 @dataclass(frozen=True)
 class ExportSummary:
-    """What an export holds: sessions considered (RL: terminal; SFT: completed), accepted, rows and tokens."""
+    """What an export holds: sessions considered (RL: terminal; SFT: completed; never an attempt lost to the
+    infrastructure), accepted, rows and tokens."""
 
     kind: Kind
     sessions: int
@@ -101,7 +103,8 @@ def _call_policy_version() -> Any:
 
 
 def _scope(kind: Kind, batch_id: uuid.UUID) -> sa.ColumnElement[bool]:
-    return sa.and_(Session.batch_id == batch_id, Session.state.in_(_considered(kind)))
+    # Attempts lost to the infrastructure are never training data (polar.lifecycle.attempts).
+    return sa.and_(Session.batch_id == batch_id, Session.state.in_(_considered(kind)), is_training_signal())
 
 
 def _require_batch(db: Any, batch_id: uuid.UUID) -> None:

@@ -1,8 +1,12 @@
 """The trainers' feed (``GET /v1/trajectories``): finished sessions' trajectories, in the order sessions ended,
-behind a cursor; optionally only whole groups (all n samples of a task finished).
+behind a cursor; optionally only whole groups (all n samples of a task settled).
 
 The cursor is ``sessions.feed_seq``, assigned in postrun's terminal transaction under a lock, so positions are
 handed out in commit order: a reader that has seen position p can never later find a session below p appear.
+
+Only *settled* samples get a position (``polar.lifecycle.attempts``): an attempt with a task outcome, or a last
+attempt lost to the infrastructure. Attempts that were retried never appear, and a sample that ran out of
+attempts completes its group without contributing trajectories: the feed carries training signal only.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session as DbSession
 
+from polar.lifecycle.attempts import OutcomeClass
 from polar.lifecycle.groups import group_id
 from polar.lifecycle.states import TERMINAL
 from polar.serialization import trajectory_json
@@ -83,11 +88,14 @@ def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit:
         items = []
         for session_id, position in rows:
             session = sessions[session_id]
+            if session.outcome_class == OutcomeClass.INFRASTRUCTURE.value:
+                continue  # out of attempts: settles its group, carries no data
             task = tasks[session.task_pk]
             context = {
                 "batch_id": str(session.batch_id),
                 "task_id": session.task_id,
                 "sample_index": session.sample_index,
+                "attempt": session.attempt,
                 "group_id": group_id(session.batch_id, task.position, task.spec.get("metadata")),
                 "group_size": task.num_samples,
                 "state": session.state,

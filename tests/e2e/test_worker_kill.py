@@ -1,9 +1,11 @@
 """SIGKILL a run worker mid-session: the session still ends in a terminal state with the call it already
-made rebuilt into a trajectory, the orphaned harness is killed, and nothing is duplicated, even after the
-broker redelivers the killed worker's unacknowledged message."""
+made rebuilt into a trajectory (kept for audit), the orphaned harness is killed, the sample is retried as a new
+attempt that completes, the lost attempt never reaches the feed or the exports, and nothing is duplicated, even
+after the broker redelivers the killed worker's unacknowledged message."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -43,20 +45,45 @@ def test_killed_run_worker_loses_nothing(database_url: str, broker_url: str, tmp
         stack.stack.processes["worker-run"].wait()
         stack.stack.start_one("worker-run")
 
-        final = stack.wait(submitted["batch_id"], timeout_s=90)
-        assert final["counts"] == {"completed": 1, "failed": 1}
+        batch_id = submitted["batch_id"]
+        final = stack.wait(batch_id, timeout_s=90)
+        assert final["counts"] == {"completed": 2}  # each sample once, by its latest attempt
+        assert final["attempts"] == {"retried": 1, "out_of_attempts": 0}
         time.sleep(8)  # past the visibility timeout: the killed worker's message comes back and must change nothing
 
-        (row,) = stack.sql("SELECT state, outcome, error, num_calls FROM sessions WHERE id = :id", id=victim)
-        assert row.state == "failed" and row.outcome == "worker_lost" and "run worker lost" in row.error
-        assert not process_alive(harness_pid)
-        per_session = stack.sql(
-            "SELECT s.task_id, s.num_calls, count(t.id) FROM sessions s LEFT JOIN trajectories t "
-            "ON t.session_id = s.id GROUP BY s.id ORDER BY s.task_id"
+        (row,) = stack.sql(
+            "SELECT state, outcome, outcome_class, error, num_calls, reward, retried_as FROM sessions WHERE id = :id",
+            id=victim,
         )
-        assert [tuple(r) for r in per_session] == [("next", 1, 1), ("victim", 1, 1)]
+        assert (row.state, row.outcome, row.outcome_class) == ("failed", "worker_lost", "infrastructure")
+        assert "run worker lost" in row.error and row.reward is None
+        assert not process_alive(harness_pid)
+        (retry,) = stack.sql("SELECT attempt, state, outcome_class, retry_of FROM sessions WHERE id = :id",
+                             id=row.retried_as)  # fmt: skip
+        assert (retry.attempt, retry.state, retry.outcome_class, retry.retry_of) == (
+            2,
+            "completed",
+            "task",
+            victim,
+        )
+        per_session = stack.sql(
+            "SELECT s.task_id, s.attempt, s.num_calls, count(t.id) FROM sessions s LEFT JOIN trajectories t "
+            "ON t.session_id = s.id GROUP BY s.id ORDER BY s.task_id, s.attempt"
+        )
+        assert [tuple(r) for r in per_session] == [("next", 1, 1, 1), ("victim", 1, 1, 1), ("victim", 2, 1, 1)]
         terminal_events = stack.sql(
             "SELECT session_id, count(*) FROM session_events WHERE to_state IN ('completed', 'failed') "
             "GROUP BY session_id"
         )
-        assert sorted(r[1] for r in terminal_events) == [1, 1]
+        assert sorted(r[1] for r in terminal_events) == [1, 1, 1]
+
+        # The lost attempt is audit only: neither the feed nor the exports carry it.
+        feed = stack.client.feed(batch_id, after=0, wait_s=0)
+        assert str(victim) not in {item["session_id"] for item in feed["items"]}
+        assert {item["attempt"] for item in feed["items"] if item["task_id"] == "victim"} == {2}
+        stack.client.download(batch_id, "rl", "jsonl", None, tmp_path / "rl.jsonl")
+        rows = [json.loads(line) for line in (tmp_path / "rl.jsonl").read_text().splitlines()]
+        assert sorted((r["task_id"], r["session_id"] == str(victim)) for r in rows) == [
+            ("next", False),
+            ("victim", False),
+        ]

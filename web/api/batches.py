@@ -30,7 +30,7 @@ def create() -> tuple[Response, int]:
 @blueprint.get("/<batch_id>")
 def show(batch_id: str) -> Response:
     status = batch_status(services(), parse_id(batch_id, "batch"))
-    return jsonify(batch_json(status["batch"], status["status"], status["counts"]))
+    return jsonify(batch_json(status["batch"], status["status"], status["counts"], status["attempts"]))
 
 
 @blueprint.get("/<batch_id>/sessions")

@@ -122,8 +122,11 @@ def test_reconciler_recovers_a_lost_run(services: Services) -> None:
     done = reconcile(services)
     assert done["lost_runs"] == 1
     drain(services)
-    (session,) = sessions(services)
-    assert session.state == "failed" and session.outcome == "worker_lost"
+    lost, retried = sorted(sessions(services), key=lambda s: s.attempt)
+    assert (lost.state, lost.outcome, lost.outcome_class) == ("failed", "worker_lost", "infrastructure")
+    assert lost.reward is None and lost.feed_seq is None and lost.retried_as == retried.id
+    assert (retried.attempt, retried.sample_index, retried.retry_of) == (2, lost.sample_index, lost.id)
+    assert (retried.state, retried.outcome_class, retried.reward) == ("completed", "task", 1.0)
 
 
 def test_admission_follows_submission_order(database_url: str, tmp_path: Path) -> None:

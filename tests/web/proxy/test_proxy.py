@@ -92,7 +92,11 @@ def test_unreachable_engine_is_a_502_in_openai_shape(database_url: str, tmp_path
         with pytest.raises(openai.InternalServerError) as caught:
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
         assert caught.value.status_code == 502 and "no engine reachable" in str(caught.value)
-        assert proxy.calls(session_id) == []  # nothing was answered, nothing is stored
+        # Nothing was answered, but the failure is on record (postrun tells an engine outage from the policy's
+        # own failure by it): the status the harness got, no tokens.
+        (call,) = proxy.calls(session_id)
+        assert (call["status_code"], call["prompt_token_ids"], call["completion_token_ids"]) == (502, [], [])
+        assert "no engine reachable" in call["response"]["error"]["message"]
 
 
 def test_unknown_routes_answer_in_the_callers_shape(proxy: LiveProxy) -> None:

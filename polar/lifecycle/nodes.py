@@ -1,0 +1,77 @@
+"""Worker nodes: the machines (or ``POLAR_NODE`` names) whose workers hold sessions' runtimes.
+
+Every worker says it is alive by stamping its node's row (``seen_at``, on the database's clock, so machines'
+clocks never matter) each reconciler interval, with the node's READY bound and run slots. From that:
+
+- admission lets as many sessions into ``init`` as the live nodes' READY bounds add up to (a node with more
+  cores configures more), and an init worker takes a session only while its own node has room;
+- a node none of whose workers has been seen for ``stale_after_s`` is *lost*: the reconciler on a surviving
+  node ends its sessions as infrastructure-lost so their next attempts run elsewhere.
+
+A node that never registered (an API process, a test calling stage functions itself) is never judged lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session as DbSession
+
+from polar.services import Services
+from polar.storage.models import Node
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    ready_buffer: int
+    run_slots: int
+    alive: bool
+
+
+def _stale_before(db: DbSession, stale_after_s: float) -> sa.ColumnElement[bool]:
+    """``seen_at`` older than the window, judged by the database's clock."""
+    if db.get_bind().dialect.name == "postgresql":
+        return Node.seen_at < sa.func.now() - sa.func.make_interval(0, 0, 0, 0, 0, 0, stale_after_s)
+    return sa.func.julianday(sa.func.current_timestamp()) - sa.func.julianday(Node.seen_at) > stale_after_s / 86400
+
+
+def announce(services: Services) -> None:
+    """Stamp this process's node as alive now, with its READY bound and run slots."""
+    config = services.config
+    values = {
+        "name": config.node,
+        "ready_buffer": config.ready_buffer,
+        "run_slots": config.run_concurrency,
+        "seen_at": sa.func.now() if services.db.is_postgres else sa.func.current_timestamp(),
+    }
+    dialect = postgresql if services.db.is_postgres else sqlite
+    statement = dialect.insert(Node).values(**values)
+    statement = statement.on_conflict_do_update(
+        index_elements=[Node.name],
+        set_={name: statement.excluded[name] for name in ("ready_buffer", "run_slots", "seen_at")},
+    )
+    with services.db.unit() as db:
+        db.execute(statement)
+
+
+def nodes(db: DbSession, stale_after_s: float) -> list[NodeInfo]:
+    """Every registered node and whether it is alive."""
+    stale = _stale_before(db, stale_after_s)
+    rows = db.execute(
+        sa.select(Node.name, Node.ready_buffer, Node.run_slots, stale.label("stale")).order_by(Node.name)
+    ).all()
+    return [NodeInfo(r.name, r.ready_buffer, r.run_slots, not r.stale) for r in rows]
+
+
+def lost_nodes(db: DbSession, stale_after_s: float) -> list[str]:
+    return [node.name for node in nodes(db, stale_after_s) if not node.alive]
+
+
+def ready_capacity(db: DbSession, stale_after_s: float, fallback: int) -> int:
+    """The READY bound of the whole deployment: the sum over live nodes, or ``fallback`` (this process's own
+    bound) while no node has announced itself."""
+    live = [node.ready_buffer for node in nodes(db, stale_after_s) if node.alive]
+    return sum(live) if live else fallback

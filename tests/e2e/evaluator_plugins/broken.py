@@ -1,0 +1,26 @@
+"""Evaluators that fail, for the classification of how an attempt ends: one whose runtime breaks under it (the
+infrastructure's fault), one with a bug of its own (the task's)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from polar.errors import RuntimeFailure
+from polar.evaluators.base import Evaluation, EvaluationContext
+
+
+class RuntimeGone:
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        pass
+
+    def evaluate(self, context: EvaluationContext) -> Evaluation:
+        raise RuntimeFailure("the evaluator's container is gone")
+
+
+class Buggy:
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        pass
+
+    def evaluate(self, context: EvaluationContext) -> Evaluation:
+        raise ValueError("an evaluator bug")

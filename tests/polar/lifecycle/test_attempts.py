@@ -1,0 +1,308 @@
+"""How an attempt ends, classified: every way through the stage functions (Postgres, the local runtime), and what
+an infrastructure outcome does: the sample's next attempt, out of attempts, never in the feed or the exports."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from polar.lifecycle.attempts import OutcomeClass, classify, refine
+from polar.lifecycle.batches import batch_status
+from polar.lifecycle.cancel import cancel_batch
+from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.reconciler import reconcile
+from polar.lifecycle.states import Outcome
+from polar.services import Services
+from polar.storage.models import ModelCall, Session, SessionEvent
+from polar.training.exports import export_rows
+from polar.training.feed import read_feed
+from tests.support import command_task, deliver_all, domain_services, submit_tasks
+
+TASK, INFRA = OutcomeClass.TASK, OutcomeClass.INFRASTRUCTURE
+
+
+@pytest.mark.parametrize(
+    ("outcome", "expected"),
+    [
+        (Outcome.EXITED, TASK),
+        (Outcome.TIMEOUT, TASK),
+        (Outcome.CANCELLED, TASK),
+        (Outcome.PREPARE_FAILED, TASK),
+        (Outcome.WORKER_LOST, INFRA),
+        (Outcome.NODE_LOST, INFRA),
+        (Outcome.RUNTIME_FAILED, INFRA),
+        (Outcome.ENGINE_FAILED, INFRA),
+        (Outcome.ERROR, INFRA),
+    ],
+)
+def test_every_outcome_has_a_class(outcome: Outcome, expected: OutcomeClass) -> None:
+    assert classify(outcome) is expected
+
+
+def test_the_table_covers_every_outcome() -> None:
+    assert {classify(outcome) for outcome in Outcome} == {TASK, INFRA}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "exit_code", "engine_failures", "evaluator_runtime_failed", "expected"),
+    [
+        (Outcome.EXITED, 0, 0, False, Outcome.EXITED),
+        (Outcome.EXITED, 0, 2, False, Outcome.EXITED),  # the harness recovered from the engine's failures
+        (Outcome.EXITED, 1, 0, False, Outcome.EXITED),  # the policy's failure
+        (Outcome.EXITED, 1, 1, False, Outcome.ENGINE_FAILED),
+        (Outcome.TIMEOUT, None, 0, False, Outcome.TIMEOUT),
+        (Outcome.TIMEOUT, None, 3, False, Outcome.ENGINE_FAILED),
+        (Outcome.CANCELLED, None, 3, False, Outcome.CANCELLED),
+        (Outcome.CANCELLED, None, 0, True, Outcome.CANCELLED),
+        (Outcome.PREPARE_FAILED, None, 0, False, Outcome.PREPARE_FAILED),
+        (Outcome.EXITED, 0, 0, True, Outcome.RUNTIME_FAILED),
+        (Outcome.TIMEOUT, None, 0, True, Outcome.RUNTIME_FAILED),
+        (Outcome.WORKER_LOST, None, 5, True, Outcome.WORKER_LOST),
+        (Outcome.NODE_LOST, None, 0, False, Outcome.NODE_LOST),
+    ],
+)
+def test_refine(
+    outcome: Outcome, exit_code: int | None, engine_failures: int, evaluator_runtime_failed: bool, expected: Outcome
+) -> None:
+    assert refine(outcome, exit_code, engine_failures, evaluator_runtime_failed) is expected
+
+
+@pytest.fixture
+def services(database_url: str, tmp_path: Path) -> Services:
+    return domain_services(database_url, tmp_path / "work", ready_buffer=4)
+
+
+def attempts(services: Services) -> list[Session]:
+    with services.db.unit() as db:
+        return list(db.scalars(sa.select(Session).order_by(Session.sample_index, Session.attempt)))
+
+
+def only(services: Services) -> Session:
+    (session,) = attempts(services)
+    return session
+
+
+def ended(session: Session) -> tuple[str, str | None, str | None]:
+    return session.state, session.outcome, session.outcome_class
+
+
+def test_harness_exit_zero_is_a_task_outcome(services: Services) -> None:
+    submit_tasks(services, command_task("t", "true"))
+    deliver_all(services)
+    assert ended(only(services)) == ("completed", "exited", "task")
+
+
+def test_harness_exit_nonzero_is_a_task_outcome(services: Services) -> None:
+    submit_tasks(services, command_task("t", "exit 3"))
+    deliver_all(services)
+    session = only(services)
+    assert ended(session) == ("failed", "exited", "task") and session.reward == 0.0
+
+
+def test_budget_timeout_is_a_task_outcome(services: Services) -> None:
+    submit_tasks(services, command_task("t", "sleep 30", timeout_seconds=1.0))
+    deliver_all(services)
+    assert ended(only(services)) == ("timed_out", "timeout", "task")
+
+
+def test_failing_prepare_step_is_a_task_outcome(services: Services) -> None:
+    submit_tasks(services, command_task("t", "true", runtime={"prepare": [{"run": "exit 7"}]}))
+    deliver_all(services)
+    assert ended(only(services)) == ("failed", "prepare_failed", "task")
+
+
+def test_copying_what_does_not_exist_is_a_task_outcome(services: Services, tmp_path: Path) -> None:
+    step = {"copy": str(tmp_path / "no-such-file"), "to": "x"}
+    submit_tasks(services, command_task("t", "true", runtime={"prepare": [step]}))
+    deliver_all(services)
+    session = only(services)
+    assert ended(session) == ("failed", "prepare_failed", "task") and "nothing to copy" in (session.error or "")
+
+
+def test_a_cancel_is_a_task_outcome(services: Services) -> None:
+    batch_id = submit_tasks(services, command_task("t", "true", samples=6))
+    cancel_batch(services, batch_id)
+    deliver_all(services)
+    assert {ended(s) for s in attempts(services)} == {("cancelled", "cancelled", "task")}
+
+
+def test_an_evaluator_bug_is_a_task_outcome(services: Services) -> None:
+    evaluator = {"name": "tests.e2e.evaluator_plugins.broken:Buggy"}
+    submit_tasks(services, command_task("t", "true", evaluator=evaluator))
+    deliver_all(services)
+    session = only(services)
+    assert ended(session) == ("failed", "exited", "task") and "an evaluator bug" in (session.error or "")
+
+
+def test_a_runtime_that_cannot_be_created_is_retried(database_url: str, tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    services = domain_services(database_url, blocker / "sessions")
+    submit_tasks(services, command_task("t", "true", max_attempts=2))
+    deliver_all(services)
+    first, second = attempts(services)
+    assert ended(first) == ended(second) == ("failed", "runtime_failed", "infrastructure")
+    assert (first.retried_as, second.retry_of, second.attempt, second.retried_as) == (second.id, first.id, 2, None)
+    assert first.feed_seq is None and second.feed_seq is not None  # out of attempts: the sample is settled
+
+
+def test_a_runtime_that_disappeared_while_ready_is_retried(services: Services) -> None:
+    submit_tasks(services, command_task("t", "true"))
+    deliver_all(services, until=lambda stage, _: stage is Stage.READY)
+    lost = only(services)
+    for path in sorted(Path(services.config.work_root, str(lost.id)).rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    deliver_all(services)
+    first, second = attempts(services)
+    assert ended(first) == ("failed", "runtime_failed", "infrastructure")
+    assert ended(second) == ("completed", "exited", "task")
+
+
+def _record_call(services: Services, session_id: uuid.UUID, status: int = 200) -> None:
+    """What the proxy records for a call: answered (200, with tokens), or the engine failed it (502)."""
+    tokens = [1, 2, 3] if status == 200 else []
+    with services.db.unit() as db:
+        seq = 1 + int(db.scalar(sa.select(sa.func.count()).where(ModelCall.session_id == session_id)) or 0)
+        db.add(
+            ModelCall(
+                session_id=session_id, seq=seq, provider="openai_chat", prompt_token_ids=tokens,
+                completion_token_ids=tokens[:1], logprobs=[-0.5] * len(tokens[:1]), status_code=status,
+                latency_ms=1.0, request={}, normalized_request={"messages": []}, response={},
+            )
+        )  # fmt: skip
+
+
+def _with_engine_failure(services: Services, session_id: uuid.UUID) -> None:
+    _record_call(services, session_id, status=502)
+
+
+def _calls_before_postrun(services: Services) -> Callable[[Stage, uuid.UUID], bool]:
+    """A ``deliver_all`` hook: every session makes one answered call before its postrun (a trajectory to keep)."""
+
+    def hook(stage: Stage, session_id: uuid.UUID) -> bool:
+        if stage is Stage.POSTRUN:
+            with services.db.unit() as db:
+                made = db.scalar(sa.select(sa.func.count()).where(ModelCall.session_id == session_id))
+            if not made:
+                _record_call(services, session_id)
+        return False
+
+    return hook
+
+
+def test_a_harness_failing_after_the_engine_failed_is_retried(services: Services) -> None:
+    submit_tasks(services, command_task("t", 'test "$POLAR_ATTEMPT" = 2'))  # fails on attempt 1 only
+    deliver_all(services, until=lambda stage, _: stage is Stage.POSTRUN)
+    _with_engine_failure(services, only(services).id)
+    deliver_all(services)
+    first, second = attempts(services)
+    assert ended(first) == ("failed", "engine_failed", "infrastructure")
+    assert "the engine failed 1 of the harness's calls" in (first.error or "")
+    assert ended(second) == ("completed", "exited", "task") and second.reward == 1.0
+
+
+def test_a_harness_that_recovered_from_the_engine_is_scored(services: Services) -> None:
+    submit_tasks(services, command_task("t", "true"))
+    deliver_all(services, until=lambda stage, _: stage is Stage.POSTRUN)
+    _with_engine_failure(services, only(services).id)
+    deliver_all(services)
+    assert ended(only(services)) == ("completed", "exited", "task")
+
+
+def test_an_evaluator_whose_runtime_broke_is_retried(services: Services) -> None:
+    evaluator = {"name": "tests.e2e.evaluator_plugins.broken:RuntimeGone"}
+    submit_tasks(services, command_task("t", "true", evaluator=evaluator, max_attempts=1))
+    deliver_all(services)
+    session = only(services)
+    assert ended(session) == ("failed", "runtime_failed", "infrastructure") and session.reward is None
+
+
+def _lose_the_run(services: Services, sample_index: int | None = None) -> None:
+    """Every ready session (or only ``sample_index``'s) was taken by a run worker that died: running, with a
+    heartbeat long gone; the reconciler finds it."""
+    deliver_all(services, until=lambda stage, _: stage is Stage.RUN)
+    services.dispatcher.sent.clear()  # type: ignore[attr-defined]
+    which = [Session.state == "ready"] + ([Session.sample_index == sample_index] if sample_index is not None else [])
+    with services.db.unit() as db:
+        db.execute(
+            sa.update(Session)
+            .where(*which)
+            .values(state="running", heartbeat_at=sa.func.now() - sa.text("interval '1 hour'"))
+        )
+    assert reconcile(services)["lost_runs"] >= 1
+    if sample_index is not None:  # the others' run messages were dropped above: send them again
+        for session in attempts(services):
+            if session.state == "ready":
+                services.dispatch(Stage.RUN, session.id)
+
+
+def test_infrastructure_losses_stay_out_of_the_feed_and_exports(services: Services) -> None:
+    batch_id = submit_tasks(services, command_task("t", "true", samples=2))
+    _lose_the_run(services)
+    deliver_all(services, until=_calls_before_postrun(services))
+    rows = attempts(services)
+    assert [(s.sample_index, s.attempt, s.outcome_class) for s in rows] == [
+        (0, 1, "infrastructure"), (0, 2, "task"), (1, 1, "infrastructure"), (1, 2, "task"),
+    ]  # fmt: skip
+    kept = {str(s.id) for s in rows if s.outcome_class == "task"}
+    page = read_feed(services, batch_id, after=0, limit=10, groups=True)
+    assert {item["session_id"] for item in page.items} == kept
+    assert {row["session_id"] for row in export_rows(services, batch_id, "rl", None)} == kept
+    assert {row["session_id"] for row in export_rows(services, batch_id, "sft", None)} <= kept
+    status = batch_status(services, batch_id)
+    assert status["status"] == "finished" and status["counts"] == {"completed": 2}
+    assert status["attempts"] == {"retried": 2, "out_of_attempts": 0}
+
+
+def test_a_group_waits_for_the_retry_of_a_lost_sample(services: Services) -> None:
+    batch_id = submit_tasks(services, command_task("t", "true", samples=2))
+    _lose_the_run(services, sample_index=0)
+    record = _calls_before_postrun(services)
+    deliver_all(services, until=lambda stage, session_id: record(stage, session_id) or stage is Stage.INIT)
+    assert read_feed(services, batch_id, after=0, limit=10, groups=True).items == []  # sample 0's retry is queued
+    deliver_all(services, until=record)
+    page = read_feed(services, batch_id, after=0, limit=10, groups=True)
+    assert sorted((item["sample_index"], item["attempt"]) for item in page.items) == [(0, 2), (1, 1)]
+
+
+def test_samples_out_of_attempts_settle_their_group_without_data(services: Services) -> None:
+    batch_id = submit_tasks(services, command_task("t", "true", samples=2, max_attempts=1))
+    _lose_the_run(services)
+    deliver_all(services)
+    assert [ended(s) for s in attempts(services)] == [("failed", "worker_lost", "infrastructure")] * 2
+    page = read_feed(services, batch_id, after=0, limit=10, groups=True)
+    assert page.items == [] and page.next_cursor > 0  # the group is complete, and nothing in it is data
+    status = batch_status(services, batch_id)
+    assert status["status"] == "finished" and status["attempts"] == {"retried": 0, "out_of_attempts": 2}
+
+
+def test_the_next_attempt_goes_first(database_url: str, tmp_path: Path) -> None:
+    services = domain_services(database_url, tmp_path, ready_buffer=1)
+    submit_tasks(services, command_task("first", "true"), command_task("later", "true", samples=3))
+    _lose_the_run(services)
+    order: list[tuple[str, int]] = []
+
+    def note(stage: Stage, session_id: uuid.UUID) -> bool:
+        if stage is Stage.INIT:
+            with services.db.unit() as db:
+                session = db.get(Session, session_id)
+                assert session is not None
+                order.append((session.task_id, session.attempt))
+        return False
+
+    deliver_all(services, until=note)
+    # "later" 0 was admitted while the run was lost; the retry then goes before the rest of the queue.
+    assert order == [("later", 1), ("first", 2), ("later", 1), ("later", 1)]
+
+
+def test_every_event_records_its_node(services: Services) -> None:
+    batch_id = submit_tasks(services, command_task("t", "true", samples=2))
+    cancel_batch(services, batch_id)
+    deliver_all(services)
+    with services.db.unit() as db:
+        nodes = db.scalars(sa.select(SessionEvent.node)).all()
+    assert nodes and set(nodes) == {services.config.node}

@@ -1,0 +1,159 @@
+"""Worker nodes on the domain functions: announcements, the READY bound per node, stages pinned to the node that
+ran init, and a lost node whose sessions another node finishes and retries (two ``Services`` on one database,
+each with its own node name and work root)."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.nodes import announce, lost_nodes, nodes, ready_capacity
+from polar.lifecycle.reconciler import reconcile
+from polar.services import Services
+from polar.stages.init import init_session
+from polar.storage.models import Node, Session, SessionEvent
+from tests.support import command_task, deliver_all, domain_services, submit_tasks
+
+
+def node_services(database_url: str, root: Path, name: str, **overrides: object) -> Services:
+    return domain_services(database_url, root / name, node=name, stale_after_s=1.0, **overrides)
+
+
+@pytest.fixture
+def node_a(database_url: str, tmp_path: Path) -> Services:
+    return node_services(database_url, tmp_path, "a", ready_buffer=2)
+
+
+@pytest.fixture
+def node_b(database_url: str, tmp_path: Path) -> Services:
+    return node_services(database_url, tmp_path, "b", ready_buffer=3)
+
+
+def age(services: Services, node: str, seconds: int = 3600) -> None:
+    """Make ``node`` look as if none of its workers had been seen for ``seconds``."""
+    with services.db.unit() as db:
+        db.execute(
+            sa.update(Node).where(Node.name == node).values(seen_at=sa.func.now() - sa.text(f"interval '{seconds} s'"))
+        )
+
+
+def sessions(services: Services) -> list[Session]:
+    with services.db.unit() as db:
+        return list(db.scalars(sa.select(Session).order_by(Session.sample_index, Session.attempt)))
+
+
+def test_announced_nodes_are_alive_until_stale(node_a: Services, node_b: Services) -> None:
+    announce(node_a)
+    announce(node_b)
+    with node_a.db.unit() as db:
+        assert [(n.name, n.ready_buffer, n.alive) for n in nodes(db, 1.0)] == [("a", 2, True), ("b", 3, True)]
+        assert ready_capacity(db, 1.0, fallback=99) == 5
+    age(node_a, "b")
+    with node_a.db.unit() as db:
+        assert lost_nodes(db, 1.0) == ["b"]
+        assert ready_capacity(db, 1.0, fallback=99) == 2
+
+
+def test_without_announced_nodes_admission_uses_its_own_bound(node_a: Services) -> None:
+    with node_a.db.unit() as db:
+        assert ready_capacity(db, 1.0, fallback=7) == 7
+
+
+def test_admission_fills_the_live_nodes_bounds(node_a: Services, node_b: Services) -> None:
+    announce(node_a)
+    announce(node_b)
+    submit_tasks(node_a, command_task("t", "true", samples=9))
+    assert [s.state for s in sessions(node_a)].count("init") == 5
+
+
+def test_stages_after_init_go_to_the_node_that_ran_it(node_a: Services) -> None:
+    submit_tasks(node_a, command_task("t", "true", samples=2))
+    deliver_all(node_a)
+    routed = node_a.dispatcher.routed  # type: ignore[attr-defined]
+    assert {(stage, node) for stage, _, node in routed} == {
+        (Stage.INIT, None), (Stage.READY, "a"), (Stage.RUN, "a"), (Stage.POSTRUN, "a"),
+    }  # fmt: skip
+    assert {s.node for s in sessions(node_a)} == {"a"}
+    with node_a.db.unit() as db:
+        made = db.execute(sa.select(SessionEvent.to_state, SessionEvent.node)).all()
+    assert {node for _, node in made} == {"a"} and len(made) == 2 * 6
+
+
+def test_a_full_node_hands_init_back(node_a: Services, node_b: Services) -> None:
+    announce(node_a)
+    announce(node_b)
+    submit_tasks(node_b, command_task("t", "true", samples=3))
+    first, second, third = (s.id for s in sessions(node_a))
+    init_session(node_a, first)
+    init_session(node_a, second)  # node a's bound (2) is now full: init + ready on a
+    started = time.monotonic()
+    init_session(node_a, third)
+    assert time.monotonic() - started >= 0.4  # it waited a moment (nothing else to do) before handing back
+    by_id = {s.id: s for s in sessions(node_a)}
+    assert (by_id[third].state, by_id[third].node, by_id[third].heartbeat_at) == ("init", None, None)
+    assert node_a.dispatcher.routed[-1] == (Stage.INIT, third, None)  # type: ignore[attr-defined]
+    init_session(node_b, third)
+    assert {s.id: s.node for s in sessions(node_b)}[third] == "b"
+
+
+def test_a_lost_nodes_sessions_end_elsewhere_and_run_again(node_a: Services, node_b: Services, tmp_path: Path) -> None:
+    announce(node_a)
+    announce(node_b)
+    submit_tasks(node_b, command_task("t", "true", samples=3))
+    node_a.dispatcher.sent.clear()  # type: ignore[attr-defined]
+    deliver_all(node_b, until=lambda stage, _: stage is Stage.RUN)  # all three prepared on b
+    on_b = sessions(node_b)
+    assert {(s.state, s.node) for s in on_b} == {("ready", "b")}
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == sorted(str(s.id) for s in on_b)
+    with node_b.db.unit() as db:  # one of them was running when b went away
+        db.execute(
+            sa.update(Session).where(Session.id == on_b[0].id).values(state="running", heartbeat_at=sa.func.now())
+        )
+    node_b.dispatcher.sent.clear()  # type: ignore[attr-defined]
+
+    age(node_a, "b")
+    announce(node_a)
+    done = reconcile(node_a)
+    assert done["node_lost"] == 3
+    routed = node_a.dispatcher.routed  # type: ignore[attr-defined]
+    assert {(stage, node) for stage, _, node in routed if stage is Stage.POSTRUN} == {(Stage.POSTRUN, None)}
+    deliver_all(node_a)
+
+    rows = sessions(node_a)
+    lost = [s for s in rows if s.attempt == 1]
+    again = [s for s in rows if s.attempt == 2]
+    assert {(s.state, s.outcome, s.outcome_class, s.node) for s in lost} == {
+        ("failed", "node_lost", "infrastructure", "b")
+    }
+    assert {(s.state, s.outcome_class, s.node) for s in again} == {("completed", "task", "a")}
+    # b's runtimes were out of a's reach: left, with their handles, for b to tear down.
+    assert all(s.runtime_handle for s in lost)
+    assert len(list((tmp_path / "b").iterdir())) == 3
+
+    time.sleep(1.1)  # b comes back after a while
+    done = reconcile(node_b)
+    assert done["torn_down"] == 3
+    assert list((tmp_path / "b").iterdir()) == []
+
+
+def test_the_directory_reaper_keeps_what_is_live(node_a: Services) -> None:
+    submit_tasks(node_a, command_task("t", "true"))
+    deliver_all(node_a, until=lambda stage, _: stage is Stage.RUN)
+    (live,) = sessions(node_a)
+    root = Path(node_a.config.work_root)
+    orphan = root / str(uuid.uuid4())
+    orphan_evaluator = root / f"{uuid.uuid4()}-evaluator"
+    stranger = root / "not-a-session"
+    for directory in (orphan, orphan_evaluator, stranger):
+        directory.mkdir()
+    an_hour_ago = time.time() - 3600
+    for directory in root.iterdir():
+        os.utime(directory, (an_hour_ago, an_hour_ago))
+    assert reconcile(node_a)["directories_reaped"] == 2
+    assert sorted(p.name for p in root.iterdir()) == sorted([str(live.id), "not-a-session"])
