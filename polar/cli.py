@@ -273,15 +273,17 @@ def up(state_dir: Path, run_concurrency: int) -> None:
 
     deployment, stack = embedded_stack(state_dir, run_concurrency)
     stack.start()
+    stack.supervise()  # a process that exits (a worker on a broker hiccup) is restarted, as a service manager would
     click.echo(f"Polar is up: API {deployment.api_url}  proxy http://127.0.0.1:{deployment.ports['proxy']}")
     click.echo(f"  engine http://127.0.0.1:{deployment.ports['engine']}  logs {stack.log_dir}")
     click.echo(f"  export POLAR_API_URL={deployment.api_url}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
+        reported = 0
         while True:
-            for name, process in stack.processes.items():
-                if process.poll() is not None:
-                    raise click.ClickException(f"{name} exited ({process.returncode}); see {stack.log(name)}")
+            for name, status in stack.restarts[reported:]:
+                click.echo(f"{name} exited ({status}) and was restarted; see {stack.log(name)}", err=True)
+            reported = len(stack.restarts)
             time.sleep(1)
     except KeyboardInterrupt:
         pass

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,21 +53,41 @@ def gunicorn_spec(name: str, app: str, port: int, workers: int = 2, threads: int
     return ProcessSpec(name, argv, f"http://127.0.0.1:{port}/healthz")
 
 
-def worker_spec(stage: Stage, concurrency: int, pool: str = "threads") -> ProcessSpec:
+@dataclass(frozen=True)
+class NodeSpec:
+    """One worker node: its ``POLAR_NODE`` name and, when it must not share one, its own work root."""
+
+    name: str
+    work_root: Path | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {"POLAR_NODE": self.name}
+        if self.work_root is not None:
+            env["POLAR_WORK_ROOT"] = str(self.work_root)
+        return env
+
+
+def worker_spec(stage: Stage, concurrency: int, pool: str = "threads", node: NodeSpec | None = None) -> ProcessSpec:
+    """A Celery worker consuming ``stage``'s queue (and, with ``node``, that node's own queue of the stage; the
+    worker subscribes to it by itself). Named ``worker-<stage>``, or ``<node>-worker-<stage>``."""
+    hostname = f"{stage.value}@{node.name}" if node else f"{stage.value}@%h"
     argv = [
         PYTHON, "-m", "celery", "-A", "workers", "worker", "--queues", stage.value, "--pool", pool,
-        "--concurrency", str(concurrency), "--hostname", f"{stage.value}@%h", "--task-events",
+        "--concurrency", str(concurrency), "--hostname", hostname, "--task-events",
         "--without-gossip", "--without-mingle", "--loglevel", "INFO",
     ]  # fmt: skip
-    return ProcessSpec(f"worker-{stage.value}", argv, ready_line=" ready.")
+    name = f"{node.name}-worker-{stage.value}" if node else f"worker-{stage.value}"
+    return ProcessSpec(name, argv, ready_line=" ready.", env=node.env if node else {})
 
 
-def stage_workers(run_concurrency: int) -> list[ProcessSpec]:
+def stage_workers(run_concurrency: int, node: NodeSpec | None = None) -> list[ProcessSpec]:
+    """One worker pool per stage queue (of ``node``, when given)."""
     return [
-        worker_spec(Stage.INIT, max(2, run_concurrency)),
-        worker_spec(Stage.READY, 2),
-        worker_spec(Stage.RUN, run_concurrency),
-        worker_spec(Stage.POSTRUN, 2),
+        worker_spec(Stage.INIT, max(2, run_concurrency), node=node),
+        worker_spec(Stage.READY, 2, node=node),
+        worker_spec(Stage.RUN, run_concurrency, node=node),
+        worker_spec(Stage.POSTRUN, 2, node=node),
     ]
 
 
@@ -101,19 +122,25 @@ def pipeline_specs(
     run_concurrency: int,
     proxy_workers: int = 2,
     proxy_threads: int = 16,
+    nodes: Sequence[NodeSpec] = (),
 ) -> list[ProcessSpec]:
     """The whole pipeline: the reference engine with ``policy``, the API and proxy under gunicorn, and the four
-    stage worker pools."""
+    stage worker pools (one set per node of ``nodes``, or one set on this machine's own node)."""
+    workers = [spec for node in nodes for spec in stage_workers(run_concurrency, node)] if nodes else None
     return [
         engine_spec(ports["engine"], policy, engine_args),
         gunicorn_spec("api", "web.api:create_app()", ports["api"], workers=1, threads=8),
         gunicorn_spec("proxy", "web.proxy:create_app()", ports["proxy"], workers=proxy_workers, threads=proxy_threads),
-        *stage_workers(run_concurrency),
+        *(workers or stage_workers(run_concurrency)),
     ]
 
 
 class Stack:
-    """A set of child processes sharing one environment, with logs in ``log_dir``."""
+    """A set of child processes sharing one environment, with logs in ``log_dir``.
+
+    ``supervise()`` restarts a process that exits without being asked to, as a service manager would (a Celery
+    worker can exit on a broker restart); ``hold(name)`` keeps one down on purpose until ``release(name)``.
+    """
 
     def __init__(self, specs: Sequence[ProcessSpec], env: Mapping[str, str], log_dir: Path) -> None:
         self.specs = {spec.name: spec for spec in specs}
@@ -121,8 +148,16 @@ class Stack:
         self.log_dir = log_dir
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._log_start: dict[str, int] = {}
+        self._held: set[str] = set()
+        self._lock = threading.Lock()
+        self._supervising = threading.Event()
+        self.restarts: list[tuple[str, int | None]] = []  # what the supervisor restarted, and its exit status
 
     def start_one(self, name: str) -> subprocess.Popen[bytes]:
+        with self._lock:
+            return self._start_one(name)
+
+    def _start_one(self, name: str) -> subprocess.Popen[bytes]:
         spec = self.specs[name]
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with self.log(name).open("ab") as log:
@@ -147,11 +182,14 @@ class Stack:
             self.stop()
             raise
 
-    def wait_healthy(self, timeout_s: float = 60.0) -> None:
+    def wait_healthy(self, timeout_s: float = 60.0, names: Sequence[str] | None = None) -> None:
+        """Wait until every process (or those ``names``) answers its health check or logged its ready line; one
+        that exits meanwhile fails the wait, unless the supervisor is there to start it again."""
         deadline = time.monotonic() + timeout_s
-        for name, spec in self.specs.items():
+        for name in names or list(self.specs):
+            spec = self.specs[name]
             while not self._ready(spec):
-                if self.processes[name].poll() is not None:
+                if self.processes[name].poll() is not None and not self._supervising.is_set():
                     raise RuntimeError(f"{name} exited with {self.processes[name].returncode}; see {self.log(name)}")
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{name} not healthy after {timeout_s}s; see {self.log(name)}")
@@ -179,14 +217,46 @@ class Stack:
         os.killpg(self.processes[name].pid, sig)
 
     def stop_one(self, name: str, timeout_s: float = 10.0) -> None:
-        process = self.processes.pop(name, None)
+        with self._lock:
+            process = self.processes.pop(name, None)
         if process is not None:
             _terminate([process], timeout_s)
 
+    def hold(self, name: str) -> None:
+        """Keep ``name`` down when it exits: the supervisor leaves it alone until ``release``."""
+        with self._lock:
+            self._held.add(name)
+
+    def release(self, name: str) -> None:
+        with self._lock:
+            self._held.discard(name)
+
+    def supervise(self, restart_after_s: float = 1.0) -> None:
+        """From now on, restart (after ``restart_after_s``) any process that exits while not held or stopped."""
+        self._supervising.set()
+        threading.Thread(target=self._supervise, args=(restart_after_s,), name="stack-supervisor", daemon=True).start()
+
+    def _supervise(self, restart_after_s: float) -> None:
+        exited: dict[str, float] = {}
+        while self._supervising.is_set():
+            with self._lock:
+                for name, process in list(self.processes.items()):
+                    if process.poll() is None or name in self._held:
+                        exited.pop(name, None)
+                        continue
+                    first_seen = exited.setdefault(name, time.monotonic())
+                    if time.monotonic() - first_seen >= restart_after_s:
+                        self.restarts.append((name, process.returncode))
+                        exited.pop(name)
+                        self._start_one(name)
+            time.sleep(0.2)
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM every process group at once, then SIGKILL whatever has not left after ``timeout_s``."""
-        processes = list(self.processes.values())
-        self.processes.clear()
+        self._supervising.clear()
+        with self._lock:
+            processes = list(self.processes.values())
+            self.processes.clear()
         _terminate(processes, timeout_s)
 
     def __enter__(self) -> Stack:

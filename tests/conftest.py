@@ -49,10 +49,21 @@ def empty_database_url() -> Iterator[str]:
         yield url
 
 
+# Databases 1-15 are handed out to stacks; database 0 holds only the leases on them.
+REDIS_DATABASES = range(1, 16)
+LEASE_S = 3 * 3600  # a killed test run's leases expire on their own
+
+
 @contextmanager
-def redis_database(number: int) -> Iterator[str]:
-    """The URL of Redis database ``number``, emptied before and after: a module whose stage workers must never
-    share queues with another module's takes a number of its own."""
+def redis_database() -> Iterator[str]:
+    """The URL of a Redis database no other stack holds, emptied before and after. Each is leased with an atomic
+    ``SET NX`` in database 0, so two test suites on one machine (or two modules' stacks) never share queues."""
+    leases = redis.Redis.from_url(f"{REDIS_BASE}/0")
+    owner = f"{os.getpid()}:{os.urandom(8).hex()}"
+    number = next((n for n in REDIS_DATABASES if leases.set(f"polar-test:db:{n}", owner, nx=True, ex=LEASE_S)), None)
+    if number is None:
+        leases.close()
+        raise RuntimeError("every Redis test database is leased; is another suite running (or stuck)?")
     url = f"{REDIS_BASE}/{number}"
     client = redis.Redis.from_url(url)
     client.flushdb()
@@ -61,12 +72,15 @@ def redis_database(number: int) -> Iterator[str]:
     finally:
         client.flushdb()
         client.close()
+        if leases.get(f"polar-test:db:{number}") == owner.encode():
+            leases.delete(f"polar-test:db:{number}")
+        leases.close()
 
 
 @pytest.fixture
 def broker_url() -> Iterator[str]:
-    """A Redis database of its own (emptied before and after), as the Celery broker."""
-    with redis_database(9) as url:
+    """A Redis database of its own (leased, emptied before and after), as the Celery broker."""
+    with redis_database() as url:
         yield url
 
 

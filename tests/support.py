@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from polar.client import PolarClient
 from polar.config import load_config
-from polar.launcher import Stack, engine_spec, free_port, gunicorn_spec, pipeline_env, pipeline_specs
+from polar.launcher import NodeSpec, Stack, engine_spec, free_port, gunicorn_spec, pipeline_env, pipeline_specs
 from polar.lifecycle.dispatch import Stage
 from polar.services import Services
 from polar.storage.database import Database
@@ -91,7 +91,10 @@ def running_stack(
     policy_config: str = '{"accuracy": 1.0}',
     run_concurrency: int = 2,
     env: Mapping[str, str] | None = None,
+    nodes: Sequence[str] = (),
 ) -> Iterator[RunningStack]:
+    """The whole pipeline on Postgres and Redis; with ``nodes``, one set of stage workers per node name, each with
+    its own work root (``tmp/<node>/sessions``) and run slots."""
     ports = {"engine": free_port(), "api": free_port(), "proxy": free_port()}
     engine_log = tmp / "engine-requests.jsonl"
     stack_env = {
@@ -101,7 +104,9 @@ def running_stack(
         "POLAR_RECONCILE_INTERVAL": "1",
         **(env or {}),
     }
-    specs = pipeline_specs(ports, policy, ["--policy-config", policy_config, "--log", str(engine_log)], run_concurrency)
+    node_specs = [NodeSpec(name, tmp / name / "sessions") for name in nodes]
+    engine_args = ["--policy-config", policy_config, "--log", str(engine_log)]
+    specs = pipeline_specs(ports, policy, engine_args, run_concurrency, nodes=node_specs)
     stack = Stack(specs, stack_env, tmp / "logs")
     stack.start()
     db = Database(database_url)

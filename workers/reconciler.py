@@ -34,9 +34,23 @@ def _loop(worker: str) -> None:
             judge_after = time.monotonic() + services.config.stale_after_s
 
 
+def _check_run_slots(consumer: Any, run_concurrency: int) -> None:
+    """The reconciler counts a node's run slots as ``POLAR_RUN_CONCURRENCY``: say so when a run worker's own
+    ``--concurrency`` differs (too many slots announced: idle-looking nodes and needless re-sends)."""
+    queues = {str(name) for name in consumer.app.amqp.queues.consume_from}
+    concurrency = getattr(getattr(consumer, "controller", None), "concurrency", None)
+    if "run" in queues and concurrency is not None and concurrency != run_concurrency:
+        log.warning(
+            "this run worker has --concurrency %s but POLAR_RUN_CONCURRENCY is %s: set them equal", concurrency,
+            run_concurrency,
+        )  # fmt: skip
+
+
 def _start(sender: Any = None, **_: Any) -> None:
     name = getattr(sender, "hostname", None) or "worker"
     services = services_for(f"reconciler@{name}")
+    if sender is not None:
+        _check_run_slots(sender, services.config.run_concurrency)
     try:
         announce(services)
     except Exception:

@@ -3,9 +3,10 @@
 An attempt ends with a *task* outcome, which is training signal (the harness exited, ran out of budget, was
 cancelled, the task's own prepare step failed; the evaluator scores it), or an *infrastructure* outcome, which
 is not (a worker or a whole node lost, a runtime that could not be created or vanished, the engine failing the
-harness's calls, Polar's own error). An infrastructure outcome starts the next attempt of the same sample, up to
-the task's ``max_attempts``; the lost attempt stays in Postgres with its calls for audit and is left out of the
-feed, group completeness, the exports and the reward views.
+harness's calls, the budget spent waiting for a run slot before the harness ever started, Polar's own error).
+An infrastructure outcome starts the next attempt of the same sample, up to the task's ``max_attempts``; the lost
+attempt stays in Postgres with its calls for audit and is left out of the feed, group completeness, the exports
+and the reward views.
 
 A sample is *settled* when an attempt ended with a task outcome, or when its last allowed attempt was lost
 (reported on the batch as out of attempts): its GRPO group counts it as done either way, but only task
@@ -57,6 +58,7 @@ _CLASS: dict[Outcome, OutcomeClass] = {
     Outcome.NODE_LOST: OutcomeClass.INFRASTRUCTURE,
     Outcome.RUNTIME_FAILED: OutcomeClass.INFRASTRUCTURE,
     Outcome.ENGINE_FAILED: OutcomeClass.INFRASTRUCTURE,
+    Outcome.QUEUE_TIMEOUT: OutcomeClass.INFRASTRUCTURE,
     Outcome.ERROR: OutcomeClass.INFRASTRUCTURE,
 }
 

@@ -7,10 +7,10 @@ moves them on, so every session ends in a terminal state.
   by a surviving node, and their next attempts run elsewhere;
 - ``running`` with a stale heartbeat on a live node: its run worker died. The session goes to ``postrun``
   (outcome ``worker_lost``) so the calls already captured are still reconstructed; the sample is retried;
-- ``init``/``postrun`` with a stale heartbeat: the stage task is sent again; its claim succeeds on a stale lease;
-- ``init``/``ready``/``postrun`` queued for longer than ``requeue_after_s`` with nobody on it: sent again
-  (a duplicate is harmless: the second claim finds the session taken);
-- ``init``/``ready`` past their deadline: to ``postrun`` as timed out;
+- ``init``/``ready``/``postrun`` whose stage message was lost (``polar.lifecycle.lost_messages`` says how that
+  is told from waiting one's turn): sent again (a duplicate is harmless: the second claim finds it taken);
+- ``init``/``ready`` past their deadline: to ``postrun`` as timed out (a task outcome while preparing; while
+  waiting for a run slot, ``queue_timeout``: the harness never ran);
 - this node's runtimes whose session has ended (teardown interrupted, or finished elsewhere while this node was
   lost): torn down; session directories and containers of sessions that ended or are unknown: removed.
 
@@ -30,6 +30,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -37,6 +38,7 @@ from polar.clock import utcnow
 from polar.errors import RuntimeFailure
 from polar.lifecycle.admission import admit
 from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.lost_messages import lost_messages
 from polar.lifecycle.nodes import announce, lost_nodes
 from polar.lifecycle.states import TERMINAL, Outcome, State
 from polar.runtimes import RUNTIMES, attach_runtime
@@ -46,7 +48,6 @@ from polar.storage.locks import RECONCILER, try_exclusive
 from polar.storage.models import Session
 from polar.training.callbacks import deliver_batch_finished, undelivered_batches
 
-_STAGE_OF = {State.INIT: Stage.INIT, State.READY: Stage.READY, State.POSTRUN: Stage.POSTRUN}
 _HELD = [State.INIT.value, State.READY.value, State.RUNNING.value]
 
 
@@ -55,7 +56,7 @@ class _Plan:
     lost_nodes: list[str] = field(default_factory=list)
     node_lost: list[tuple[uuid.UUID, State, str]] = field(default_factory=list)
     lost_runs: list[tuple[uuid.UUID, dict | None, str | None]] = field(default_factory=list)
-    resend: list[tuple[Stage, uuid.UUID]] = field(default_factory=list)
+    resend: list[tuple[Stage, Any]] = field(default_factory=list)
     expired: list[tuple[uuid.UUID, State]] = field(default_factory=list)
     leaked: list[tuple[uuid.UUID, list[dict]]] = field(default_factory=list)
 
@@ -99,17 +100,7 @@ def _plan(services: Services, judge_leases: bool) -> _Plan | None:
                 )
             ).all()
             plan.lost_runs = [(r.id, r.runtime_handle, r.node) for r in rows]
-        rows = db.execute(
-            sa.select(Session.id, Session.state).where(
-                Session.state.in_([s.value for s in _STAGE_OF]),
-                live,
-                sa.or_(
-                    sa.and_(Session.heartbeat_at < stale, Session.stage_enqueued_at < stale),
-                    sa.and_(Session.heartbeat_at.is_(None), Session.stage_enqueued_at < requeue),
-                ),
-            )
-        ).all()
-        plan.resend = [(_STAGE_OF[State(r.state)], r.id) for r in rows]
+        plan.resend = lost_messages(db, live, stale, requeue, services.config.run_concurrency)
         rows = db.execute(
             sa.select(Session.id, Session.state).where(
                 Session.state.in_([State.INIT.value, State.READY.value]),
@@ -239,7 +230,9 @@ def reconcile(services: Services, judge_leases: bool = True) -> Counter[str]:
                 _kill_lost(services, handle)
             done["lost_runs"] += 1
     for session_id, state in plan.expired:
-        if send_to_postrun(services, session_id, state, Outcome.TIMEOUT, f"budget exhausted while {state.value}"):
+        # Out of time while preparing is the task's (its prepare steps); while waiting for a run slot, the queue's.
+        outcome = Outcome.TIMEOUT if state is State.INIT else Outcome.QUEUE_TIMEOUT
+        if send_to_postrun(services, session_id, state, outcome, f"budget exhausted while {state.value}"):
             done["expired"] += 1
     expired = {session_id for session_id, _ in plan.expired}
     for stage, session_id in plan.resend:

@@ -37,7 +37,7 @@ class Outcome(StrEnum):
 
     # What the task did: the training signal.
     EXITED = "exited"  # the harness exited by itself (any exit code)
-    TIMEOUT = "timeout"  # the session's budget ran out
+    TIMEOUT = "timeout"  # the session's budget ran out while its own steps ran (prepare, the harness)
     CANCELLED = "cancelled"  # the batch was cancelled
     PREPARE_FAILED = "prepare_failed"  # one of the task's own prepare steps failed
     # What the machinery did: never a reward.
@@ -45,4 +45,5 @@ class Outcome(StrEnum):
     NODE_LOST = "node_lost"  # every worker of the node holding the runtime is gone
     RUNTIME_FAILED = "runtime_failed"  # the runtime could not be created, reached, or disappeared
     ENGINE_FAILED = "engine_failed"  # the harness failed after the engine failed its calls
+    QUEUE_TIMEOUT = "queue_timeout"  # the budget ran out before the harness started (waiting for a run slot)
     ERROR = "error"  # Polar itself failed unexpectedly

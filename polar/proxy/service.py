@@ -100,6 +100,18 @@ def fit_max_tokens(engine_body: dict[str, Any], reply: EngineReply) -> dict[str,
     return fitted if fitted != engine_body else None
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One call's context, as it is recorded: whose, what the client sent, when it started, under which policy."""
+
+    session_id: uuid.UUID
+    agent: str | None
+    request: ClientRequest
+    body: Any
+    started: float
+    policy_version: str | None
+
+
 def _guarded(protocol: ModuleType, events: Iterator[bytes]) -> Iterator[bytes]:
     """Render a stream; if rendering fails after the first byte, end with the protocol's own error event."""
     try:
@@ -226,6 +238,7 @@ class ProxyService:
         started = time.perf_counter()
         request = protocol.normalize(body, context)
         control = self._admitted()
+        call = _Call(session_id, agent, request, body, started, control.policy_version)
         chat_body = {**request.engine_body, **self.config.sampling_overrides}
         link = self._tito_link(session_id, agent, chat_body)
         engine_body = _capture_fields(chat_body)
@@ -235,10 +248,10 @@ class ProxyService:
             else:
                 reply = self._ask(session_id, "/v1/chat/completions", engine_body)
         except EngineError as exc:
-            self._capture_failure(session_id, agent, request, body, engine_body, exc, started, control.policy_version)
+            self._capture_failure(call, engine_body, exc)
             raise
         captured = time.perf_counter()
-        self._capture(session_id, agent, request, body, engine_body, reply, started, control.policy_version)
+        self._capture(call, engine_body, reply)
         # Where the proxy's time went, for clients and benchmarks (W3C Server-Timing).
         timing = {
             "Server-Timing": f"engine;dur={reply.latency_ms:.2f}, "
@@ -255,54 +268,33 @@ class ProxyService:
             return ProxyAnswer(200, stream=stream, media_type=media_type, headers=timing)
         return ProxyAnswer(200, protocol.render_response(request, answer), headers=timing)
 
-    def _capture_failure(
-        self,
-        session_id: uuid.UUID,
-        agent: str | None,
-        request: ClientRequest,
-        body: Any,
-        engine_body: dict[str, Any],
-        exc: EngineError,
-        started: float,
-        policy_version: str | None,
-    ) -> None:
+    def _capture_failure(self, call: _Call, engine_body: dict[str, Any], exc: EngineError) -> None:
         """Record a call the engine failed, with the status the harness gets (best effort: the harness gets its
         error either way)."""
         status = exc.status_code or 502
-        reply = EngineReply(None, status, {"error": {"message": str(exc)}}, 0.0)
         try:
-            self._capture(session_id, agent, request, body, engine_body, reply, started, policy_version)
+            self._capture(call, engine_body, EngineReply(None, status, {"error": {"message": str(exc)}}, 0.0))
         except (PolarError, sa.exc.DBAPIError):
             log.warning("could not record a call the engine failed (%s)", status)
 
-    def _capture(
-        self,
-        session_id: uuid.UUID,
-        agent: str | None,
-        request: ClientRequest,
-        body: Any,
-        engine_body: dict[str, Any],
-        reply: EngineReply,
-        started: float,
-        policy_version: str | None,
-    ) -> None:
+    def _capture(self, call: _Call, engine_body: dict[str, Any], reply: EngineReply) -> None:
         answer = EngineAnswer(reply.body) if reply.status_code == 200 else None
         record = CallRecord(
-            session_id=session_id,
-            agent=agent,
-            provider=request.provider,
-            model=request.model,
-            stream=request.stream,
+            session_id=call.session_id,
+            agent=call.agent,
+            provider=call.request.provider,
+            model=call.request.model,
+            stream=call.request.stream,
             prompt_token_ids=answer.prompt_token_ids if answer else [],
             completion_token_ids=answer.completion_token_ids if answer else [],
             logprobs=answer.logprobs if answer else [],
             finish_reason=answer.finish_reason if answer else None,
             status_code=reply.status_code,
-            latency_ms=(time.perf_counter() - started) * 1000,
+            latency_ms=(time.perf_counter() - call.started) * 1000,
             engine_latency_ms=reply.latency_ms,
             engine_url=reply.url,
-            policy_version=policy_version,
-            request=body,
+            policy_version=call.policy_version,
+            request=call.body,
             normalized_request=engine_body,
             response=reply.body,
         )

@@ -21,7 +21,9 @@ def ready_session(services: Services, session_id: uuid.UUID) -> None:
     if loaded is None or loaded.session.state != State.READY.value:
         return
     if loaded.remaining_s <= 0:
-        send_to_postrun(services, session_id, State.READY, Outcome.TIMEOUT, "budget exhausted while ready")
+        send_to_postrun(
+            services, session_id, State.READY, Outcome.QUEUE_TIMEOUT, "budget exhausted while waiting for a run slot"
+        )
         return
     try:
         alive = attach_runtime(loaded.session.runtime_handle or {}, services.config).is_alive()

@@ -75,7 +75,7 @@ def _execute(
 def _run(services: Services, claimed: Claimed, key: str) -> tuple[Outcome, int | None, str | None]:
     """The harness under the session's heartbeat; a batch cancel kills it and the outcome says so."""
     if claimed.remaining_s <= 0:
-        return Outcome.TIMEOUT, None, "budget exhausted before the harness started"
+        return Outcome.QUEUE_TIMEOUT, None, "budget exhausted before the harness started"
     cancelled = threading.Event()
     try:
         runtime = attach_runtime(claimed.session.runtime_handle or {}, services.config)

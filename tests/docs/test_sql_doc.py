@@ -22,7 +22,11 @@ EXAMPLES = re.findall(r"```sql\n(.*?)```", DOC.read_text(), flags=re.S)
 @pytest.fixture
 def services(database_url: str, tmp_path: Path) -> Services:
     services = domain_services(database_url, tmp_path, ready_buffer=100)
-    body = {"tasks": [command_task("a", "true", samples=2), command_task("b", "exit 1", samples=1)]}
+    # "c": an attempt the infrastructure lost (its evaluator's runtime broke), out of attempts.
+    lost = command_task(
+        "c", "true", evaluator={"name": "tests.e2e.evaluator_plugins.broken:RuntimeGone"}, max_attempts=1
+    )
+    body = {"tasks": [command_task("a", "true", samples=2), command_task("b", "exit 1", samples=1), lost]}
     submit_batch(services, parse_batch_request(body), request_hash(body))
     finish(services, set(queued_sessions(services)))
     with services.db.unit() as db:  # a trajectory with a recorded merge break, as prefix merging stores them

@@ -150,7 +150,7 @@ def install_plugin(site: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def module_broker_url() -> Iterator[str]:
-    with redis_database(11) as url:
+    with redis_database() as url:
         yield url
 
 

@@ -8,27 +8,17 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from datasets import load_dataset
 
 from polar.datasets import ARITHMETIC_ROWS, ARITHMETIC_TEMPLATE
-from tests.conftest import redis_database
 from tests.support import running_stack
 
 POLAR = Path(sys.executable).parent / "polar"
 EXPECTED = {row["id"]: row["answer"] for row in map(json.loads, ARITHMETIC_ROWS.read_text().splitlines())}
 ROW_NAMES = ("batch", "attempts", "completed", "accepted", "acceptance rate", "tokens", "wall time", "written to")
 _ROW = re.compile(rf"^({'|'.join(ROW_NAMES)})\s+(\S.*)$")
-
-
-@pytest.fixture
-def broker_url() -> Iterator[str]:
-    """A Redis database of this module's own, so these stage workers never share queues with another module's."""
-    with redis_database(12) as url:
-        yield url
 
 
 def polar(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -40,7 +40,7 @@ def cli_versions() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def module_broker_url() -> Iterator[str]:
-    with redis_database(10) as url:
+    with redis_database() as url:
         yield url
 
 

@@ -3,6 +3,7 @@ an infrastructure outcome does: the sample's next attempt, out of attempts, neve
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,7 @@ TASK, INFRA = OutcomeClass.TASK, OutcomeClass.INFRASTRUCTURE
         (Outcome.NODE_LOST, INFRA),
         (Outcome.RUNTIME_FAILED, INFRA),
         (Outcome.ENGINE_FAILED, INFRA),
+        (Outcome.QUEUE_TIMEOUT, INFRA),
         (Outcome.ERROR, INFRA),
     ],
 )
@@ -107,6 +109,15 @@ def test_budget_timeout_is_a_task_outcome(services: Services) -> None:
     submit_tasks(services, command_task("t", "sleep 30", timeout_seconds=1.0))
     deliver_all(services)
     assert ended(only(services)) == ("timed_out", "timeout", "task")
+
+
+def test_a_budget_spent_waiting_for_a_run_slot_is_retried(services: Services) -> None:
+    submit_tasks(services, command_task("t", "true", timeout_seconds=1.0, max_attempts=1))
+    deliver_all(services, until=lambda stage, _: stage is Stage.READY)
+    time.sleep(1.1)  # the budget (which starts at init) runs out before the session reaches a run slot
+    deliver_all(services)
+    session = only(services)
+    assert ended(session) == ("failed", "queue_timeout", "infrastructure") and session.reward is None
 
 
 def test_failing_prepare_step_is_a_task_outcome(services: Services) -> None:

@@ -1,0 +1,411 @@
+"""Fault injection over a whole deployment: a batch on two worker nodes while Redis, Postgres and the engine
+restart, a worker of every stage is SIGKILLed and restarted, and one whole node is killed (and comes back later).
+Afterwards, what must hold: every session terminal, every answer a harness received in Postgres, no duplicate
+trajectories, every sample ended with a task outcome, and attempts lost to the infrastructure nowhere in the feed
+or the exports. ``tests/e2e/test_chaos.py`` asserts it; ``bench/chaos.py`` prints the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from polar.client import PolarClient
+from polar.launcher import NodeSpec, Stack, free_port, pipeline_env, pipeline_specs
+from polar.lifecycle.dispatch import Stage
+from polar.storage.database import Database
+from polar.storage.migration import upgrade
+from tests.private_services import PrivatePostgres, PrivateRedis
+
+REPO = Path(__file__).resolve().parents[1]
+NODES = ("node-a", "node-b")
+LOST_NODE = "node-b"
+
+
+@dataclass(frozen=True)
+class ChaosPlan:
+    tasks: int = 50
+    samples: int = 4  # tasks x samples sessions (200 by default)
+    calls: int = 3  # model calls per session
+    tool_s: float = 0.5  # harness "tool time" between calls
+    run_concurrency: int = 4  # run slots per node
+    max_attempts: int = 6
+    stale_after_s: float = 5.0
+    seed: int = 0
+    faults: bool = True  # False: the same batch undisturbed, for comparison
+
+    @property
+    def sessions(self) -> int:
+        return self.tasks * self.samples
+
+
+@dataclass
+class ChaosReport:
+    plan: ChaosPlan
+    faults: list[tuple[float, str]] = field(default_factory=list)
+    wall_s: float = 0.0
+    sessions: int = 0  # attempts, every one a session row
+    samples: int = 0
+    task_outcomes: int = 0
+    retried: Counter[str] = field(default_factory=Counter)  # lost attempts by outcome
+    out_of_attempts: int = 0
+    states: Counter[str] = field(default_factory=Counter)  # of each sample's settled attempt
+    received: int = 0
+    captured_answers: int = 0
+    feed_items: int = 0
+    export_rows: int = 0
+    reaped_on_return: bool = False
+    unplanned_restarts: list[str] = field(default_factory=list)  # processes that exited on their own
+    violations: list[str] = field(default_factory=list)
+
+    def figures(self) -> list[tuple[str, str]]:
+        lost = sum(self.retried.values()) + self.out_of_attempts
+        by_outcome = ", ".join(f"{outcome} {n}" for outcome, n in self.retried.most_common())
+        return [
+            ("sessions (attempts) / samples", f"{self.sessions} / {self.samples}"),
+            ("faults injected", str(len(self.faults))),
+            ("batch wall time", f"{self.wall_s:.1f} s"),
+            ("samples ending with a task outcome", f"{self.task_outcomes} / {self.samples}"),
+            ("attempts lost to the infrastructure", f"{lost} ({by_outcome})"),
+            ("samples out of attempts", str(self.out_of_attempts)),
+            ("final states", ", ".join(f"{k} {v}" for k, v in sorted(self.states.items()))),
+            ("answers harnesses received / found in Postgres", f"{self.received} / {self.received - self._missing()}"),
+            ("feed items / RL export rows", f"{self.feed_items} / {self.export_rows}"),
+            ("lost node's directories reaped on return", self._reaped()),
+            ("processes that exited on their own (restarted)", ", ".join(self.unplanned_restarts) or "none"),
+            ("violations", str(len(self.violations))),
+        ]  # fmt: skip
+
+    def _reaped(self) -> str:
+        if not self.plan.faults:
+            return "n/a (no node was lost)"
+        return "yes" if self.reaped_on_return else "no"
+
+    def _missing(self) -> int:
+        return sum(1 for v in self.violations if v.startswith("received but not captured"))
+
+
+class _Deployment:
+    """Private Postgres and Redis, the engine, API and proxy, and a set of stage workers per node."""
+
+    def __init__(self, plan: ChaosPlan, workdir: Path) -> None:
+        self.plan = plan
+        self.workdir = workdir
+        self.received_log = workdir / "received.jsonl"
+        self.postgres = PrivatePostgres()
+        self.redis = PrivateRedis()
+        self.nodes = {name: NodeSpec(name, workdir / name / "sessions") for name in NODES}
+        self.stack: Stack | None = None
+
+    def start(self) -> None:
+        self.postgres.start()
+        self.redis.start()
+        database_url = self.postgres.create_database("polar")
+        upgrade(database_url)
+        self.db = Database(database_url)
+        ports = {"engine": free_port(), "api": free_port(), "proxy": free_port()}
+        env = {
+            **pipeline_env(database_url, self.redis.url, ports, self.workdir / "state", self.plan.run_concurrency),
+            "POLAR_HEARTBEAT_INTERVAL": "0.5",
+            "POLAR_STALE_AFTER": str(self.plan.stale_after_s),
+            "POLAR_RECONCILE_INTERVAL": "1",
+            "POLAR_REQUEUE_AFTER": "60",
+            "POLAR_VISIBILITY_TIMEOUT": "60",
+        }
+        engine_args = ["--policy-config", json.dumps({"tokens": 16}), "--log", str(self.workdir / "engine.jsonl")]
+        specs = pipeline_specs(ports, "echo", engine_args, self.plan.run_concurrency, nodes=list(self.nodes.values()))
+        self.stack = Stack(specs, env, self.workdir / "logs")
+        self.stack.start(timeout_s=120)
+        # As in production, a service manager restarts what exits (a Celery worker may, on a broker restart).
+        self.stack.supervise()
+        self.client = PolarClient(env["POLAR_API_URL"])
+
+    def close(self) -> None:
+        if self.stack is not None:
+            self.stack.stop()
+            self.client.close()
+            self.db.dispose()
+        self.redis.close()
+        self.postgres.close()
+
+    def sql(self, query: str, **params: Any) -> list[Any]:
+        with self.db.engine.connect() as connection:
+            return list(connection.execute(sa.text(query), params).all())
+
+
+def _task(index: int, plan: ChaosPlan, received_log: Path) -> dict[str, Any]:
+    return {
+        "task_id": f"chaos-{index:03d}",
+        "instruction": f"Task {index}: say something.",
+        "num_samples": plan.samples,
+        "timeout_seconds": 300,
+        "max_attempts": plan.max_attempts,
+        "reconstruction": "prefix_merging",
+        "harness": {
+            "name": "python",
+            "command": "tests.e2e.agents.chaos:run",
+            "env": {
+                "PYTHONPATH": str(REPO),
+                "CHAOS_RECEIVED_LOG": str(received_log),
+                "CHAOS_CALLS": str(plan.calls),
+                "CHAOS_TOOL_S": str(plan.tool_s),
+            },
+        },
+    }
+
+
+class _Faults:
+    """The fault schedule, run in a thread from the moment the batch is submitted."""
+
+    def __init__(self, deployment: _Deployment, report: ChaosReport, rng: random.Random) -> None:
+        self.d = deployment
+        self.report = report
+        self.rng = rng
+        self.started = time.monotonic()
+        self.down: set[str] = set()
+        stale = deployment.plan.stale_after_s
+        worker_kills: list[tuple[float, Callable[[], None]]] = [
+            (2.0 + 2 * i, lambda stage=stage: self.kill_worker(stage)) for i, stage in enumerate(Stage)
+        ]
+        self.schedule: list[tuple[float, Callable[[], None]]] = [
+            *worker_kills,
+            (11.0, self.restart_redis),
+            (17.0, self.restart_postgres),
+            (23.0, self.restart_engine),
+            (28.0, self.kill_node),
+            (28.0 + 3 * stale + 10.0, self.revive_node),
+            (30.0, lambda: self.kill_worker(Stage.RUN)),
+        ]
+        self.schedule.sort(key=lambda item: item[0])
+        if not deployment.plan.faults:
+            self.schedule = []
+        self.thread = threading.Thread(target=self._run, name="chaos", daemon=True)
+        self.done = threading.Event()
+
+    def _note(self, what: str) -> None:
+        self.report.faults.append((round(time.monotonic() - self.started, 1), what))
+
+    def _run(self) -> None:
+        try:
+            for at, fault in self.schedule:
+                time.sleep(max(0.0, at - (time.monotonic() - self.started)))
+                try:
+                    fault()
+                except Exception as exc:  # the run goes on; the report says the fault did not go as planned
+                    self.report.violations.append(f"fault {getattr(fault, '__name__', fault)} failed: {exc!r}")
+        finally:
+            self.done.set()
+
+    @property
+    def stack(self) -> Stack:
+        assert self.d.stack is not None
+        return self.d.stack
+
+    def _kill(self, name: str) -> None:
+        self.stack.signal(name, signal.SIGKILL)
+        self.stack.processes[name].wait()
+
+    def kill_worker(self, stage: Stage) -> None:
+        """SIGKILL one worker of ``stage`` on a random live node; the supervisor starts it again."""
+        node = self.rng.choice([n for n in NODES if n not in self.down])
+        name = f"{node}-worker-{stage.value}"
+        self._kill(name)
+        self._note(f"SIGKILL {name}")
+
+    def restart_redis(self) -> None:
+        self.d.redis.restart()
+        self._note("Redis killed and restarted (AOF)")
+
+    def restart_postgres(self) -> None:
+        self.d.postgres.restart()
+        self._note("Postgres stopped (immediate) and restarted")
+
+    def restart_engine(self) -> None:
+        self._kill("engine")
+        self._note("engine killed")
+        self.stack.wait_healthy(60, names=["engine"])  # the supervisor starts it again
+        self._note("engine back")
+
+    def kill_node(self) -> None:
+        """The whole node goes away: its four workers and every process running in its sessions."""
+        self.down.add(LOST_NODE)
+        for stage in Stage:
+            self.stack.hold(f"{LOST_NODE}-worker-{stage.value}")
+            self._kill(f"{LOST_NODE}-worker-{stage.value}")
+        root = str(self.d.nodes[LOST_NODE].work_root)
+        for pid in _processes_under(root):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._note(f"node {LOST_NODE} killed (workers and harnesses)")
+
+    def revive_node(self) -> None:
+        for stage in Stage:
+            self.stack.release(f"{LOST_NODE}-worker-{stage.value}")  # the supervisor starts them again
+        self.down.discard(LOST_NODE)
+        self._note(f"node {LOST_NODE} back")
+
+
+def _unplanned(restarts: list[tuple[str, int | None]]) -> list[str]:
+    """The supervisor's restarts of processes that exited on their own (the schedule's kills are all SIGKILL)."""
+    return [f"{name} (exit {status})" for name, status in restarts if status != -signal.SIGKILL]
+
+
+def _processes_under(root: str) -> list[int]:
+    """Processes whose working directory is inside ``root`` (a node's sessions)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/cwd").startswith(root):
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def run_chaos(plan: ChaosPlan, workdir: Path, log: Callable[[str], None] = print) -> ChaosReport:
+    """Run the plan's batch under the fault schedule and check what must hold; returns the report (violations
+    listed, never raised)."""
+    report = ChaosReport(plan)
+    deployment = _Deployment(plan, workdir)
+    try:
+        deployment.start()
+        log(f"deployment up: {plan.sessions} sessions on {len(NODES)} nodes")
+        faults = _Faults(deployment, report, random.Random(plan.seed))
+        started = time.monotonic()
+        batch = deployment.client.submit({"name": "chaos", "tasks": [
+            _task(i, plan, deployment.received_log) for i in range(plan.tasks)
+        ]})  # fmt: skip
+        faults.thread.start()
+        final = _wait_finished(deployment, batch["batch_id"], faults, timeout_s=900)
+        report.wall_s = time.monotonic() - started
+        assert deployment.stack is not None
+        report.unplanned_restarts = _unplanned(deployment.stack.restarts)
+        for at, what in report.faults:
+            log(f"  {at:6.1f}s  {what}")
+        log(f"batch finished in {report.wall_s:.1f}s: {final['counts']} attempts {final['attempts']}")
+        _check(deployment, batch["batch_id"], report)
+    finally:
+        deployment.close()
+    return report
+
+
+def _wait_finished(deployment: _Deployment, batch_id: str, faults: _Faults, timeout_s: float) -> dict[str, Any]:
+    """The batch's final status once it has finished and every fault has been applied (the lost node back)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            status = deployment.client.batch(batch_id)
+        except Exception:  # the API may be answering 5xx while Postgres restarts
+            status = {"status": "unknown"}
+        if status["status"] == "finished" and faults.done.is_set():
+            return status
+        time.sleep(0.5)
+    raise TimeoutError(f"batch {batch_id} not finished after {timeout_s}s")
+
+
+def _check(d: _Deployment, batch_id: str, report: ChaosReport) -> None:
+    v = report.violations
+    rows = d.sql(
+        "SELECT id::text AS id, task_id, sample_index, attempt, state, outcome, outcome_class, retried_as, feed_seq "
+        "FROM sessions"
+    )
+    report.sessions = len(rows)
+    open_sessions = [r.id for r in rows if r.state not in {"completed", "failed", "timed_out", "cancelled"}]
+    v += [f"session not terminal: {s}" for s in open_sessions]
+    samples: dict[tuple[str, int], list[Any]] = {}
+    for row in rows:
+        samples.setdefault((row.task_id, row.sample_index), []).append(row)
+    report.samples = len(samples)
+    if report.samples != d.plan.sessions:
+        v.append(f"{report.samples} samples, expected {d.plan.sessions}")
+    for key, attempts in samples.items():
+        settled = [a for a in attempts if a.feed_seq is not None]
+        if len(settled) != 1:
+            v.append(f"sample {key}: {len(settled)} settled attempts")
+            continue
+        final = settled[0]
+        report.states[final.state] += 1
+        if final.outcome_class == "task":
+            report.task_outcomes += 1
+        else:
+            report.out_of_attempts += 1
+            v.append(f"sample {key} ended without a task outcome ({final.outcome})")
+        for lost in attempts:
+            if lost is not final:
+                report.retried[lost.outcome] += 1
+                if lost.outcome_class != "infrastructure" or lost.retried_as is None:
+                    v.append(f"sample {key}: attempt {lost.attempt} neither settled nor retried")
+
+    # Every answer a harness received is in Postgres, token for token.
+    received = [json.loads(line) for line in d.received_log.read_text().splitlines()] if d.received_log.exists() else []
+    report.received = len(received)
+    captured = {
+        (r.session_id, r.response_id): list(r.completion_token_ids)
+        for r in d.sql(
+            "SELECT session_id::text AS session_id, response ->> 'id' AS response_id, completion_token_ids "
+            "FROM model_calls WHERE status_code = 200"
+        )
+    }
+    report.captured_answers = len(captured)
+    for record in received:
+        tokens = captured.get((record["session_id"], record["response_id"]))
+        if tokens is None or (record["token_ids"] is not None and tokens != record["token_ids"]):
+            v.append(f"received but not captured: {record['session_id']} {record['response_id']}")
+
+    # No duplicate trajectories: every answered call of a session in exactly one of its trajectories.
+    calls: dict[str, set[str]] = {}
+    for r in d.sql("SELECT session_id::text AS s, id::text AS c FROM model_calls WHERE status_code = 200"):
+        calls.setdefault(r.s, set()).add(r.c)
+    merged: dict[str, list[str]] = {}
+    for r in d.sql("SELECT session_id::text AS s, call_ids FROM trajectories"):
+        merged.setdefault(r.s, []).extend(r.call_ids)
+    for row in rows:
+        in_trajectories = merged.get(row.id, [])
+        if len(in_trajectories) != len(set(in_trajectories)) or set(in_trajectories) != calls.get(row.id, set()):
+            v.append(f"session {row.id}: trajectories do not cover its calls exactly once")
+
+    # Lost attempts are nowhere in the feed or the exports; every task outcome is, once.
+    keep = {r.id for r in rows if r.outcome_class == "task" and r.id in merged}
+    fed: Counter[str] = Counter()
+    cursor = 0
+    while True:
+        page = d.client.feed(batch_id, after=cursor, limit=500, groups=True)
+        fed.update(item["session_id"] for item in page["items"])
+        if page["next_cursor"] == cursor:
+            break
+        cursor = page["next_cursor"]
+    report.feed_items = sum(fed.values())
+    if set(fed) != keep:
+        v.append(f"feed sessions differ: {len(set(fed) - keep)} extra, {len(keep - set(fed))} missing")
+    export = d.workdir / "rl.jsonl"
+    d.client.download(batch_id, "rl", "jsonl", None, export)
+    exported = [json.loads(line)["session_id"] for line in export.read_text().splitlines()]
+    report.export_rows = len(exported)
+    if set(exported) != keep or Counter(exported) != fed:
+        v.append("RL export differs from the task outcomes' trajectories")
+
+    # The lost node, back, tears down what it left (directories of sessions that ended meanwhile).
+    if not d.plan.faults:
+        return
+    root = d.nodes[LOST_NODE].work_root
+    assert root is not None
+    deadline = time.monotonic() + 4 * d.plan.stale_after_s + 20
+    while time.monotonic() < deadline and root.exists() and any(root.iterdir()):
+        time.sleep(0.5)
+    report.reaped_on_return = not (root.exists() and any(root.iterdir()))
+    if not report.reaped_on_return:
+        v.append(f"{LOST_NODE} kept {len(list(root.iterdir()))} session directories")
