@@ -10,6 +10,7 @@ import json
 import os
 import re
 import socket
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,6 +21,23 @@ import yaml
 from polar.errors import ValidationError
 
 EMBEDDED_DIR = ".polar"
+
+
+def deployment_id(database_url: str) -> str:
+    """A short stable id of a deployment: a digest of its database URL without the password."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        identity = make_url(database_url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy parses: the digest of the text is as stable
+        identity = database_url
+    return hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+
+def default_work_root(deployment: str) -> Path:
+    """The work root when ``POLAR_WORK_ROOT`` is not set: this deployment's own, under the system's temporary
+    directory, outside every project (``polar.runtimes.work_root`` says why)."""
+    return Path(tempfile.gettempdir()) / f"polar-{deployment}" / "sessions"
 
 
 @dataclass(frozen=True)
@@ -33,7 +51,8 @@ class Config:
     run_concurrency: int = 4
     ready_buffer: int = 8
     state_dir: str = field(default_factory=lambda: str(Path(EMBEDDED_DIR).resolve()))
-    work_root: str = field(default_factory=lambda: str(Path(EMBEDDED_DIR, "sessions").resolve()))
+    # Where session directories live; default: outside every project (polar.runtimes.work_root).
+    work_root: str = ""
     api_url: str = "http://127.0.0.1:8200"
     node: str = field(default_factory=socket.gethostname)
     served_model: str | None = None
@@ -45,19 +64,20 @@ class Config:
     reconcile_interval_s: float = 5.0
     # How long work that is done (a captured call, a finished harness) waits out an unreachable database.
     db_outage_s: float = 60.0
+    # Connections per process (polar.storage.database says how they add up).
+    db_pool_size: int = 8
+    db_max_overflow: int = 4
     max_body_bytes: int = 32 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not self.work_root:
+            object.__setattr__(self, "work_root", str(default_work_root(self.deployment)))
 
     @property
     def deployment(self) -> str:
         """Which Polar installation this is, as a short stable id (a digest of the database URL without its
         password): containers carry it, so two deployments on one Docker engine never reap each other's."""
-        from sqlalchemy.engine import make_url
-
-        try:
-            identity = make_url(self.database_url).render_as_string(hide_password=True)
-        except Exception:  # not a URL SQLAlchemy parses: the digest of the text is as stable
-            identity = self.database_url
-        return hashlib.sha256(identity.encode()).hexdigest()[:16]
+        return deployment_id(self.database_url)
 
     @property
     def embedded(self) -> bool:
@@ -149,7 +169,7 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         run_concurrency=run_concurrency,
         ready_buffer=int(_number(env, "POLAR_READY_BUFFER", 2 * run_concurrency)),
         state_dir=str(state_dir),
-        work_root=env.get("POLAR_WORK_ROOT") or str(state_dir / "sessions"),
+        work_root=env.get("POLAR_WORK_ROOT") or "",
         api_url=(env.get("POLAR_API_URL") or base.api_url).rstrip("/"),
         node=_node_name(env.get("POLAR_NODE") or socket.gethostname()),
         served_model=env.get("POLAR_SERVED_MODEL") or None,
@@ -160,5 +180,7 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         requeue_after_s=_number(env, "POLAR_REQUEUE_AFTER", base.requeue_after_s),
         reconcile_interval_s=_number(env, "POLAR_RECONCILE_INTERVAL", base.reconcile_interval_s),
         db_outage_s=_number(env, "POLAR_DB_OUTAGE", base.db_outage_s),
+        db_pool_size=int(_number(env, "POLAR_DB_POOL_SIZE", base.db_pool_size)),
+        db_max_overflow=int(_number(env, "POLAR_DB_MAX_OVERFLOW", base.db_max_overflow)),
         max_body_bytes=int(_number(env, "POLAR_MAX_BODY_BYTES", base.max_body_bytes)),
     )

@@ -10,6 +10,7 @@
     ├── EngineError            the inference engine failed (502)
     │   └── EngineTimeout      the inference engine did not answer in time (504)
     ├── CaptureFailed          a call could not be recorded, so its answer is withheld (503)
+    ├── BrokerUnavailable      the message broker did not take a stage message (it stays due in the outbox)
     ├── RuntimeFailure         a runtime could not be created or a command could not start
     └── EvaluationError        an evaluator raised; the session is marked failed
 
@@ -72,6 +73,10 @@ class EngineTimeout(EngineError):
 class CaptureFailed(PolarError):
     """The database stayed unreachable longer than Polar waits: the engine's answer is not sent, because an
     answer the harness received must always be in the database."""
+
+
+class BrokerUnavailable(PolarError):
+    """The message broker could not be reached to send a stage message; the outbox keeps it due."""
 
 
 class RuntimeFailure(PolarError):

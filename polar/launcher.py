@@ -142,10 +142,13 @@ class Stack:
     worker can exit on a broker restart); ``hold(name)`` keeps one down on purpose until ``release(name)``.
     """
 
-    def __init__(self, specs: Sequence[ProcessSpec], env: Mapping[str, str], log_dir: Path) -> None:
+    def __init__(
+        self, specs: Sequence[ProcessSpec], env: Mapping[str, str], log_dir: Path, cwd: Path | None = None
+    ) -> None:
         self.specs = {spec.name: spec for spec in specs}
         self.env = dict(env)
         self.log_dir = log_dir
+        self.cwd = cwd  # where every process starts (default: this process's working directory)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._log_start: dict[str, int] = {}
         self._held: set[str] = set()
@@ -164,6 +167,7 @@ class Stack:
             self._log_start[name] = log.tell()
             process = subprocess.Popen(
                 spec.argv,
+                cwd=self.cwd,
                 env={**os.environ, **self.env, **spec.env},
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -88,6 +88,21 @@ class PrivatePostgres:
         time.sleep(down_s)
         self.start()
 
+    def _processes(self) -> list[int]:
+        """The postmaster and every backend it forked."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
+        return [postmaster, *(int(pid) for pid in children)]
+
+    def pause(self) -> None:
+        """SIGSTOP the whole server: connections stay open, every query hangs (a frozen VM, a stalled disk)."""
+        for pid in self._processes():
+            os.kill(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for pid in self._processes():
+            os.kill(pid, signal.SIGCONT)
+
     def create_database(self, name: str) -> str:
         with psycopg.connect(self.admin_dsn, autocommit=True) as connection:
             connection.execute(f'CREATE DATABASE "{name}"')

@@ -92,9 +92,12 @@ def running_stack(
     run_concurrency: int = 2,
     env: Mapping[str, str] | None = None,
     nodes: Sequence[str] = (),
+    supervise: bool = False,
+    cwd: Path | None = None,
 ) -> Iterator[RunningStack]:
     """The whole pipeline on Postgres and Redis; with ``nodes``, one set of stage workers per node name, each with
-    its own work root (``tmp/<node>/sessions``) and run slots."""
+    its own work root (``tmp/<node>/sessions``) and run slots. With ``cwd`` every process starts there, as a
+    user's would, with the state and work directories left to their defaults."""
     ports = {"engine": free_port(), "api": free_port(), "proxy": free_port()}
     engine_log = tmp / "engine-requests.jsonl"
     stack_env = {
@@ -104,11 +107,17 @@ def running_stack(
         "POLAR_RECONCILE_INTERVAL": "1",
         **(env or {}),
     }
+    if cwd is not None:
+        for name in ("POLAR_STATE_DIR", "POLAR_WORK_ROOT"):
+            if name not in (env or {}):
+                del stack_env[name]
     node_specs = [NodeSpec(name, tmp / name / "sessions") for name in nodes]
     engine_args = ["--policy-config", policy_config, "--log", str(engine_log)]
     specs = pipeline_specs(ports, policy, engine_args, run_concurrency, nodes=node_specs)
-    stack = Stack(specs, stack_env, tmp / "logs")
+    stack = Stack(specs, stack_env, tmp / "logs", cwd=cwd)
     stack.start()
+    if supervise:  # restart what exits, as a service manager would (a worker may, on a broker restart)
+        stack.supervise()
     db = Database(database_url)
     client = PolarClient(stack_env["POLAR_API_URL"])
     try:
@@ -120,6 +129,12 @@ def running_stack(
         client.close()
         db.dispose()
         stack.stop()
+
+
+def session_dirs(work_root: str | Path, session_id: object) -> list[Path]:
+    """The directories a session's runtimes have under ``work_root`` (each init claim names its own:
+    ``<id>.<claim>``, ``<id>-evaluator.<claim>``)."""
+    return sorted(Path(work_root).glob(f"{session_id}*"))
 
 
 def process_alive(pid: int) -> bool:

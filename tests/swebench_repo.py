@@ -27,9 +27,7 @@ BREAKS_ADD = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a
 WRONG = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a ** b\n"
 
 _TEST_CALC = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
-_TEST_CALC_FIXED = (
-    _TEST_CALC.replace("import add", "import add, mul") + "\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
-)
+_TEST_MUL = "\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
 _TEST_TABLE = "from calc import mul\n\n\ndef test_table():\n    assert [mul(i, 3) for i in range(4)] == [0, 3, 6, 9]\n"
 # The venv's pytest, reachable in the docker runtime too (it bind-mounts the venv at its host path).
 TEST_CMD = f"{sys.executable} -m pytest -rA -p no:cacheprovider"
@@ -71,21 +69,30 @@ def _commit(repo: Path, files: dict[str, str], message: str) -> str:
     return _git(repo, "rev-parse", "HEAD").strip()
 
 
-def build_swe_repo(root: Path) -> SweRepo:
+# A test helper module next to the tests (no ``tests/__init__.py``): pytest's default import mode puts the test's
+# directory on sys.path, so the tests import it by its bare name, as many repositories do.
+_HELPERS = "TWO, THREE = 2, 3\n"
+_TEST_CALC_NEIGHBOUR = (
+    "from calc import add\nfrom helpers import THREE, TWO\n\n\ndef test_add():\n    assert add(TWO, THREE) == 5\n"
+)
+
+
+def build_swe_repo(root: Path, neighbour_module: bool = False) -> SweRepo:
     """The repository under ``root/calc`` (checked out at base_commit) and its instance row, in the HF datasets'
-    shape (FAIL_TO_PASS and PASS_TO_PASS as JSON strings)."""
+    shape (FAIL_TO_PASS and PASS_TO_PASS as JSON strings). ``neighbour_module``: its tests are not a package and
+    import ``helpers`` from their own directory."""
     repo = root / "calc"
     repo.mkdir(parents=True)
     _git(repo, "init", "-q", "-b", "main")
-    base = {
-        ".gitignore": "__pycache__/\n",
-        "calc.py": BUGGY,
-        "tests/__init__.py": "",
-        "tests/test_calc.py": _TEST_CALC,
-    }
+    base = {".gitignore": "__pycache__/\n", "calc.py": BUGGY}
+    if neighbour_module:
+        base |= {"tests/helpers.py": _HELPERS, "tests/test_calc.py": _TEST_CALC_NEIGHBOUR}
+    else:
+        base |= {"tests/__init__.py": "", "tests/test_calc.py": _TEST_CALC}
     base_commit = _commit(repo, base, "calc: add and mul")
+    test_calc = base["tests/test_calc.py"].replace("import add", "import add, mul") + _TEST_MUL
     fix_commit = _commit(
-        repo, {"calc.py": FIXED, "tests/test_calc.py": _TEST_CALC_FIXED, "tests/test_table.py": _TEST_TABLE}, "fix mul"
+        repo, {"calc.py": FIXED, "tests/test_calc.py": test_calc, "tests/test_table.py": _TEST_TABLE}, "fix mul"
     )
     patch = _git(repo, "diff", base_commit, fix_commit, "--", "calc.py")
     test_patch = _git(repo, "diff", base_commit, fix_commit, "--", "tests")

@@ -7,7 +7,7 @@ import socket
 
 from polar.config import Config
 from polar.services import Services
-from polar.storage.database import Database
+from polar.storage.database import open_database
 
 
 def web_services(config: Config, role: str) -> Services:
@@ -16,7 +16,7 @@ def web_services(config: Config, role: str) -> Services:
 
     return Services(
         config=config,
-        db=Database(config.database_url),
+        db=open_database(config, role),
         dispatcher=CeleryDispatcher(create_celery(config)),
         worker=f"{role}@{socket.gethostname()}:{os.getpid()}",
     )

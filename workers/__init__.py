@@ -1,6 +1,6 @@
 """Polar's Celery workers: ``celery -A workers worker -Q <stage>``. A thin shell over ``polar.stages``."""
 
-from workers import reconciler, stages
+from workers import callbacks, reconciler, stages
 from workers.app import celery_app
 
-__all__ = ["celery_app", "reconciler", "stages"]
+__all__ = ["callbacks", "celery_app", "reconciler", "stages"]

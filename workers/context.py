@@ -10,7 +10,7 @@ from celery.signals import worker_process_init
 
 from polar.config import load_config
 from polar.services import Services
-from polar.storage.database import Database
+from polar.storage.database import open_database
 from workers.app import celery_app
 from workers.dispatch import CeleryDispatcher
 
@@ -18,7 +18,7 @@ from workers.dispatch import CeleryDispatcher
 @functools.cache
 def _process_services() -> Services:
     config = load_config()
-    return Services(config, Database(config.database_url, pool_size=4), CeleryDispatcher(celery_app), "worker")
+    return Services(config, open_database(config, "worker"), CeleryDispatcher(celery_app), "worker")
 
 
 def services_for(worker: str | None) -> Services:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
+from pathlib import Path
 from typing import Any
 
 from celery.signals import worker_ready
 
 from polar.lifecycle.nodes import announce
-from polar.lifecycle.reconciler import reconcile
+from polar.lifecycle.reconciler import LeaseJudge, reconcile
+from polar.runtimes.work_root import project_above
 from workers.context import services_for
 
 log = logging.getLogger(__name__)
@@ -21,17 +22,15 @@ log = logging.getLogger(__name__)
 def _loop(worker: str) -> None:
     services = services_for(f"reconciler@{worker}")
     stop = threading.Event()
-    # While the database was unreachable every heartbeat failed too: judge no lease until a stale window has
-    # passed with the database back, or healthy runs would be declared lost.
-    judge_after = 0.0
+    # Leases are judged only after a stale window of prompt passes: never right after an outage or a pause.
+    judge = LeaseJudge(services.config.stale_after_s)
     while not stop.wait(services.config.reconcile_interval_s):
         try:
-            done = reconcile(services, judge_leases=time.monotonic() >= judge_after)
-            if any(v for k, v in done.items() if k != "admitted"):
+            done = reconcile(services, judge)
+            if any(v for k, v in done.items() if k not in {"admitted", "unsent_sent"}):
                 log.warning("reconciler: %s", dict(done))
         except Exception:
             log.exception("reconciler pass failed")
-            judge_after = time.monotonic() + services.config.stale_after_s
 
 
 def _check_run_slots(consumer: Any, run_concurrency: int) -> None:
@@ -46,11 +45,21 @@ def _check_run_slots(consumer: Any, run_concurrency: int) -> None:
         )  # fmt: skip
 
 
+def _check_work_root(work_root: str) -> None:
+    found = project_above(Path(work_root))
+    if found is not None:
+        log.warning(
+            "POLAR_WORK_ROOT %s is inside a project (%s has %s): commands in sessions will see its configuration "
+            "(pytest settings, git, ...); choose a directory outside any project", work_root, *found,
+        )  # fmt: skip
+
+
 def _start(sender: Any = None, **_: Any) -> None:
     name = getattr(sender, "hostname", None) or "worker"
     services = services_for(f"reconciler@{name}")
     if sender is not None:
         _check_run_slots(sender, services.config.run_concurrency)
+    _check_work_root(services.config.work_root)
     try:
         announce(services)
     except Exception:

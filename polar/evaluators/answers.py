@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from polar.evaluators.base import EvaluationContext, EvaluatorConfig
+from polar.runtimes.base import read_output
 
 DEFAULT_TOLERANCE = 1e-6
 # How much of the found answer the details keep: enough to see what the model said, not a whole log.
@@ -153,7 +154,7 @@ def source_text(config: AnswerConfig, context: EvaluationContext) -> str | None:
         return None
     path = context.runtime.session_dir / "work" / config.source.removeprefix(FILE_PREFIX)
     try:
-        return path.read_text(errors="replace")
+        return read_output(path)
     except OSError:  # the harness never wrote it (or wrote a directory): no answer
         return None
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from polar.lifecycle.states import Outcome
 from polar.reconstruction.base import CapturedCall, TrajectoryData
-from polar.runtimes.base import Runtime
+from polar.runtimes.base import Runtime, read_output
 from polar.task_request import RuntimeSpec, TaskRequest
 
 
@@ -40,12 +40,12 @@ class EvaluationContext:
 
     @property
     def harness_output(self) -> str:
-        """What the harness printed (stdout and stderr), read from the session's log."""
+        """What the harness printed (stdout and stderr), read from the session's log (its end, if it is huge)."""
         if self.runtime is None:
             return ""
         log = self.runtime.session_dir / "logs" / "harness.log"
         try:
-            return log.read_text(errors="replace")
+            return read_output(log)
         except OSError:
             return ""
 

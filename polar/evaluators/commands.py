@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field
 
 from polar.evaluators.base import EvaluationContext, EvaluatorConfig
-from polar.runtimes.base import ExecResult, Runtime, command_env
+from polar.runtimes.base import ExecResult, Runtime, command_env, read_output
 from polar.task_request import RuntimeSpec, TaskRequest
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -102,8 +102,9 @@ def run_command(
     log_name: str,
     extra_env: Mapping[str, str] | None = None,
 ) -> tuple[ExecResult, str]:
-    """Run ``command`` with ``/bin/sh -c`` in ``runtime``'s work directory; returns how it ended and its whole
-    output (read back from ``logs/<log_name>.log``, which is truncated first so a rerun starts clean)."""
+    """Run ``command`` with ``/bin/sh -c`` in ``runtime``'s work directory; returns how it ended and its output
+    (read back from ``logs/<log_name>.log``, which is truncated first so a rerun starts clean; only its end when
+    it is larger than ``READ_LIMIT_BYTES``)."""
     log = runtime.session_dir / "logs" / f"{log_name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_bytes(b"")
@@ -114,6 +115,6 @@ def run_command(
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text(errors="replace")
+        return read_output(path)
     except OSError:
         return ""

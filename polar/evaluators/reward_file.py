@@ -38,7 +38,7 @@ from polar.evaluators.commands import (
     refuse_idle_fresh_options,
     run_command,
 )
-from polar.runtimes.base import Runtime
+from polar.runtimes.base import Runtime, read_output
 from polar.task_request import RuntimeSpec, TaskRequest
 
 LOG_NAME = "verifier"
@@ -85,10 +85,14 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# A reward file holds a number or a small JSON object; anything bigger is read from its end only.
+REWARD_FILE_LIMIT = 1024 * 1024
+
+
 def read_reward(path: Path, shown: str, key: str) -> tuple[float, dict[str, float] | None]:
     """The reward in the file at ``path`` (named ``shown`` in errors), with every numeric entry of a JSON object."""
     try:
-        text = path.read_text(errors="replace")
+        text = read_output(path, limit=REWARD_FILE_LIMIT)
     except OSError as exc:
         raise EvaluationError(f"cannot read the reward file {shown}: {exc}") from exc
     if path.suffix != ".json":

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-from polar.runtimes.base import PASSTHROUGH
+from polar.runtimes.base import PASSTHROUGH, fenced_git
 from polar.task_request import HarnessSpec
 
 
@@ -64,6 +64,7 @@ def proxy_environment(context: HarnessContext) -> dict[str, str]:
             "POLAR_SESSION_DIR": str(context.session_dir),
             "POLAR_ATTEMPT": str(context.attempt),
             "PYTHONUNBUFFERED": "1",
+            **fenced_git(context.session_dir),
         }
     )
     if context.spec.model:

@@ -3,7 +3,8 @@
 The bound is the sum of the live nodes' own READY bounds (``polar.lifecycle.nodes``); each init worker then
 takes a session only while its node has room, so every node holds at most its own bound. Admission runs under
 a database lock so concurrent admitters (the API after a submit, run workers as sessions leave ``ready``, the
-reconciler, init workers checking their node) never overshoot together. Init tasks are sent after commit.
+reconciler, init workers checking their node) never overshoot together. Init messages are recorded as due in the
+same transaction (``polar.lifecycle.outbox``) and sent after it commits.
 
 Later attempts of samples lost to the infrastructure go first: their GRPO groups are waiting on them.
 """
@@ -16,6 +17,7 @@ import sqlalchemy as sa
 
 from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.nodes import ready_capacity
+from polar.lifecycle.outbox import send_due
 from polar.lifecycle.states import BUFFERED, State
 from polar.lifecycle.transitions import transition
 from polar.services import Services
@@ -43,8 +45,7 @@ def admit(services: Services) -> list[uuid.UUID]:
             .limit(room)
         ).all()
         for session_id in candidates:
-            if transition(db, session_id, State.PENDING, State.INIT, by=services, detail="admitted"):
+            if transition(db, session_id, State.PENDING, State.INIT, by=services, detail="admitted", due=Stage.INIT):
                 admitted.append(session_id)
-    for session_id in admitted:
-        services.dispatch(Stage.INIT, session_id)
+    send_due(services, admitted)  # what the broker does not take now stays due: the reconciler sends it
     return admitted

@@ -26,6 +26,7 @@ from polar.lifecycle.states import TERMINAL, State
 from polar.reconstruction import RECONSTRUCTIONS
 from polar.runtimes import check_runtime
 from polar.services import Services
+from polar.storage import db_clock
 from polar.storage.models import Batch, Session, SessionEvent, Task
 from polar.task_request import BatchRequest, task_to_json
 
@@ -178,14 +179,20 @@ def batch_status(services: Services, batch_id: uuid.UUID) -> dict[str, Any]:
     return {"batch": batch, "status": status, "counts": counts, "attempts": attempts}
 
 
-def mark_batch_finished(db: Any, batch_id: uuid.UUID) -> None:
-    """Stamp ``finished_at`` once no session of the batch is left outside a terminal state."""
+def mark_batch_finished(db: Any, batch_id: uuid.UUID) -> bool:
+    """Stamp ``finished_at`` once no session of the batch is left outside a terminal state; True when this call
+    stamped it (the batch finished in this transaction)."""
     open_sessions = db.scalar(
         sa.select(sa.func.count())
         .select_from(Session)
         .where(Session.batch_id == batch_id, Session.state.not_in([s.value for s in TERMINAL]))
     )
-    if not open_sessions:
-        db.execute(
-            sa.update(Batch).where(Batch.id == batch_id, Batch.finished_at.is_(None)).values(finished_at=utcnow())
-        )
+    if open_sessions:
+        return False
+    stamped = db.execute(
+        sa.update(Batch)
+        .where(Batch.id == batch_id, Batch.finished_at.is_(None))
+        .values(finished_at=db_clock.now(db))
+        .returning(Batch.id)
+    ).first()
+    return stamped is not None

@@ -27,7 +27,7 @@ from polar.storage.models import Node, Session
 _STAGE_OF = {State.INIT: Stage.INIT, State.READY: Stage.READY, State.POSTRUN: Stage.POSTRUN}
 
 
-def _overtaken_in_run_queue(stale: datetime) -> sa.ColumnElement[bool]:
+def _overtaken_in_run_queue(stale: sa.ColumnElement[datetime] | datetime) -> sa.ColumnElement[bool]:
     later = aliased(Session)
     return sa.exists().where(
         later.node == Session.node,
@@ -47,7 +47,7 @@ def _idle_run_slot(default_slots: int) -> sa.ColumnElement[bool]:
     return busy < sa.func.coalesce(slots, default_slots)
 
 
-def _overtaken_in_postrun_queue(stale: datetime) -> sa.ColumnElement[bool]:
+def _overtaken_in_postrun_queue(stale: sa.ColumnElement[datetime] | datetime) -> sa.ColumnElement[bool]:
     later = aliased(Session)
     return sa.exists().where(
         later.node == Session.node,
@@ -57,7 +57,11 @@ def _overtaken_in_postrun_queue(stale: datetime) -> sa.ColumnElement[bool]:
 
 
 def lost_messages(
-    db: DbSession, live: sa.ColumnElement[bool], stale: datetime, requeue: datetime, run_slots: int
+    db: DbSession,
+    live: sa.ColumnElement[bool],
+    stale: sa.ColumnElement[datetime] | datetime,
+    requeue: sa.ColumnElement[datetime] | datetime,
+    run_slots: int,
 ) -> list[tuple[Stage, object]]:
     """``(stage, session id)`` for every session on a live node whose stage message should be sent again."""
     unclaimed = Session.heartbeat_at.is_(None)

@@ -7,6 +7,8 @@ moves them on, so every session ends in a terminal state.
   by a surviving node, and their next attempts run elsewhere;
 - ``running`` with a stale heartbeat on a live node: its run worker died. The session goes to ``postrun``
   (outcome ``worker_lost``) so the calls already captured are still reconstructed; the sample is retried;
+- a stage message due but never sent (the broker failed after the commit that made it due): sent
+  (``polar.lifecycle.outbox``);
 - ``init``/``ready``/``postrun`` whose stage message was lost (``polar.lifecycle.lost_messages`` says how that
   is told from waiting one's turn): sent again (a duplicate is harmless: the second claim finds it taken);
 - ``init``/``ready`` past their deadline: to ``postrun`` as timed out (a task outcome while preparing; while
@@ -14,9 +16,10 @@ moves them on, so every session ends in a terminal state.
 - this node's runtimes whose session has ended (teardown interrupted, or finished elsewhere while this node was
   lost): torn down; session directories and containers of sessions that ended or are unknown: removed.
 
-Lease judgments (lost runs, lost nodes) are skipped for a pass when ``judge_leases`` is False: right after the
-reconciler itself could not reach the database, heartbeats that failed during the same outage are not evidence
-that their workers died.
+Lease judgments (lost runs, lost nodes) need evidence that the judge itself was watching: a heartbeat that could
+not be written because the database was down or paused (or this process was stopped) says nothing about its
+worker. ``LeaseJudge`` allows them only after a whole stale window of prompt passes, and a pass that was slow
+drops the judgments it computed (the database may have resumed from a pause mid-pass).
 
 One reconciler pass runs at a time (an advisory lock), from any worker process.
 """
@@ -27,28 +30,58 @@ import shutil
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from polar.clock import utcnow
 from polar.errors import RuntimeFailure
 from polar.lifecycle.admission import admit
 from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.lost_messages import lost_messages
 from polar.lifecycle.nodes import announce, lost_nodes
+from polar.lifecycle.outbox import dispatch, due, send_due, unsent
 from polar.lifecycle.states import TERMINAL, Outcome, State
 from polar.runtimes import RUNTIMES, attach_runtime
 from polar.services import Services
 from polar.stages.handoff import send_to_postrun
+from polar.storage import db_clock
 from polar.storage.locks import RECONCILER, try_exclusive
 from polar.storage.models import Session
-from polar.training.callbacks import deliver_batch_finished, undelivered_batches
 
 _HELD = [State.INIT.value, State.READY.value, State.RUNNING.value]
+
+
+class LeaseJudge:
+    """Whether the reconciler may judge leases: only once it has seen the database answer promptly, pass after
+    pass, for ``stale_after_s``. A pass is prompt when it took less than half the stale window and came less than
+    half a stale window after the previous one (so a stopped process or a paused database shows as a gap)."""
+
+    def __init__(self, stale_after_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._stale_after_s = stale_after_s
+        self._clock = clock
+        self._watching_since: float | None = None
+        self._last_pass: float | None = None
+
+    @property
+    def prompt_s(self) -> float:
+        return self._stale_after_s / 2
+
+    def observe(self, prompt: bool) -> None:
+        """Record a pass that ended now: prompt (it took less than ``prompt_s``) or not (slow, or it failed)."""
+        now = self._clock()
+        gap_ok = self._last_pass is None or now - self._last_pass <= self.prompt_s + self._stale_after_s / 4
+        self._last_pass = now
+        if prompt and gap_ok:
+            self._watching_since = self._watching_since if self._watching_since is not None else now
+        else:
+            self._watching_since = None
+
+    @property
+    def may_judge(self) -> bool:
+        return self._watching_since is not None and self._clock() - self._watching_since >= self._stale_after_s
 
 
 @dataclass
@@ -59,6 +92,7 @@ class _Plan:
     resend: list[tuple[Stage, Any]] = field(default_factory=list)
     expired: list[tuple[uuid.UUID, State]] = field(default_factory=list)
     leaked: list[tuple[uuid.UUID, list[dict]]] = field(default_factory=list)
+    unsent: list[uuid.UUID] = field(default_factory=list)
 
 
 def _on_live_node(lost: list[str]) -> sa.ColumnElement[bool]:
@@ -66,13 +100,14 @@ def _on_live_node(lost: list[str]) -> sa.ColumnElement[bool]:
 
 
 def _plan(services: Services, judge_leases: bool) -> _Plan | None:
-    now = utcnow()
-    stale = now - timedelta(seconds=services.config.stale_after_s)
-    requeue = now - timedelta(seconds=services.config.requeue_after_s)
     plan = _Plan()
     with services.db.unit() as db:
         if not try_exclusive(db, RECONCILER):
             return None
+        # Every judgment on the database's clock: machines' clocks never matter.
+        now = db_clock.now(db)
+        stale = db_clock.ago(db, services.config.stale_after_s)
+        requeue = db_clock.ago(db, services.config.requeue_after_s)
         lost = lost_nodes(db, services.config.stale_after_s) if judge_leases else []
         plan.lost_nodes = lost
         live = _on_live_node(lost)
@@ -83,11 +118,12 @@ def _plan(services: Services, judge_leases: bool) -> _Plan | None:
                     Session.node.in_(lost),
                     sa.or_(
                         Session.state.in_(_HELD),
-                        # Already in postrun: re-sent unpinned at most once per stale window until a node takes it.
+                        # Already in postrun: due on the lost node's queue, or re-sent unpinned a stale window ago
+                        # and not taken (one due and unsent goes out with the outbox).
                         sa.and_(
                             Session.state == State.POSTRUN.value,
                             lease_gone,
-                            sa.or_(Session.stage_enqueued_at.is_(None), Session.stage_enqueued_at < stale),
+                            sa.or_(Session.due_node.is_not(None), Session.stage_enqueued_at < stale),
                         ),
                     ),
                 )
@@ -119,6 +155,8 @@ def _plan(services: Services, judge_leases: bool) -> _Plan | None:
             )
         ).all()
         plan.leaked = [(r.id, [h for h in (r.runtime_handle, r.evaluator_runtime_handle) if h]) for r in rows]
+        # Due but never sent (the broker failed after the commit, or the sender died): send now.
+        plan.unsent = unsent(db, services.config.heartbeat_interval_s * 2)
     return plan
 
 
@@ -132,11 +170,14 @@ def _end_on_lost_node(services: Services, session_id: uuid.UUID, state: State, n
         relabelled = db.execute(
             sa.update(Session)
             .where(Session.id == session_id, Session.state == State.POSTRUN.value, on_node)
-            .values(outcome=Outcome.NODE_LOST.value, error=error, heartbeat_at=None)
+            .values(
+                outcome=Outcome.NODE_LOST.value, error=error, heartbeat_at=None, lease=None,
+                **due(db, Stage.POSTRUN, pinned=False),
+            )
             .returning(Session.id)
-        ).first()
+        ).first()  # fmt: skip
     if relabelled is not None:
-        services.dispatch(Stage.POSTRUN, session_id, pinned=False)
+        send_due(services, [session_id])
     return relabelled is not None
 
 
@@ -211,20 +252,32 @@ def _reap_directories(services: Services) -> int:
     return removed
 
 
-def reconcile(services: Services, judge_leases: bool = True) -> Counter[str]:
-    """One pass; returns what it did, by kind."""
+def reconcile(services: Services, judge: LeaseJudge | None = None) -> Counter[str]:
+    """One pass; returns what it did, by kind. Without a ``judge`` (tests, one-off calls) leases are judged."""
     done: Counter[str] = Counter()
-    announce(services)
-    plan = _plan(services, judge_leases)
+    started = time.monotonic()
+    try:
+        announce(services)
+        plan = _plan(services, judge_leases=judge is None or judge.may_judge)
+    except Exception:
+        if judge is not None:
+            judge.observe(prompt=False)
+        raise
+    prompt = time.monotonic() - started < (judge.prompt_s if judge else float("inf"))
+    if judge is not None:
+        judge.observe(prompt)
     if plan is None:
         return done
-    stale = utcnow() - timedelta(seconds=services.config.stale_after_s)
+    if not prompt:  # the database may have resumed from a pause mid-pass: its heartbeats are no evidence
+        plan.node_lost, plan.lost_runs = [], []
+        done["judgments_dropped"] += 1
+    done["unsent_sent"] += send_due(services, plan.unsent)
     for session_id, state, node in plan.node_lost:
         done["node_lost"] += _end_on_lost_node(services, session_id, state, node)
     for session_id, handle, node in plan.lost_runs:
         error = f"run worker lost: no heartbeat for over {services.config.stale_after_s:g}s"
         # Compare-and-set first: a run whose heartbeat came back meanwhile keeps running, unharmed.
-        where = [Session.heartbeat_at < stale]
+        where = [Session.heartbeat_at < db_clock.ago(services.db, services.config.stale_after_s)]
         if send_to_postrun(services, session_id, State.RUNNING, Outcome.WORKER_LOST, error, where=where):
             if node == services.config.node:  # another node's postrun kills what is left there
                 _kill_lost(services, handle)
@@ -237,7 +290,7 @@ def reconcile(services: Services, judge_leases: bool = True) -> Counter[str]:
     expired = {session_id for session_id, _ in plan.expired}
     for stage, session_id in plan.resend:
         if session_id not in expired:
-            services.dispatch(stage, session_id)
+            dispatch(services, stage, session_id)
             done[f"resent_{stage.value}"] += 1
     for session_id, handles in plan.leaked:
         for handle in handles:
@@ -254,7 +307,5 @@ def reconcile(services: Services, judge_leases: bool = True) -> Counter[str]:
         done["torn_down"] += 1
     done["containers_reaped"] += _reap_containers(services)
     done["directories_reaped"] += _reap_directories(services)
-    for batch_id in undelivered_batches(services, services.config.stale_after_s):
-        done["callbacks"] += deliver_batch_finished(services, batch_id)
     done["admitted"] += len(admit(services))
     return done

@@ -1,6 +1,8 @@
 """Session state changes: every one is a compare-and-set on the session row plus a ``session_events`` row.
 
-A redelivered Celery message therefore changes nothing: its compare-and-set finds the row already moved on.
+A redelivered Celery message therefore changes nothing: its compare-and-set finds the row already moved on. A
+stage that holds the session passes its lease token (``where=[Session.lease == token]``), so a stale holder (a
+worker that stalled and lost its lease to another) changes nothing either. Times come from the database's clock.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session as DbSession
 
-from polar.clock import utcnow
+from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.outbox import due as make_due
 from polar.lifecycle.states import ALLOWED, TERMINAL, State
 from polar.services import Services
+from polar.storage import db_clock
 from polar.storage.models import Session, SessionEvent
 
 _STAMP = {
@@ -35,19 +39,26 @@ def transition(
     by: Services,
     detail: str | None = None,
     where: Iterable[sa.ColumnElement[bool]] = (),
+    due: Stage | None = None,
+    pinned: bool = True,
     **fields: Any,
 ) -> bool:
     """Move ``session_id`` from one of ``expected`` to ``new`` if it is still there; True when it moved.
 
-    ``fields`` are set in the same UPDATE; ``where`` adds conditions (e.g. a stale heartbeat). The caller's
-    transaction commits both the row and its event together; both name ``by``'s worker, the event its node.
+    ``fields`` are set in the same UPDATE; ``where`` adds conditions (a lease token, a stale heartbeat); ``due``
+    records the stage message the move makes due (``polar.lifecycle.outbox``; ``pinned=False``: on the shared
+    queue), to be sent after the commit. The caller's transaction commits the row, its event and what is due
+    together; the row and the event name ``by``'s worker, the event its node. The lease is released.
     """
     expected_set = {expected} if isinstance(expected, State) else set(expected)
     for state in expected_set:
         if new not in ALLOWED.get(state, frozenset()):
             raise ValueError(f"transition {state} -> {new} is not allowed")
-    now: datetime = utcnow()
-    values: dict[str, Any] = {"state": new.value, "heartbeat_at": None, "worker": by.worker, **fields}
+    now = db_clock.now(db)
+    values: dict[str, Any] = {"state": new.value, "heartbeat_at": None, "lease": None, "worker": by.worker}
+    if due is not None:
+        values.update(make_due(db, due, pinned))
+    values.update(fields)
     stamp = _STAMP.get(new)
     if stamp and stamp not in values:
         values[stamp] = now
@@ -63,7 +74,7 @@ def transition(
             .returning(Session.id)
         )
         if result.first() is not None:
-            record_event(db, session_id, state, new, by, detail, now)
+            record_event(db, session_id, state, new, by, detail)
             return True
     return False
 
@@ -75,14 +86,14 @@ def record_event(
     to_state: State,
     by: Services,
     detail: str | None,
-    at: datetime | None = None,
+    at: datetime | sa.ColumnElement[datetime] | None = None,
 ) -> None:
     db.add(
         SessionEvent(
             session_id=session_id,
             from_state=from_state.value if from_state else None,
             to_state=to_state.value,
-            at=at or utcnow(),
+            at=at if at is not None else db_clock.now(db),
             worker=by.worker,
             node=by.config.node,
             detail=detail,

@@ -61,8 +61,10 @@ def _unavailable(spec: RuntimeSpec) -> str | None:
     return None
 
 
-def create_runtime(session_id: uuid.UUID, spec: RuntimeSpec, config: Config, role: str = SESSION_ROLE) -> Runtime:
-    return RUNTIMES[spec.backend].create(session_id, spec, config, role)
+def create_runtime(
+    session_id: uuid.UUID, spec: RuntimeSpec, config: Config, role: str = SESSION_ROLE, instance: str | None = None
+) -> Runtime:
+    return RUNTIMES[spec.backend].create(session_id, spec, config, role, instance)
 
 
 def attach_runtime(handle: Mapping[str, Any], config: Config) -> Runtime:

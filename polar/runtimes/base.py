@@ -18,6 +18,9 @@ from polar.config import Config
 from polar.task_request import RuntimeSpec
 
 OUTPUT_TAIL_BYTES = 4096
+# The most of a session's output or files that Polar reads into memory at once (harness output, an evaluator
+# command's log, an answer file): a policy can write gigabytes, and postrun must not die of it.
+READ_LIMIT_BYTES = 8 * 1024 * 1024
 # Host variables every command in a runtime keeps (locale, certificates, where programs are); everything else
 # is withheld, so no host secret leaks into a harness or an evaluator's command.
 PASSTHROUGH = ("PATH", "LANG", "LC_ALL", "TZ", "SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS")
@@ -26,9 +29,11 @@ SESSION_ROLE = "session"
 EVALUATOR_ROLE = "evaluator"
 
 
-def runtime_name(session_id: uuid.UUID, role: str) -> str:
-    """The directory (and container) name of a session's runtime of ``role``."""
-    return str(session_id) if role == SESSION_ROLE else f"{session_id}-{role}"
+def runtime_name(session_id: uuid.UUID, role: str, instance: str | None = None) -> str:
+    """The directory (and container) name of a session's runtime of ``role``; ``instance`` (a piece of the init
+    claim's lease) gives each claim its own, so a re-run of init never touches a directory another is using."""
+    name = str(session_id) if role == SESSION_ROLE else f"{session_id}-{role}"
+    return f"{name}.{instance}" if instance else name
 
 
 def output_tail(path: Path) -> str:
@@ -41,12 +46,30 @@ def output_tail(path: Path) -> str:
         return ""
 
 
+def read_output(path: Path, limit: int = READ_LIMIT_BYTES) -> str:
+    """The text of ``path``, or its last ``limit`` bytes (where test summaries and answers are) after a line saying
+    how much was left out. Raises ``OSError`` as ``Path.read_text`` does."""
+    with path.open("rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        if size <= limit:
+            handle.seek(0)
+            return handle.read().decode("utf-8", errors="replace")
+        handle.seek(size - limit)
+        tail = handle.read().decode("utf-8", errors="replace")
+    return f"[polar: the first {size - limit} bytes of {size} were left out]\n{tail}"
+
+
 def command_env(session_dir: Path, extra: Mapping[str, str]) -> dict[str, str]:
     """The environment of a prepare step or an evaluator's command: the host's PASSTHROUGH variables, ``HOME`` in
     the session directory, then ``extra`` (the task's ``runtime.env``)."""
     env = {name: os.environ[name] for name in PASSTHROUGH if name in os.environ}
-    env.update({"HOME": str(session_dir / "home"), **extra})
+    env.update({"HOME": str(session_dir / "home"), **fenced_git(session_dir), **extra})
     return env
+
+
+def fenced_git(session_dir: Path) -> dict[str, str]:
+    """Git stops looking for a repository at the session directory: never the host's above it."""
+    return {"GIT_CEILING_DIRECTORIES": str(session_dir.parent)}
 
 
 @dataclass(frozen=True)
@@ -69,8 +92,16 @@ class Runtime(ABC):
 
     @classmethod
     @abstractmethod
-    def create(cls, session_id: uuid.UUID, spec: RuntimeSpec, config: Config, role: str = SESSION_ROLE) -> Runtime:
-        """Create the session's runtime of ``role`` (idempotent: an earlier partial one is replaced)."""
+    def create(
+        cls,
+        session_id: uuid.UUID,
+        spec: RuntimeSpec,
+        config: Config,
+        role: str = SESSION_ROLE,
+        instance: str | None = None,
+    ) -> Runtime:
+        """Create the session's runtime of ``role`` (named with ``instance`` when given; an earlier partial one of
+        the same name is replaced)."""
 
     @classmethod
     @abstractmethod

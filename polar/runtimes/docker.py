@@ -122,11 +122,16 @@ class DockerRuntime(Runtime):
 
     @classmethod
     def create(
-        cls, session_id: uuid.UUID, spec: RuntimeSpec, config: Config, role: str = SESSION_ROLE
+        cls,
+        session_id: uuid.UUID,
+        spec: RuntimeSpec,
+        config: Config,
+        role: str = SESSION_ROLE,
+        instance: str | None = None,
     ) -> DockerRuntime:
         client = _client()
-        name = f"polar-{runtime_name(session_id, role)}"
-        root = Path(config.work_root).resolve() / runtime_name(session_id, role)
+        name = f"polar-{runtime_name(session_id, role, instance)}"
+        root = Path(config.work_root).resolve() / runtime_name(session_id, role, instance)
         user = _user()
         volumes = {path: {"bind": path, "mode": "ro"} for path in host_tool_paths()}
         volumes[str(root)] = {"bind": str(root), "mode": "rw"}

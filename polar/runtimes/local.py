@@ -49,8 +49,15 @@ class LocalRuntime(Runtime):
         self._pgids = pgids
 
     @classmethod
-    def create(cls, session_id: uuid.UUID, spec: RuntimeSpec, config: Config, role: str = SESSION_ROLE) -> LocalRuntime:
-        root = Path(config.work_root) / runtime_name(session_id, role)
+    def create(
+        cls,
+        session_id: uuid.UUID,
+        spec: RuntimeSpec,
+        config: Config,
+        role: str = SESSION_ROLE,
+        instance: str | None = None,
+    ) -> LocalRuntime:
+        root = Path(config.work_root) / runtime_name(session_id, role, instance)
         shutil.rmtree(root, ignore_errors=True)
         try:
             for sub in ("work", "home", "logs"):

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from polar.lifecycle.admission import admit
 from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.outbox import send_due
 from polar.lifecycle.states import BUFFERED, Outcome, State
 from polar.lifecycle.transitions import transition
 from polar.services import Services
@@ -27,7 +28,8 @@ def send_to_postrun(
 ) -> bool:
     """Compare-and-set the session into ``postrun`` with its outcome, queue postrun, refill the READY buffer.
 
-    ``pinned=False`` queues postrun on the shared queue: for a lost node's session, finished elsewhere."""
+    ``where`` carries the caller's lease when it holds the session; ``pinned=False`` queues postrun on the shared
+    queue: for a lost node's session, finished elsewhere."""
     expected_set = {expected} if isinstance(expected, State) else set(expected)
     with services.db.unit() as db:
         moved = transition(
@@ -38,12 +40,14 @@ def send_to_postrun(
             by=services,
             detail=outcome.value if not error else f"{outcome.value}: {error[:200]}",
             where=where,
+            due=Stage.POSTRUN,
+            pinned=pinned,
             outcome=outcome.value,
             error=error,
             **fields,
         )
     if moved:
-        services.dispatch(Stage.POSTRUN, session_id, pinned=pinned)
+        send_due(services, [session_id])
         if expected_set & BUFFERED:
             admit(services)
     return moved

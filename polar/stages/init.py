@@ -14,25 +14,25 @@ created or used is the infrastructure's (``runtime_failed``, retried as a new at
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
-from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import sqlalchemy as sa
 
-from polar.clock import utcnow
 from polar.errors import RuntimeFailure
 from polar.evaluators import fresh_runtime_spec, load_evaluator
 from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.outbox import dispatch, send_due
 from polar.lifecycle.states import Outcome, State
 from polar.lifecycle.transitions import transition
-from polar.runtimes import EVALUATOR_ROLE, Runtime, create_runtime
+from polar.runtimes import EVALUATOR_ROLE, SESSION_ROLE, Runtime, create_runtime
 from polar.runtimes.base import command_env
 from polar.services import Services
 from polar.stages.handoff import send_to_postrun
-from polar.stages.lease import Claimed, NodeFull, claim, heartbeat
+from polar.stages.lease import Claimed, NodeFull, claim, heartbeat, load
+from polar.storage import db_clock
 from polar.storage.models import Session
 from polar.task_request import CopyStep, RunStep, RuntimeSpec
 
@@ -48,17 +48,20 @@ class _StepFailed(Exception):
     """One of the task's own prepare steps failed: the task's outcome, not the infrastructure's."""
 
 
+class _LeaseLost(Exception):
+    """Another claim (or a cancel) took the session while this init ran."""
+
+
 def _start_budget(services: Services, claimed: Claimed) -> Claimed:
-    if claimed.session.deadline_at is not None:
-        return claimed
-    now = utcnow()
-    deadline = now + timedelta(seconds=claimed.task.timeout_seconds)
+    """The budget starts at the first init (a re-run keeps it), on the database's clock."""
     with services.db.unit() as db:
         db.execute(
-            sa.update(Session).where(Session.id == claimed.session.id).values(init_started_at=now, deadline_at=deadline)
+            sa.update(Session)
+            .where(Session.id == claimed.session.id, claimed.held, Session.deadline_at.is_(None))
+            .values(init_started_at=db_clock.now(db), deadline_at=db_clock.shifted(db, claimed.task.timeout_seconds))
         )
-    claimed.session.init_started_at, claimed.session.deadline_at = now, deadline
-    return claimed
+    reloaded = load(services, claimed.session.id, claimed.lease)
+    return reloaded or claimed
 
 
 def _prepare(runtime: Runtime, spec: RuntimeSpec, claimed: Claimed, what: str = "prepare step") -> None:
@@ -82,22 +85,44 @@ def _prepare(runtime: Runtime, spec: RuntimeSpec, claimed: Claimed, what: str = 
             raise _StepFailed(f"{what} {index} ({step.run!r}) {status}: {result.output_tail[-500:]}")
 
 
-def _record(services: Services, session_id: uuid.UUID, **handles: dict[str, Any]) -> None:
+def _record(services: Services, claimed: Claimed, runtime: Runtime, column: str) -> None:
+    """Note a runtime's handle on the session while our lease holds; otherwise it is ours alone: remove it."""
     with services.db.unit() as db:
-        db.execute(sa.update(Session).where(Session.id == session_id).values(**handles))
+        recorded = db.execute(
+            sa.update(Session)
+            .where(Session.id == claimed.session.id, claimed.held)
+            .values({column: runtime.handle})
+            .returning(Session.id)
+        ).first()
+    if recorded is None:
+        runtime.destroy()
+        raise _LeaseLost()
 
 
-def _prepare_evaluator_runtime(services: Services, claimed: Claimed) -> None:
+def _create(services: Services, claimed: Claimed, spec: RuntimeSpec, role: str, column: str) -> Runtime:
+    # Named after this claim: a re-run of init (after our lease went stale) never removes what we are using.
+    instance = claimed.lease.hex[:8] if claimed.lease else None
+    runtime = create_runtime(claimed.session.id, spec, services.config, role, instance)
+    _record(services, claimed, runtime, column)
+    return runtime
+
+
+def _prepare_evaluator_runtime(services: Services, claimed: Claimed) -> Runtime | None:
     """The clean runtime the evaluator judges in, when it wants one (e.g. ``swebench``)."""
     try:
         spec = fresh_runtime_spec(load_evaluator(claimed.task.evaluator), claimed.task)
     except Exception as exc:  # the evaluator's own code: whatever it raises fails the session, nothing else
         raise _StepFailed(f"evaluator {claimed.task.evaluator.name!r}: {type(exc).__name__}: {exc}") from exc
     if spec is None:
-        return
-    runtime = create_runtime(claimed.session.id, spec, services.config, EVALUATOR_ROLE)
-    _record(services, claimed.session.id, evaluator_runtime_handle=runtime.handle)
+        return None
+    runtime = _create(services, claimed, spec, EVALUATOR_ROLE, "evaluator_runtime_handle")
     _prepare(runtime, spec, claimed, what="evaluator runtime prepare step")
+    return runtime
+
+
+def _hand_back(services: Services, session_id: uuid.UUID) -> None:
+    time.sleep(HAND_BACK_S)
+    dispatch(services, Stage.INIT, session_id)
 
 
 def init_session(services: Services, session_id: uuid.UUID) -> None:
@@ -105,28 +130,32 @@ def init_session(services: Services, session_id: uuid.UUID) -> None:
     try:
         claimed = claim(services, session_id, State.INIT, take_node=True)
     except NodeFull:
-        time.sleep(HAND_BACK_S)
-        services.dispatch(Stage.INIT, session_id)
+        _hand_back(services, session_id)
         return
     if claimed is None:
         return
     claimed = _start_budget(services, claimed)
-    with heartbeat(services, session_id, State.INIT):
+    made: list[Runtime] = []
+    fail = functools.partial(send_to_postrun, services, session_id, State.INIT, where=[claimed.held])
+    with heartbeat(services, session_id, claimed.lease):
         try:
-            runtime = create_runtime(session_id, claimed.task.runtime, services.config)
-            _record(services, session_id, runtime_handle=runtime.handle)
-            _prepare(runtime, claimed.task.runtime, claimed)
-            _prepare_evaluator_runtime(services, claimed)
+            made.append(_create(services, claimed, claimed.task.runtime, SESSION_ROLE, "runtime_handle"))
+            _prepare(made[0], claimed.task.runtime, claimed)
+            made += [r for r in [_prepare_evaluator_runtime(services, claimed)] if r is not None]
+        except _LeaseLost:
+            moved = False
         except _BudgetExhausted as exc:
-            send_to_postrun(services, session_id, State.INIT, Outcome.TIMEOUT, str(exc))
-            return
+            moved = fail(Outcome.TIMEOUT, str(exc))
         except _StepFailed as exc:
-            send_to_postrun(services, session_id, State.INIT, Outcome.PREPARE_FAILED, str(exc))
-            return
+            moved = fail(Outcome.PREPARE_FAILED, str(exc))
         except RuntimeFailure as exc:
-            send_to_postrun(services, session_id, State.INIT, Outcome.RUNTIME_FAILED, str(exc))
-            return
-    with services.db.unit() as db:
-        moved = transition(db, session_id, State.INIT, State.READY, by=services)
-    if moved:
-        services.dispatch(Stage.READY, session_id)
+            moved = fail(Outcome.RUNTIME_FAILED, str(exc))
+        else:
+            with services.db.unit() as db:
+                moved = transition(db, session_id, State.INIT, State.READY, by=services, where=[claimed.held],
+                                   due=Stage.READY)  # fmt: skip
+            if moved:
+                send_due(services, [session_id])
+    if not moved:  # our lease went to another claim (or a cancel): what we made is nobody's
+        for runtime in made:
+            runtime.destroy()

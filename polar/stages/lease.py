@@ -1,24 +1,27 @@
-"""A stage task's hold on a session: claimed by compare-and-set, kept alive by a heartbeat.
+"""A stage's hold on a session: claimed by compare-and-set with a fresh lease token, kept alive by a heartbeat.
 
 A claim succeeds only when nobody holds a live lease, so a redelivered or duplicated task message finds the
 session taken and does nothing; a worker that dies stops heartbeating and the reconciler hands the session on.
+The token (``sessions.lease``) tells two holders apart even on one worker (threads, processes, a stalled one
+that lost its lease to another): the heartbeat and every transition the holder makes check it, so a stale holder
+changes nothing. Heartbeats, staleness and the budget are all on the database's clock.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 
-from polar.clock import as_utc, utcnow
 from polar.lifecycle.states import BUFFERED, State
 from polar.services import Services
+from polar.storage import db_clock
 from polar.storage.locks import ADMISSION, exclusive
 from polar.storage.models import Batch, Session, Task
 from polar.task_request import TaskRequest, task_from_json
@@ -28,25 +31,38 @@ from polar.task_request import TaskRequest, task_from_json
 class Claimed:
     session: Session
     task: TaskRequest
+    lease: uuid.UUID | None = None
+    # Seconds of budget left when the row was read (the database's clock), and when that was (this process's).
+    _remaining_at_load: float | None = None
+    _loaded: float = field(default_factory=time.monotonic)
 
     @property
     def remaining_s(self) -> float:
-        deadline = as_utc(self.session.deadline_at)
-        return (deadline - utcnow()).total_seconds() if deadline else float("inf")
+        if self._remaining_at_load is None:
+            return float("inf")
+        return self._remaining_at_load - (time.monotonic() - self._loaded)
 
-
-def load(services: Services, session_id: uuid.UUID) -> Claimed | None:
-    with services.db.unit() as db:
-        row = db.execute(
-            sa.select(Session, Task.spec).join(Task, Task.id == Session.task_pk).where(Session.id == session_id)
-        ).first()
-    if row is None:
-        return None
-    return Claimed(row[0], task_from_json(row[1]))
+    @property
+    def held(self) -> sa.ColumnElement[bool]:
+        """The condition every transition by this holder adds: the lease is still ours."""
+        return Session.lease == self.lease
 
 
 class NodeFull(Exception):
     """This node already holds its READY bound of sessions in init and ready; another node should take it."""
+
+
+def load(services: Services, session_id: uuid.UUID, lease: uuid.UUID | None = None) -> Claimed | None:
+    with services.db.unit() as db:
+        remaining = db_clock.seconds_until(db, Session.deadline_at)
+        row = db.execute(
+            sa.select(Session, Task.spec, remaining)
+            .join(Task, Task.id == Session.task_pk)
+            .where(Session.id == session_id)
+        ).first()
+    if row is None:
+        return None
+    return Claimed(row[0], task_from_json(row[1]), lease, None if row[2] is None else float(row[2]))
 
 
 def _node_full(db: Any, services: Services, session_id: uuid.UUID) -> bool:
@@ -63,19 +79,21 @@ def _node_full(db: Any, services: Services, session_id: uuid.UUID) -> bool:
     return int(held or 0) >= services.config.ready_buffer
 
 
-def claim(services: Services, session_id: uuid.UUID, state: State, *, take_node: bool = False) -> Claimed | None:
-    """Take the session if it is in ``state`` and nobody holds a live lease on it.
+def claim(
+    services: Services, session_id: uuid.UUID, state: State, *, take_node: bool = False, **values: Any
+) -> Claimed | None:
+    """Take the session with a new lease if it is in ``state`` and nobody holds a live lease on it (``values``
+    are set in the same UPDATE).
 
     ``take_node`` (init): the session's runtime will live on this node, so it becomes the session's ``node``,
     provided the node has room in its READY bound; ``NodeFull`` otherwise."""
-    now = utcnow()
-    stale = now - timedelta(seconds=services.config.stale_after_s)
-    values: dict[str, Any] = {"heartbeat_at": now, "worker": services.worker}
+    lease = uuid.uuid4()
     if take_node:
         values["node"] = services.config.node
     with services.db.unit() as db:
         if take_node and _node_full(db, services, session_id):
             raise NodeFull(services.config.node)
+        stale = db_clock.ago(db, services.config.stale_after_s)
         taken = db.execute(
             sa.update(Session)
             .where(
@@ -83,44 +101,51 @@ def claim(services: Services, session_id: uuid.UUID, state: State, *, take_node:
                 Session.state == state.value,
                 sa.or_(Session.heartbeat_at.is_(None), Session.heartbeat_at < stale),
             )
-            .values(**values)
+            .values(heartbeat_at=db_clock.now(db), lease=lease, worker=services.worker, **values)
             .returning(Session.id)
         ).first()
-    return load(services, session_id) if taken else None
+    return load(services, session_id, lease) if taken else None
 
 
-def _beat(services: Services, session_id: uuid.UUID, state: State) -> bool:
-    """Refresh the lease; True when the session's batch has been cancelled meanwhile."""
+def _beat(services: Services, session_id: uuid.UUID, lease: uuid.UUID) -> tuple[bool, bool]:
+    """Refresh the lease: (still ours, the session's batch has been cancelled meanwhile)."""
     cancelled = sa.select(Batch.cancel_requested_at.is_not(None)).where(Batch.id == Session.batch_id).scalar_subquery()
     with services.db.unit() as db:
-        return bool(
-            db.execute(
-                sa.update(Session)
-                .where(Session.id == session_id, Session.state == state.value, Session.worker == services.worker)
-                .values(heartbeat_at=utcnow())
-                .returning(cancelled)
-            ).scalar()
-        )
+        row = db.execute(
+            sa.update(Session)
+            .where(Session.id == session_id, Session.lease == lease)
+            .values(heartbeat_at=db_clock.now(db))
+            .returning(cancelled)
+        ).first()
+    return (row is not None, bool(row and row[0]))
 
 
 @contextmanager
 def heartbeat(
-    services: Services, session_id: uuid.UUID, state: State, on_cancel: Callable[[], None] | None = None
+    services: Services,
+    session_id: uuid.UUID,
+    lease: uuid.UUID | None,
+    on_cancel: Callable[[], None] | None = None,
+    on_lost: Callable[[], None] | None = None,
 ) -> Iterator[None]:
     """Refresh the lease every ``heartbeat_interval_s`` while the body runs; call ``on_cancel`` (once) when the
-    session's batch is cancelled, so a long stage can stop its work."""
+    session's batch is cancelled, and ``on_lost`` (once) when the lease has gone to another holder (or the
+    session moved on without us), so a long stage can stop its work."""
     stop = threading.Event()
 
     def beat() -> None:
-        notified = False
+        cancel_told = lost_told = False
         while not stop.wait(services.config.heartbeat_interval_s):
             try:
-                cancelled = _beat(services, session_id, state)
+                ours, cancelled = _beat(services, session_id, lease) if lease else (True, False)
             except Exception:  # a missed beat is retried; the reconciler tolerates a few
                 continue
-            if cancelled and on_cancel is not None and not notified:
-                notified = True
+            if cancelled and on_cancel is not None and not cancel_told:
+                cancel_told = True
                 on_cancel()
+            if not ours and on_lost is not None and not lost_told:
+                lost_told = True
+                on_lost()
 
     thread = threading.Thread(target=beat, name=f"heartbeat-{session_id}", daemon=True)
     thread.start()

@@ -7,6 +7,9 @@ postrun can never leave duplicate trajectories.
 
 An attempt lost to the infrastructure (``polar.lifecycle.attempts``) is not scored: its trajectories are kept
 for audit, and the same transaction starts the sample's next attempt, or settles the sample as out of attempts.
+Postrun is bounded: after ``MAX_POSTRUN_CLAIMS`` tries that never finished, the next ends the session unscored
+(trajectories kept) instead of retrying forever; what an evaluator reads of a session's output is bounded too
+(``polar.runtimes.base.read_output``).
 A lost node's sessions are finished here by a surviving node, which cannot reach their runtimes: it leaves them
 (and their handles) for the lost node's reconciler to tear down when it comes back.
 """
@@ -33,7 +36,7 @@ from polar.services import Services
 from polar.stages.lease import Claimed, claim, heartbeat
 from polar.storage.models import Batch, ModelCall, Session, Trajectory
 from polar.storage.prompts import full_prompts
-from polar.training.callbacks import after_session_ended
+from polar.training.callbacks import record_session_events
 from polar.training.feed import assign_position
 
 
@@ -90,6 +93,9 @@ def final_state(outcome: Outcome, exit_code: int | None, evaluator_error: str | 
         return State.FAILED
     return State.COMPLETED
 
+
+# A postrun claimed this often without ending the session is ended without scoring (``_give_up``).
+MAX_POSTRUN_CLAIMS = 3
 
 # Engine answers that mean the engine failed the call (unreachable, 5xx, timed out), as the proxy records them.
 ENGINE_FAILURE_STATUSES = (502, 503, 504)
@@ -217,7 +223,7 @@ def _store(
             by=services,
             detail=evaluator_error
             or (ending.outcome.value if ending.outcome_class is OutcomeClass.INFRASTRUCTURE else None),
-            where=[Session.worker == services.worker],
+            where=[claimed.held],
             reward=reward,
             evaluation=dict(evaluation.details) if evaluation else None,
             error=ending.error or evaluator_error,
@@ -243,7 +249,9 @@ def _store(
                 )
             )
         retried = _settle(db, services, claimed, ending)
-        mark_batch_finished(db, session.batch_id)
+        finished = mark_batch_finished(db, session.batch_id)
+        if not retried:  # the sample settled: the group or the batch it completes owes its callbacks
+            record_session_events(db, session.id, finished)
     return retried
 
 
@@ -271,23 +279,37 @@ def _ending(
     return _Ending(outcome, error, scored)
 
 
+def _give_up(claimed: Claimed) -> _Ending:
+    """Postrun was claimed more than ``MAX_POSTRUN_CLAIMS`` times: each try died (a killed worker, memory, a
+    crash) before it ended the session. End it now, unscored, as Polar's own failure (so the sample is retried)."""
+    tries = claimed.session.postrun_claims - 1
+    error = f"postrun did not finish in {tries} tries (its worker died or failed each time); ended unscored"
+    return _Ending(Outcome.ERROR, f"{error}; {claimed.session.error}" if claimed.session.error else error,
+                   _Scored(None, None, False))  # fmt: skip
+
+
 def postrun_session(services: Services, session_id: uuid.UUID) -> None:
-    claimed = claim(services, session_id, State.POSTRUN)
+    claimed = claim(services, session_id, State.POSTRUN, postrun_claims=Session.postrun_claims + 1)
     if claimed is None:
         return
-    with heartbeat(services, session_id, State.POSTRUN):
-        calls = captured_calls(services, session_id)
-        trajectories = RECONSTRUCTIONS[claimed.task.reconstruction](calls)
+    tries = claimed.session.postrun_claims
+    with heartbeat(services, session_id, claimed.lease):
+        calls, trajectories = [], []
+        if tries <= MAX_POSTRUN_CLAIMS + 1:  # beyond that, rebuilding the trajectories is what keeps failing
+            calls = captured_calls(services, session_id)
+            trajectories = RECONSTRUCTIONS[claimed.task.reconstruction](calls)
         runtimes = _runtimes_here(services, claimed.session)
         if runtimes is not None and runtimes.session is not None:
             runtimes.session.kill_processes()
-        ending = _ending(services, claimed, runtimes, calls, trajectories)
+        if tries > MAX_POSTRUN_CLAIMS:
+            ending = _give_up(claimed)
+        else:
+            ending = _ending(services, claimed, runtimes, calls, trajectories)
         retried = _store(services, claimed, trajectories, ending)
         if retried is None:
             return
     if retried:
         admit(services)
-    after_session_ended(services, session_id)
     if runtimes is None:
         return  # another node's runtimes: its own reconciler tears them down
     runtimes.destroy()

@@ -9,6 +9,7 @@ import uuid
 
 from polar.errors import RuntimeFailure
 from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.outbox import dispatch
 from polar.lifecycle.states import Outcome, State
 from polar.runtimes import attach_runtime
 from polar.services import Services
@@ -32,4 +33,4 @@ def ready_session(services: Services, session_id: uuid.UUID) -> None:
     if not alive:
         send_to_postrun(services, session_id, State.READY, Outcome.RUNTIME_FAILED, "the session's runtime disappeared")
         return
-    services.dispatch(Stage.RUN, session_id)
+    dispatch(services, Stage.RUN, session_id)

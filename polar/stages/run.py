@@ -1,4 +1,8 @@
-"""Stage ``run``: mint the proxy key, start the harness in the runtime, enforce the remaining budget."""
+"""Stage ``run``: mint the proxy key, start the harness in the runtime, enforce the remaining budget.
+
+Starting the run takes a lease (``polar.stages.lease``); the hand-off to postrun checks it, and a run whose lease
+went elsewhere (the reconciler judged it lost) kills its harness and changes nothing.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ import uuid
 
 import sqlalchemy as sa
 
-from polar.clock import utcnow
 from polar.errors import RuntimeFailure
 from polar.harnesses import HARNESSES, HarnessContext
 from polar.lifecycle.admission import admit
@@ -18,26 +21,35 @@ from polar.runtimes import Runtime, attach_runtime
 from polar.services import Services
 from polar.stages.handoff import send_to_postrun
 from polar.stages.lease import Claimed, heartbeat, load
+from polar.storage import db_clock
 from polar.storage.models import Session
 from polar.storage.outage import ride_out
 
 
-def _start(services: Services, session_id: uuid.UUID, key: str) -> bool:
+def _start(services: Services, session_id: uuid.UUID, key: str) -> uuid.UUID | None:
+    """Ready → running with a new lease; the lease, or None when another took the session first."""
+    lease = uuid.uuid4()
     with services.db.unit() as db:
-        return transition(
+        started = transition(
             db,
             session_id,
             State.READY,
             State.RUNNING,
             by=services,
             proxy_key_hash=hash_key(key),
-            heartbeat_at=utcnow(),
+            heartbeat_at=db_clock.now(db),
+            lease=lease,
         )
+    return lease if started else None
 
 
-def _record_handle(services: Services, session_id: uuid.UUID, runtime: Runtime) -> None:
+def _record_handle(services: Services, claimed: Claimed, runtime: Runtime) -> None:
     with services.db.unit() as db:
-        db.execute(sa.update(Session).where(Session.id == session_id).values(runtime_handle=runtime.handle))
+        db.execute(
+            sa.update(Session)
+            .where(Session.id == claimed.session.id, claimed.held)
+            .values(runtime_handle=runtime.handle)
+        )
 
 
 def _execute(
@@ -61,7 +73,7 @@ def _execute(
         launch.env,
         claimed.remaining_s,
         log_name="harness",
-        on_start=lambda _pid: _record_handle(services, session.id, runtime),
+        on_start=lambda _pid: _record_handle(services, claimed, runtime),
     )
     if result.timed_out:
         return Outcome.TIMEOUT, None, f"harness exceeded the session budget of {task.timeout_seconds:g}s"
@@ -84,7 +96,8 @@ def _run(services: Services, claimed: Claimed, key: str) -> tuple[Outcome, int |
             cancelled.set()
             runtime.kill_processes()
 
-        with heartbeat(services, claimed.session.id, State.RUNNING, on_cancel=cancel):
+        # The lease gone elsewhere (judged lost while we ran): stop; our hand-off will change nothing.
+        with heartbeat(services, claimed.session.id, claimed.lease, on_cancel=cancel, on_lost=runtime.kill_processes):
             outcome, exit_code, error = _execute(services, claimed, key, runtime)
     except RuntimeFailure as exc:
         return Outcome.RUNTIME_FAILED, None, str(exc)
@@ -96,13 +109,13 @@ def _run(services: Services, claimed: Claimed, key: str) -> tuple[Outcome, int |
 def run_session(services: Services, session_id: uuid.UUID) -> None:
     """Run the harness to its end (or its budget's) and hand the session to postrun."""
     key = mint_key()
-    if not _start(services, session_id, key):
+    lease = _start(services, session_id, key)
+    if lease is None:
         return
     admit(services)  # leaving ready frees a READY-buffer slot
-    claimed = load(services, session_id)
+    claimed = load(services, session_id, lease)
     assert claimed is not None
     outcome, exit_code, error = _run(services, claimed, key)
-    finished_at = utcnow()
     # The harness's work is done: a database restart right now must not turn it into a lost run.
     ride_out(
         lambda: send_to_postrun(
@@ -111,9 +124,9 @@ def run_session(services: Services, session_id: uuid.UUID) -> None:
             State.RUNNING,
             outcome,
             error,
-            where=[Session.worker == services.worker],
+            where=[claimed.held],
             exit_code=exit_code,
-            run_finished_at=finished_at,
+            run_finished_at=db_clock.now(services.db),
         ),
         within_s=services.config.db_outage_s,
     )

@@ -1,4 +1,12 @@
-"""Connections to the system of record: one SQLAlchemy engine per process, sessions per unit of work."""
+"""Connections to the system of record: one SQLAlchemy engine per process, sessions per unit of work.
+
+Each process holds at most ``pool_size + max_overflow`` connections (``POLAR_DB_POOL_SIZE``,
+``POLAR_DB_MAX_OVERFLOW``; 8 + 4 by default), named ``polar-<role>`` in ``pg_stat_activity``. A deployment needs
+``processes x (pool_size + max_overflow)`` below Postgres's ``max_connections`` (100 by default): e.g. API and
+proxy with 2 gunicorn workers each and four thread-pool stage workers on each of two nodes: (2 + 2 + 8) x 12 = 144,
+so raise ``max_connections`` or lower the pools (threads wait for a free connection, up to 30 s). A prefork stage
+worker counts once per child process.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +17,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
+
+from polar.config import Config
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -27,22 +37,41 @@ def _begin_immediate(connection: Any) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def create_db_engine(url: str, pool_size: int = 10) -> Engine:
-    """An engine for ``url``; SQLite gets WAL and a busy timeout, Postgres a pre-pinged pool."""
+DEFAULT_POOL_SIZE = 8
+DEFAULT_MAX_OVERFLOW = 4
+
+
+def create_db_engine(
+    url: str, pool_size: int = DEFAULT_POOL_SIZE, max_overflow: int = DEFAULT_MAX_OVERFLOW, role: str = "polar"
+) -> Engine:
+    """An engine for ``url``; SQLite gets WAL and a busy timeout, Postgres a pre-pinged pool of at most
+    ``pool_size + max_overflow`` connections, named ``polar-<role>``."""
     if url.startswith("sqlite"):
         engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         sa.event.listen(engine, "connect", _sqlite_pragmas)
         sa.event.listen(engine, "begin", _begin_immediate)
         return engine
-    return sa.create_engine(url, pool_size=pool_size, max_overflow=pool_size * 2, pool_pre_ping=True)
+    return sa.create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        pool_pre_ping=True,
+        connect_args={"application_name": role if role.startswith("polar") else f"polar-{role}"},
+    )
 
 
 class Database:
     """The engine plus a session factory; ``unit()`` is one transaction that commits or rolls back."""
 
-    def __init__(self, url: str, pool_size: int = 10) -> None:
+    def __init__(
+        self,
+        url: str,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        max_overflow: int = DEFAULT_MAX_OVERFLOW,
+        role: str = "polar",
+    ) -> None:
         self.url = url
-        self.engine = create_db_engine(url, pool_size=pool_size)
+        self.engine = create_db_engine(url, pool_size, max_overflow, role)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @property
@@ -56,3 +85,8 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def open_database(config: Config, role: str) -> Database:
+    """This process's database, its pool sized from ``config``, named for ``role``."""
+    return Database(config.database_url, config.db_pool_size, config.db_max_overflow, role)

@@ -50,7 +50,6 @@ class Batch(Base):
     finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     cancel_requested_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     callback_url: Mapped[str | None] = mapped_column(sa.Text())
-    callback_sent_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
 
 
 class Task(Base):
@@ -73,6 +72,12 @@ class Session(Base):
         sa.UniqueConstraint("task_pk", "sample_index", "attempt"),
         sa.Index("ix_sessions_state_created_at", "state", "created_at"),
         sa.Index("ix_sessions_batch_id", "batch_id"),
+        sa.Index(
+            "ix_sessions_due_unsent",
+            "due_at",
+            postgresql_where=sa.text("due_stage IS NOT NULL AND stage_enqueued_at IS NULL"),
+            sqlite_where=sa.text("due_stage IS NOT NULL AND stage_enqueued_at IS NULL"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = _uuid()
@@ -98,8 +103,16 @@ class Session(Base):
     evaluator_runtime_handle: Mapped[dict[str, Any] | None] = mapped_column(json_document())
     node: Mapped[str | None] = mapped_column(sa.Text())
     worker: Mapped[str | None] = mapped_column(sa.Text())
+    # The token of the stage attempt holding the session (polar.stages.lease): every transition it makes checks it.
+    lease: Mapped[uuid.UUID | None] = mapped_column(sa.Uuid())
     heartbeat_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    # The outbox (polar.lifecycle.outbox): the stage message due, the node whose queue takes it (None: shared),
+    # when it became due (same transaction as the state change), and when it was sent.
+    due_stage: Mapped[str | None] = mapped_column(sa.Text())
+    due_node: Mapped[str | None] = mapped_column(sa.Text())
+    due_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     stage_enqueued_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    postrun_claims: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=0, server_default="0")
     deadline_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     num_calls: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=0, server_default="0")
     # Position in the trainers' feed: assigned when the session ends, in commit order (see polar.training.feed).
@@ -200,6 +213,34 @@ class Node(Base):
     run_slots: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
     started_at: Mapped[datetime] = _created()
     seen_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), nullable=False)
+
+
+class CallbackEvent(Base):
+    """A POST owed to a batch's ``callback_url`` (polar.training.callbacks), delivered with a bounded retry."""
+
+    __tablename__ = "callback_events"
+    __table_args__ = (
+        sa.Index(
+            "ix_callback_events_pending",
+            "next_attempt_at",
+            postgresql_where=sa.text("delivered_at IS NULL AND failed_at IS NULL"),
+            sqlite_where=sa.text("delivered_at IS NULL AND failed_at IS NULL"),
+        ),
+        sa.Index("ix_callback_events_batch_id", "batch_id"),
+    )
+
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True)
+    batch_id: Mapped[uuid.UUID] = mapped_column(sa.ForeignKey("batches.id", ondelete="CASCADE"), nullable=False)
+    url: Mapped[str] = mapped_column(sa.Text(), nullable=False)
+    payload: Mapped[dict[str, Any]] = mapped_column(json_document(), nullable=False)
+    created_at: Mapped[datetime] = _created()
+    next_attempt_at: Mapped[datetime] = mapped_column(
+        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+    )
+    attempts: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=0, server_default="0")
+    delivered_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    failed_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(sa.Text())
 
 
 class EngineControl(Base):

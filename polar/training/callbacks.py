@@ -1,51 +1,46 @@
-"""Telling a trainer that data is ready: a batch's ``callback_url`` gets a POST when each group (all n samples
-of a task) has finished and when the whole batch has.
+"""Telling a trainer that data is ready: a batch's ``callback_url`` gets a POST when each group (every sample of a
+task settled) has finished and when the whole batch has.
 
     {"event": "group_finished", "batch_id", "group_id", "task_id", "feed_position", "sessions": [...]}
     {"event": "batch_finished", "batch_id", "counts": {state: n}, "finished_at"}
 
 A group's sessions and the batch's counts are each sample's latest attempt (``polar.lifecycle.attempts``).
 
-Events are sent after postrun's commit by the postrun that ended the group's (or batch's) last session; a
-group event is best-effort, a batch event is retried by the reconciler until the receiver answers 2xx.
+Events are an outbox (table ``callback_events``): ``record_session_events`` writes them in the terminal
+transaction that completes the group or the batch (exactly once: feed positions are handed out under a lock, so
+the last session of a group to end is the one that sees it complete), and ``deliver_due`` POSTs them from a loop
+of its own in every worker process, never from postrun or the reconciler: a receiver that is slow, refuses or
+never answers delays nothing but its own events. Each event is tried up to ``MAX_ATTEMPTS`` times with growing
+pauses (at most ``MAX_PAUSE_S``), then marked failed with its last error.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
-from datetime import timedelta
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import sqlalchemy as sa
+from sqlalchemy.orm import Session as DbSession
 
-from polar.clock import iso, utcnow
+from polar.clock import iso
 from polar.lifecycle.attempts import is_latest_attempt
 from polar.lifecycle.groups import group_id
 from polar.services import Services
-from polar.storage.models import Batch, Session, Task
+from polar.storage import db_clock
+from polar.storage.models import Batch, CallbackEvent, Session, Task
 
 log = logging.getLogger(__name__)
 
-ATTEMPTS = 3
 TIMEOUT_S = 5.0
+MAX_ATTEMPTS = 10
+MAX_PAUSE_S = 300.0
+BATCH = 20  # events one delivery pass takes
 
 
-def post(url: str, payload: dict[str, Any]) -> bool:
-    """POST ``payload``; True once the receiver answered 2xx (a few attempts with back-off)."""
-    for attempt in range(ATTEMPTS):
-        try:
-            if httpx.post(url, json=payload, timeout=TIMEOUT_S).is_success:
-                return True
-        except httpx.HTTPError as exc:
-            log.warning("callback to %s failed: %s", url, exc)
-        time.sleep(0.2 * 2**attempt)
-    return False
-
-
-def _group_event(db: Any, session: Session, task: Task) -> dict[str, Any] | None:
+def _group_event(db: DbSession, session: Session, task: Task) -> dict[str, Any] | None:
     members = db.execute(
         sa.select(
             Session.id, Session.sample_index, Session.attempt, Session.state, Session.reward, Session.feed_seq,
@@ -54,9 +49,9 @@ def _group_event(db: Any, session: Session, task: Task) -> dict[str, Any] | None
         .where(Session.task_pk == session.task_pk, is_latest_attempt())
         .order_by(Session.sample_index)
     ).all()  # fmt: skip
-    finished = [m for m in members if m.feed_seq is not None]
-    # Only the postrun that ended the group's last session speaks for it.
-    if len(finished) < task.num_samples or max(m.feed_seq for m in finished) != session.feed_seq:
+    settled = [m for m in members if m.feed_seq is not None]
+    # Only the session that settled the group last speaks for it.
+    if len(settled) < task.num_samples or max(m.feed_seq for m in settled) != session.feed_seq:
         return None
     return {
         "event": "group_finished",
@@ -78,62 +73,112 @@ def _group_event(db: Any, session: Session, task: Task) -> dict[str, Any] | None
     }
 
 
-def deliver_batch_finished(services: Services, batch_id: uuid.UUID) -> bool:
-    with services.db.unit() as db:
-        batch = db.get(Batch, batch_id)
-        if batch is None or not batch.callback_url or batch.finished_at is None or batch.callback_sent_at:
-            return False
-        counts = dict(
-            db.execute(
-                sa.select(Session.state, sa.func.count())
-                .where(Session.batch_id == batch_id, is_latest_attempt())
-                .group_by(Session.state)
-            ).all()
-        )
-        url = batch.callback_url
-        payload = {"event": "batch_finished", "batch_id": str(batch_id), "counts": counts,
-                   "finished_at": iso(batch.finished_at)}  # fmt: skip
-    if not post(url, payload):
-        return False
-    with services.db.unit() as db:
+def batch_event(db: DbSession, batch: Batch) -> dict[str, Any]:
+    counts = dict(
         db.execute(
-            sa.update(Batch)
-            .where(Batch.id == batch_id, Batch.callback_sent_at.is_(None))
-            .values(callback_sent_at=utcnow())
-        )
-    return True
+            sa.select(Session.state, sa.func.count())
+            .where(Session.batch_id == batch.id, is_latest_attempt())
+            .group_by(Session.state)
+        ).all()
+    )
+    return {
+        "event": "batch_finished",
+        "batch_id": str(batch.id),
+        "counts": counts,
+        "finished_at": iso(batch.finished_at),
+    }
 
 
-def after_session_ended(services: Services, session_id: uuid.UUID) -> None:
-    """Send the events this session's end completes, if its batch has a callback URL."""
+def _owe(db: DbSession, batch: Batch, payload: dict[str, Any]) -> None:
+    assert batch.callback_url is not None
+    db.add(CallbackEvent(batch_id=batch.id, url=batch.callback_url, payload=payload, next_attempt_at=db_clock.now(db)))
+
+
+def record_session_events(db: DbSession, session_id: uuid.UUID, batch_finished: bool) -> None:
+    """Inside the terminal transaction of a session whose sample just settled (its feed position assigned): owe
+    the events its end completes, if its batch has a callback URL."""
+    row = db.execute(
+        sa.select(Session, Task, Batch)
+        .join(Task, Task.id == Session.task_pk)
+        .join(Batch, Batch.id == Session.batch_id)
+        .where(Session.id == session_id)
+    ).first()
+    if row is None or not row.Batch.callback_url:
+        return
+    session, task, batch = row
+    if (event := _group_event(db, session, task)) is not None:
+        _owe(db, batch, event)
+    if batch_finished:
+        db.refresh(batch)  # finished_at as stamped in this transaction
+        _owe(db, batch, batch_event(db, batch))
+
+
+def record_batch_finished(db: DbSession, batch_id: uuid.UUID) -> None:
+    """Inside the transaction that finished a batch some other way (a cancel): owe its batch event."""
+    batch = db.get(Batch, batch_id)
+    if batch is not None and batch.callback_url:
+        db.refresh(batch)
+        _owe(db, batch, batch_event(db, batch))
+
+
+@dataclass(frozen=True)
+class _Due:
+    id: int
+    url: str
+    payload: dict[str, Any]
+    attempts: int
+
+
+def _pause_s(attempts: int) -> float:
+    return min(MAX_PAUSE_S, 2.0**attempts)
+
+
+def _take_due(services: Services, limit: int) -> list[_Due]:
+    """Claim up to ``limit`` events that are due: their next try is pushed back before they are sent, so another
+    delivery loop (or this one, after a crash mid-POST) only tries them again after the pause."""
     with services.db.unit() as db:
-        row = db.execute(
-            sa.select(Session, Task, Batch.callback_url, Batch.finished_at)
-            .join(Task, Task.id == Session.task_pk)
-            .join(Batch, Batch.id == Session.batch_id)
-            .where(Session.id == session_id)
-        ).first()
-        if row is None or not row.callback_url:
-            return
-        session, task, url, finished_at = row
-        event = _group_event(db, session, task)
-        last_in_batch = finished_at is not None and session.feed_seq == db.scalar(
-            sa.select(sa.func.max(Session.feed_seq)).where(Session.batch_id == session.batch_id)
-        )
-    if event is not None:
-        post(url, event)
-    if last_in_batch:
-        deliver_batch_finished(services, session.batch_id)
-
-
-def undelivered_batches(services: Services, older_than_s: float) -> list[uuid.UUID]:
-    """Finished batches whose batch-finished event has not got through (for the reconciler to retry)."""
-    cutoff = utcnow() - timedelta(seconds=older_than_s)
-    with services.db.unit() as db:
-        return list(
-            db.scalars(
-                sa.select(Batch.id).where(
-                    Batch.callback_url.is_not(None), Batch.finished_at < cutoff, Batch.callback_sent_at.is_(None)
-                )
+        rows = db.scalars(
+            sa.select(CallbackEvent)
+            .where(
+                CallbackEvent.delivered_at.is_(None),
+                CallbackEvent.failed_at.is_(None),
+                CallbackEvent.next_attempt_at <= db_clock.now(db),
             )
-        )
+            .order_by(CallbackEvent.next_attempt_at, CallbackEvent.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        ).all()
+        taken = []
+        for row in rows:
+            row.attempts += 1
+            row.next_attempt_at = db_clock.shifted(db, _pause_s(row.attempts))
+            taken.append(_Due(row.id, row.url, dict(row.payload), row.attempts))
+    return taken
+
+
+def _post(url: str, payload: dict[str, Any]) -> str | None:
+    """One POST; None once the receiver answered 2xx, else what went wrong."""
+    try:
+        response = httpx.post(url, json=payload, timeout=TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None if response.is_success else f"answered {response.status_code}"
+
+
+def deliver_due(services: Services, limit: int = BATCH) -> int:
+    """One delivery pass: POST the events that are due; returns how many the receivers accepted."""
+    delivered = 0
+    for due in _take_due(services, limit):
+        error = _post(due.url, due.payload)
+        with services.db.unit() as db:
+            values: dict[str, Any]
+            if error is None:
+                values = {"delivered_at": db_clock.now(db), "last_error": None}
+                delivered += 1
+            else:
+                log.warning("callback %s to %s failed (try %d): %s", due.id, due.url, due.attempts, error)
+                values = {"last_error": error[:1000]}
+                if due.attempts >= MAX_ATTEMPTS:
+                    values["failed_at"] = db_clock.now(db)
+            db.execute(sa.update(CallbackEvent).where(CallbackEvent.id == due.id).values(**values))
+    return delivered

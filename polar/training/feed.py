@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,9 +40,18 @@ class FeedPage:
 
 def assign_position(db: DbSession, session_id: uuid.UUID) -> None:
     """Give a session that just ended the next feed position (inside its terminal transaction)."""
+    assign_positions(db, [session_id])
+
+
+def assign_positions(db: DbSession, session_ids: Sequence[uuid.UUID]) -> None:
+    """Give sessions that just ended the next feed positions, in the order given (one batched UPDATE)."""
     exclusive(db, FEED)
-    last = db.scalar(sa.select(sa.func.coalesce(sa.func.max(Session.feed_seq), 0)))
-    db.execute(sa.update(Session).where(Session.id == session_id).values(feed_seq=int(last or 0) + 1))
+    last = int(db.scalar(sa.select(sa.func.coalesce(sa.func.max(Session.feed_seq), 0))) or 0)
+    table = Session.__table__
+    db.execute(
+        sa.update(table).where(table.c.id == sa.bindparam("sid")).values(feed_seq=sa.bindparam("seq")),
+        [{"sid": session_id, "seq": last + offset} for offset, session_id in enumerate(session_ids, start=1)],
+    )
 
 
 def _sessions_after(db: DbSession, batch_id: uuid.UUID | None, after: int, limit: int, groups: bool) -> list[Any]:

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import redis_database
-from tests.support import RunningStack, command_task, running_stack, wait_until
+from tests.support import RunningStack, command_task, running_stack, session_dirs, wait_until
 
 REPO = str(Path(__file__).resolve().parents[2])
 PYTEST = f"{shlex.quote(sys.executable)} -m pytest -p no:cacheprovider"
@@ -218,9 +218,7 @@ def test_a_fresh_runtime_judges_and_is_removed(stack: RunningStack, batch_ids: d
     wait_until(lambda: stack.sql(cleared, b=batch_ids["fresh"])[0][0], 10, "runtime handles cleared")
     work_root = Path(stack.env["POLAR_WORK_ROOT"])
     for session in sessions.values():
-        session_id = session["session_id"]
-        assert not (work_root / session_id).exists()
-        assert not (work_root / f"{session_id}-evaluator").exists()
+        assert session_dirs(work_root, session["session_id"]) == []
 
 
 def test_answers_of_the_calculator_agent(stack: RunningStack, batch_ids: dict[str, str]) -> None:

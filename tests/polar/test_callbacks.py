@@ -1,10 +1,13 @@
-"""Batch callbacks against a real HTTP receiver on loopback: one event per finished group, one per batch,
-and a batch event the receiver refused is delivered later by the reconciler."""
+"""Batch callbacks against a real HTTP receiver on loopback: one event per finished group, one per batch, owed in
+the terminal transaction and delivered by ``deliver_due`` with a bounded retry; a receiver that never answers
+delays no stage and no reconciler pass."""
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -16,8 +19,9 @@ import sqlalchemy as sa
 from polar.lifecycle.batches import request_hash, submit_batch
 from polar.lifecycle.reconciler import reconcile
 from polar.services import Services
-from polar.storage.models import Batch
+from polar.storage.models import CallbackEvent
 from polar.task_request import parse_batch_request
+from polar.training.callbacks import MAX_ATTEMPTS, deliver_due
 from tests.polar.test_feed import finish, queued_sessions
 from tests.support import command_task, domain_services
 
@@ -63,8 +67,9 @@ def test_group_and_batch_events(database_url: str, tmp_path: Path, receiver: Rec
     submit(services, f"http://127.0.0.1:{receiver.server_port}/hook")
     a0, a1, b0 = queued_sessions(services)
     finish(services, {a0})
-    assert receiver.events == []  # group a is not complete yet
+    assert deliver_due(services) == 0 and receiver.events == []  # group a is not complete yet
     finish(services, {a1, b0})
+    assert deliver_due(services) == 3
     kinds = [(e["event"], e.get("task_id")) for e in receiver.events]
     assert sorted(kinds, key=str) == sorted(
         [("group_finished", "a"), ("group_finished", "b"), ("batch_finished", None)], key=str
@@ -73,21 +78,68 @@ def test_group_and_batch_events(database_url: str, tmp_path: Path, receiver: Rec
     assert [s["sample_index"] for s in group_a["sessions"]] == [0, 1] and group_a["group_id"].endswith(":0")
     batch = next(e for e in receiver.events if e["event"] == "batch_finished")
     assert batch["counts"] == {"completed": 3}
+    assert deliver_due(services) == 0  # each delivered once
 
 
-def test_refused_batch_event_is_retried_by_the_reconciler(
+def _events(services: Services) -> list[CallbackEvent]:
+    with services.db.unit() as db:
+        return list(db.scalars(sa.select(CallbackEvent).order_by(CallbackEvent.id)))
+
+
+def _due_now(services: Services) -> None:
+    with services.db.unit() as db:
+        db.execute(sa.update(CallbackEvent).values(next_attempt_at=sa.func.now()))
+
+
+def test_a_refused_event_is_retried_with_growing_pauses_then_given_up(
     database_url: str, tmp_path: Path, receiver: Receiver
 ) -> None:
-    services = domain_services(database_url, tmp_path, ready_buffer=100, stale_after_s=0.0)
+    services = domain_services(database_url, tmp_path, ready_buffer=100)
     receiver.refuse = 1000  # refuse everything until told otherwise
-    submit(services, f"http://127.0.0.1:{receiver.server_port}/hook")
+    body = {"callback_url": f"http://127.0.0.1:{receiver.server_port}/hook", "tasks": [command_task("a", "true")]}
+    submit_batch(services, parse_batch_request(body), request_hash(body))
     finish(services, set(queued_sessions(services)))
-    with services.db.unit() as db:
-        assert db.scalar(sa.select(Batch.callback_sent_at)) is None
+    assert deliver_due(services) == 0
+    first = _events(services)
+    assert [(e.attempts, e.last_error) for e in first] == [(1, "answered 503")] * 2  # the group's and the batch's
+    assert deliver_due(services) == 0 and _events(services)[0].attempts == 1  # not due again yet: it waits its pause
     receiver.refuse = 0
-    assert reconcile(services)["callbacks"] == 1
-    assert [e["event"] for e in receiver.events] == ["batch_finished"]
-    assert reconcile(services)["callbacks"] == 0  # delivered once
+    _due_now(services)
+    assert deliver_due(services) == 2
+    assert [e.delivered_at is not None for e in _events(services)] == [True, True]
+
+    # One that never succeeds is given up after MAX_ATTEMPTS, with its last error.
+    receiver.refuse = 1000
+    with services.db.unit() as db:
+        db.execute(sa.update(CallbackEvent).values(delivered_at=None, attempts=MAX_ATTEMPTS - 1))
+    _due_now(services)
+    deliver_due(services)
+    assert [(e.failed_at is not None, e.attempts) for e in _events(services)] == [(True, MAX_ATTEMPTS)] * 2
+    _due_now(services)
+    assert deliver_due(services) == 0 and receiver.refuse == 1000 - 2  # failed events are not tried again
+
+
+@pytest.fixture
+def black_hole() -> Iterator[str]:
+    """A URL whose server accepts connections and never answers."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    yield f"http://127.0.0.1:{server.getsockname()[1]}/hook"
+    server.close()
+
+
+def test_a_receiver_that_never_answers_delays_no_stage(database_url: str, tmp_path: Path, black_hole: str) -> None:
+    services = domain_services(database_url, tmp_path, ready_buffer=100)
+    body = {"callback_url": black_hole, "tasks": [command_task("a", "true", samples=2)]}
+    submit_batch(services, parse_batch_request(body), request_hash(body))
+    started = time.monotonic()
+    finish(services, set(queued_sessions(services)))  # every stage of both sessions, postrun included
+    assert time.monotonic() - started < 3.0  # before: postrun POSTed 3 x 5 s itself
+    started = time.monotonic()
+    reconcile(services)
+    assert time.monotonic() - started < 3.0  # before: every reconciler pass retried the batch event
+    assert len(_events(services)) == 2  # owed, and left to the delivery loop (which times out after 5 s)
 
 
 def test_callback_url_must_be_http(database_url: str, tmp_path: Path) -> None:

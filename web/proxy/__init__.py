@@ -14,7 +14,7 @@ from werkzeug.exceptions import HTTPException
 from polar.config import Config, load_config
 from polar.protocols import detect, openai_chat, protocol_for_errors
 from polar.proxy import EnginePool, ProxyAnswer, ProxyService
-from polar.storage.database import Database
+from polar.storage.database import open_database
 
 KEY_HEADERS = ("x-api-key", "x-goog-api-key")
 
@@ -68,7 +68,7 @@ def create_app(config: Config | None = None) -> Flask:
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     engines = EnginePool(config.engine_urls, config.engine_timeout_s)
-    app.extensions["polar_proxy"] = ProxyService(config, Database(config.database_url, pool_size=32), engines)
+    app.extensions["polar_proxy"] = ProxyService(config, open_database(config, "proxy"), engines)
 
     @app.get("/healthz")
     def healthz() -> Response:

@@ -1,5 +1,6 @@
 """Evaluators that fail, for the classification of how an attempt ends: one whose runtime breaks under it (the
-infrastructure's fault), one with a bug of its own (the task's)."""
+infrastructure's fault), one with a bug of its own (the task's), and one that takes its worker down every time
+(postrun must not retry it forever)."""
 
 from __future__ import annotations
 
@@ -24,3 +25,13 @@ class Buggy:
 
     def evaluate(self, context: EvaluationContext) -> Evaluation:
         raise ValueError("an evaluator bug")
+
+
+class Dies:
+    """Takes its worker down with it every time (as a process killed mid-evaluation would: nothing is caught)."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        pass
+
+    def evaluate(self, context: EvaluationContext) -> Evaluation:
+        raise SystemExit("the evaluator took its worker down")

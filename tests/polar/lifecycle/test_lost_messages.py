@@ -1,4 +1,5 @@
-"""Telling a lost stage message from one waiting its turn, on hand-made session rows (node "a", 2 run slots)."""
+"""Telling a lost stage message from one waiting its turn, on hand-made session rows (node "a", 2 run slots), and
+when the reconciler may judge leases at all."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from polar.clock import utcnow
 from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.lost_messages import lost_messages
 from polar.lifecycle.nodes import announce
+from polar.lifecycle.reconciler import LeaseJudge
 from polar.services import Services
 from polar.storage.models import Session
 from tests.support import command_task, domain_services, submit_tasks
@@ -108,3 +110,25 @@ def test_stale_leases_and_unclaimed_init(services: Services) -> None:
     put(services, queued, state="init", stage_enqueued_at=ago(400))
     put(services, fresh, state="init", stage_enqueued_at=ago(60))
     assert resent(services) == {(Stage.INIT, died), (Stage.INIT, queued)}
+
+
+def test_the_lease_judge_waits_a_stale_window_of_prompt_passes() -> None:
+    now = [0.0]
+    judge = LeaseJudge(stale_after_s=30.0, clock=lambda: now[0])
+    for _ in range(6):  # prompt passes every 5 s: judging starts once 30 s of them are behind
+        judge.observe(prompt=True)
+        assert not judge.may_judge
+        now[0] += 5.0
+    judge.observe(prompt=True)
+    assert judge.may_judge
+    judge.observe(prompt=False)  # a slow pass (the database froze mid-pass): a stale window of watching again
+    assert not judge.may_judge
+    now[0] += 5.0
+    judge.observe(prompt=True)
+    now[0] += 40.0  # the process itself was stopped for 40 s: that gap is no evidence either
+    judge.observe(prompt=True)
+    assert not judge.may_judge
+    for _ in range(7):
+        now[0] += 5.0
+        judge.observe(prompt=True)
+    assert judge.may_judge

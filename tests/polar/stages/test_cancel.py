@@ -7,7 +7,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from polar.lifecycle.cancel import cancel_batch
-from polar.storage.models import Batch, Session
+from polar.storage.models import Batch, Session, SessionEvent
 from tests.support import command_task, domain_services, stage_functions, submit_tasks
 
 
@@ -28,3 +28,20 @@ def test_cancel_ends_every_session(database_url: str, tmp_path: Path) -> None:
     assert states == ["cancelled"] * 4
     again = cancel_batch(services, batch_id)
     assert (again.cancelled, again.stopping) == (0, 0)
+
+
+def test_cancelling_many_unstarted_sessions_is_complete(database_url: str, tmp_path: Path) -> None:
+    services = domain_services(database_url, tmp_path, ready_buffer=0)
+    batch_id = submit_tasks(services, *(command_task(f"t{i}", "true", samples=50) for i in range(6)))
+    result = cancel_batch(services, batch_id)
+    assert (result.cancelled, result.stopping) == (300, 0)
+    with services.db.unit() as db:
+        rows = db.execute(sa.select(Session.state, Session.outcome_class, Session.feed_seq)).all()
+        events = db.execute(
+            sa.select(SessionEvent.from_state, SessionEvent.to_state, SessionEvent.node, sa.func.count()).group_by(
+                SessionEvent.from_state, SessionEvent.to_state, SessionEvent.node
+            )
+        ).all()
+    assert {(r.state, r.outcome_class) for r in rows} == {("cancelled", "task")}
+    assert sorted(r.feed_seq for r in rows) == list(range(1, 301))  # every one in the feed, once
+    assert sorted(tuple(e) for e in events if e.from_state) == [("pending", "cancelled", services.config.node, 300)]

@@ -17,7 +17,7 @@ from polar.services import Services
 from polar.storage.models import Session
 from polar.task_request import RuntimeSpec, TaskRequest
 from tests.polar.stages.test_stages import STAGE_FUNCTIONS, drain, sessions
-from tests.support import command_task, domain_services, submit_tasks
+from tests.support import command_task, domain_services, session_dirs, submit_tasks
 
 CLEAN_ROOM = f"{__name__}:CleanRoom"
 PREPARE = {"prepare": [{"run": "echo pristine > state.txt"}]}
@@ -53,8 +53,9 @@ def _task(**evaluator_config: Any) -> dict[str, Any]:
 
 
 def _dirs(services: Services, session: Session) -> list[Path]:
-    root = Path(services.config.work_root)
-    return [root / str(session.id), root / f"{session.id}-{EVALUATOR_ROLE}"]
+    """The session's own directory, then its clean runtime's."""
+    found = session_dirs(services.config.work_root, session.id)
+    return sorted(found, key=lambda path: f"-{EVALUATOR_ROLE}" in path.name)
 
 
 def test_init_prepares_a_clean_runtime_that_postrun_hands_over_and_removes(services: Services) -> None:
@@ -65,6 +66,9 @@ def test_init_prepares_a_clean_runtime_that_postrun_hands_over_and_removes(servi
     assert session.state == "ready" and session.evaluator_runtime_handle is not None
     session_dir, clean_dir = _dirs(services, session)
     assert (clean_dir / "work" / "state.txt").read_text() == "pristine\n"
+    assert [session_dir, clean_dir] == [
+        Path(h["root"]) for h in (session.runtime_handle, session.evaluator_runtime_handle)
+    ]
 
     drain(services)
     (session,) = sessions(services)
@@ -80,7 +84,7 @@ def test_a_failing_clean_runtime_prepare_fails_the_session_and_removes_both(serv
     (session,) = sessions(services)
     assert session.state == "failed"
     assert "evaluator runtime prepare step 0" in (session.error or "") and "broken" in (session.error or "")
-    assert not any(path.exists() for path in _dirs(services, session))
+    assert _dirs(services, session) == []
 
 
 def test_an_evaluator_that_raises_deciding_its_runtime_fails_the_session(services: Services) -> None:

@@ -12,7 +12,7 @@ from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.reconciler import reconcile
 from polar.services import Services
 from polar.storage.models import Session, SessionEvent
-from tests.support import command_task, domain_services, stage_functions, submit_tasks
+from tests.support import command_task, domain_services, session_dirs, stage_functions, submit_tasks
 
 STAGE_FUNCTIONS = stage_functions()
 
@@ -50,7 +50,7 @@ def test_a_session_walks_every_stage(services: Services) -> None:
         ).all()
     assert states == ["pending", "init", "ready", "running", "postrun", "completed"]
     assert session.runtime_handle is None  # torn down
-    assert not (Path(services.config.work_root) / str(session.id)).exists()
+    assert session_dirs(services.config.work_root, session.id) == []
 
 
 def test_nonzero_exit_fails_with_reward_zero(services: Services) -> None:

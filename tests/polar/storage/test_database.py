@@ -1,0 +1,62 @@
+"""Connection pools sized from configuration: a process holds at most ``POLAR_DB_POOL_SIZE +
+POLAR_DB_MAX_OVERFLOW`` connections, named for its role, even with many more threads wanting one."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import sqlalchemy as sa
+
+from polar.config import load_config
+from polar.storage.database import open_database
+from tests.support import live_proxy
+
+POOL = {"POLAR_DB_POOL_SIZE": "2", "POLAR_DB_MAX_OVERFLOW": "1"}
+
+
+def test_the_pool_follows_the_configuration(database_url: str, tmp_path: Path) -> None:
+    config = load_config({"POLAR_DATABASE_URL": database_url, **POOL}, cwd=tmp_path)
+    db = open_database(config, "api")
+    try:
+        assert (db.engine.pool.size(), db.engine.pool._max_overflow) == (2, 1)  # type: ignore[attr-defined]
+        with db.engine.connect() as connection:
+            assert connection.scalar(sa.text("SELECT current_setting('application_name')")) == "polar-api"
+    finally:
+        db.dispose()
+
+
+def test_a_busy_proxy_stays_within_its_pool(database_url: str, tmp_path: Path) -> None:
+    with live_proxy(database_url, tmp_path, policy="echo", env=POOL) as proxy:
+        _, key = proxy.session()
+        peak = 0
+        done = threading.Event()
+
+        def watch() -> None:
+            nonlocal peak
+            # Autocommit: pg_stat_activity is a snapshot per transaction.
+            with proxy.services.db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+                while not done.is_set():
+                    count = connection.scalar(
+                        sa.text("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'polar-proxy'")
+                    )
+                    peak = max(peak, int(count or 0))
+                    time.sleep(0.01)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        with ThreadPoolExecutor(32) as pool:
+            statuses = list(
+                pool.map(
+                    lambda _: httpx.post(f"{proxy.base(key)}/v1/chat/completions", json=body, timeout=60).status_code,
+                    range(96),
+                )
+            )
+        done.set()
+        watcher.join()
+    assert statuses == [200] * 96
+    assert 0 < peak <= 2 * 3  # two gunicorn workers, each at most pool size + overflow
