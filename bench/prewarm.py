@@ -98,7 +98,7 @@ def _run(args: argparse.Namespace, ready_buffer: int) -> dict[str, Any]:
     }
     try:
         with Stack(specs, env, tmp / "logs"):
-            client = PolarClient(env["POLAR_API_URL"])
+            client = PolarClient(env["POLAR_API_URL"], env["POLAR_API_TOKEN"])
             try:
                 started = time.monotonic()
                 batch_id = client.submit({"tasks": [task]})["batch_id"]

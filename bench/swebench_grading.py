@@ -72,11 +72,12 @@ def _run(swe: SweRepo, evaluator: str, args: argparse.Namespace, tmp: Path) -> l
     env = {
         **pipeline_env(database_url, BROKER_URL, ports, state, args.run_concurrency, sessions),
         "POLAR_NODE": f"bench-{evaluator}",
+        "POLAR_COPY_ROOTS": str(swe.path),  # the copy step reads the repository
     }
     specs = pipeline_specs(ports, "echo", (), args.run_concurrency, proxy_workers=1, proxy_threads=8)
     try:
         with Stack(specs, env, tmp / evaluator / "logs"):
-            client = PolarClient(env["POLAR_API_URL"])
+            client = PolarClient(env["POLAR_API_URL"], env["POLAR_API_TOKEN"])
             try:
                 batch_id = client.submit({"tasks": [_task(swe, evaluator, args.sessions)]})["batch_id"]
                 client.wait(batch_id, timeout_s=600, poll_s=0.2)

@@ -49,6 +49,7 @@ def engine(**options: Any) -> None:
         model=options["model"],
         policy=options["policy"],
         policy_config=policy_config,
+        plugin_modules=load_config().plugin_modules,
         strip_earlier_reasoning=options["strip_earlier_reasoning"],
         max_num_seqs=options["max_num_seqs"],
         prefill_tokens_per_s=options["prefill_rate"],
@@ -76,9 +77,58 @@ def db_upgrade(revision: str) -> None:
     click.echo(f"migrated to {revision}")
 
 
+@main.command()
+@click.option("--older-than", required=True, help="Batches that finished longer ago than this: 30d, 12h, 90m, 2w.")
+@click.option("--keep-trajectories", is_flag=True,
+              help="Keep batches, sessions and trajectories; empty the calls' captured bodies (each session's "
+                   "last successful call stays whole, for the SFT export).")  # fmt: skip
+@click.option("--dry-run", is_flag=True, help="Only count what would go.")
+def gc(older_than: str, keep_trajectories: bool, dry_run: bool) -> None:
+    """Delete what batches that finished before the cutoff captured (POLAR_DATABASE_URL), in bounded
+    transactions; safe to interrupt and run again."""
+    from polar.errors import ValidationError
+    from polar.records.retention import RetentionPolicy, collect_garbage, parse_age
+    from polar.storage.database import open_database
+
+    try:
+        policy = RetentionPolicy(parse_age(older_than), keep_trajectories=keep_trajectories, dry_run=dry_run)
+    except ValidationError as exc:
+        raise click.BadParameter(str(exc), param_hint="--older-than") from exc
+
+    def report(batch_id: Any, done: Any, finished: bool) -> None:
+        if finished:
+            click.echo(f"{policy.verb} batch {batch_id}: {done.describe(keep_trajectories)}")
+        else:
+            click.echo(f"  batch {batch_id}, so far: {done.describe(keep_trajectories)}", err=True)
+
+    database = open_database(load_config(), "gc")
+    try:
+        total = collect_garbage(database, policy, report)
+    finally:
+        database.dispose()
+    if not total.batches:
+        click.echo(f"nothing to {'strip' if keep_trajectories else 'delete'}: no batch finished more than "
+                   f"{older_than} ago")  # fmt: skip
+        return
+    batches = f"{total.batches} batch" + ("es" if total.batches > 1 else "")
+    click.echo(f"{policy.verb} {batches}: {total.describe(keep_trajectories)}")
+
+
 def _client(api: str | None, token: str | None) -> PolarClient:
+    """A client of ``api`` (default POLAR_API_URL) sending ``token``, else POLAR_API_TOKEN, else the read-only
+    POLAR_API_READ_TOKEN (enough for status and export on a trainer's machine)."""
     config = load_config()
-    return PolarClient(api or config.api_url, token or config.api_token)
+    return PolarClient(api or config.api_url, token or config.api_token or config.api_read_token)
+
+
+def _token_lines(given: str | None, generated: str) -> list[str]:
+    """How to reach an embedded API: the token it was given is not echoed; a generated one is, once."""
+    if given:
+        return ["  API token: POLAR_API_TOKEN (from the environment)"]
+    return [
+        "  API token (generated for this run; clients send 'Authorization: Bearer <token>'):",
+        f"  export POLAR_API_TOKEN={generated}",
+    ]
 
 
 def _progress_printer(total_hint: int | None = None) -> Any:
@@ -182,9 +232,9 @@ def _api(
 
     if api:
         raise click.UsageError("--embedded starts its own API; leave out --api")
-    deployment, stack = embedded_stack(state_dir, concurrency)
+    deployment, stack = embedded_stack(state_dir, concurrency, api_token=token or load_config().api_token)
     click.echo(f"starting engine, API, proxy and four stage workers (logs in {stack.log_dir}) ...", err=True)
-    with stack, contextlib.closing(PolarClient(deployment.api_url)) as client:
+    with stack, contextlib.closing(PolarClient(deployment.api_url, deployment.api_token)) as client:
         yield client
 
 
@@ -271,12 +321,17 @@ def up(state_dir: Path, run_concurrency: int) -> None:
     """Run everything on embedded defaults and stay up (Ctrl-C stops)."""
     from polar.embedded import embedded_stack
 
-    deployment, stack = embedded_stack(state_dir, run_concurrency)
+    given = load_config().api_token
+    deployment, stack = embedded_stack(state_dir, run_concurrency, api_token=given)
     stack.start()
     stack.supervise()  # a process that exits (a worker on a broker hiccup) is restarted, as a service manager would
-    click.echo(f"Polar is up: API {deployment.api_url}  proxy http://127.0.0.1:{deployment.ports['proxy']}")
-    click.echo(f"  engine http://127.0.0.1:{deployment.ports['engine']}  logs {stack.log_dir}")
-    click.echo(f"  export POLAR_API_URL={deployment.api_url}")
+    lines = [
+        f"Polar is up: API {deployment.api_url}  proxy http://127.0.0.1:{deployment.ports['proxy']}",
+        f"  engine http://127.0.0.1:{deployment.ports['engine']}  logs {stack.log_dir}",
+        f"  export POLAR_API_URL={deployment.api_url}",
+        *_token_lines(given, deployment.api_token),
+    ]
+    click.echo("\n".join(lines))  # one write: whoever waits for "Polar is up" finds the token with it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         reported = 0
@@ -302,10 +357,12 @@ def demo(state_dir: Path, tasks: int, samples: int, out: Path, run_concurrency: 
     from polar.demo import run_demo
     from polar.embedded import embedded_stack
 
-    deployment, stack = embedded_stack(state_dir, run_concurrency)
+    given = load_config().api_token
+    deployment, stack = embedded_stack(state_dir, run_concurrency, api_token=given)
     click.echo(f"starting engine, API, proxy and four stage workers (logs in {stack.log_dir}) ...")
+    click.echo("\n".join(_token_lines(given, deployment.api_token)))
     started = time.monotonic()
-    with stack, contextlib.closing(PolarClient(deployment.api_url)) as client:
+    with stack, contextlib.closing(PolarClient(deployment.api_url, deployment.api_token)) as client:
         try:
             rows = run_demo(client, tasks, samples, out, _progress_printer(tasks * samples))
         except APIError as exc:

@@ -124,11 +124,24 @@ class PolarClient:
     def feed(
         self, batch_id: str | None = None, after: int = 0, wait_s: float = 0, limit: int = 100, groups: bool = False
     ) -> dict[str, Any]:
-        """One page of the trainers' feed: ``{"items": [trajectory…], "next_cursor": n}``."""
+        """One page of the trainers' feed: ``{"items": [trajectory…], "next_cursor": n}``. A 429 (the API already
+        holds as many long-polls as it may) is waited out within ``wait_s``, then the page is read without waiting."""
         params: dict[str, Any] = {"after": after, "wait": wait_s, "limit": limit, "groups": str(groups).lower()}
         if batch_id:
             params["batch_id"] = batch_id
-        return self._call("GET", "/v1/trajectories", params=params, timeout=wait_s + 30)  # type: ignore[no-any-return]
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return self._call("GET", "/v1/trajectories", params=params, timeout=wait_s + 30)  # type: ignore[no-any-return]
+            except APIError as exc:
+                if exc.status != 429:
+                    raise
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                params["wait"] = 0  # never refused: a read without waiting takes no slot
+            else:
+                time.sleep(min(1.0, remaining))
+                params["wait"] = max(0.0, deadline - time.monotonic())
 
     def iter_groups(self, batch_id: str, wait_s: float = 30) -> Iterator[list[dict[str, Any]]]:
         """Yield each group (all samples of a task) of a batch as soon as it has finished, until the batch has."""

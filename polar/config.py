@@ -48,6 +48,8 @@ class Config:
     proxy_url: str = "http://127.0.0.1:8100"
     engine_urls: tuple[str, ...] = ("http://127.0.0.1:8000",)
     api_token: str | None = None
+    # A second, read-only API token for trainers and viewers (web.api.auth).
+    api_read_token: str | None = None
     run_concurrency: int = 4
     ready_buffer: int = 8
     state_dir: str = field(default_factory=lambda: str(Path(EMBEDDED_DIR).resolve()))
@@ -68,6 +70,27 @@ class Config:
     db_pool_size: int = 8
     db_max_overflow: int = 4
     max_body_bytes: int = 32 * 1024 * 1024
+    # Module prefixes whose ``module:attr`` import paths tasks may name (polar.import_path); none by default.
+    plugin_modules: tuple[str, ...] = ()
+    # The ``chat_template_kwargs`` keys clients may send the engine (polar.proxy.template_kwargs).
+    chat_template_kwargs: tuple[str, ...] = ("enable_thinking", "thinking", "reasoning_effort")
+    # host[:port] or CIDR entries a batch's callback_url may reach although private (polar.training.callback_targets).
+    callback_allow: tuple[str, ...] = ()
+    # Long-polls one process holds at once: feed ``wait`` requests (API) and calls held by a ``wait`` pause (proxy).
+    feed_max_waiters: int = 4
+    pause_max_waiters: int = 32
+    # Per-session proxy limits for tasks that set none (polar.proxy.limits).
+    session_max_concurrent_calls: int = 16
+    session_max_calls: int = 2000
+    # The runtime backend of tasks that name none (local | bwrap | docker); ``local`` does not isolate.
+    default_runtime: str = "local"
+    # Host directories copy steps may read (``{"copy": src, "to": dst}``; polar.runtimes.copy_steps): none by default,
+    # and then copy steps are refused.
+    copy_roots: tuple[str, ...] = ()
+    # A Docker sandbox's limits where its task sets none (0: no limit).
+    sandbox_cpus: float = 2.0
+    sandbox_memory_mb: int = 4096
+    sandbox_pids: int = 1024
 
     def __post_init__(self) -> None:
         if not self.work_root:
@@ -127,6 +150,35 @@ def _json_object(env: Mapping[str, str], name: str) -> dict[str, Any]:
     return value
 
 
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ValidationError(f"{name} must be a whole number, got {raw!r}", field=name) from exc
+    if value < 1:
+        raise ValidationError(f"{name} must be at least 1, got {value}", field=name)
+    return value
+
+
+def _names(env: Mapping[str, str], name: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """A comma-separated list; unset means ``default``, an empty value means none."""
+    raw = env.get(name)
+    if raw is None:
+        return default
+    return tuple(item.strip() for item in raw.split(",") if item.strip())
+
+
+def _callback_allow(env: Mapping[str, str]) -> tuple[str, ...]:
+    from polar.training.callback_targets import parse_allow
+
+    entries = _names(env, "POLAR_CALLBACK_ALLOW")
+    parse_allow(entries)  # a typo fails at start-up, not at the first submission
+    return entries
+
+
 # A node's name becomes part of queue names (``run.<node>``) and container labels.
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
@@ -136,6 +188,30 @@ def _node_name(value: str) -> str:
         raise ValidationError(
             f"POLAR_NODE must be 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit; got {value!r}",
             field="POLAR_NODE",
+        )
+    return value
+
+
+def _copy_roots(env: Mapping[str, str]) -> tuple[str, ...]:
+    """``POLAR_COPY_ROOTS``: absolute directories, separated by ``os.pathsep`` or commas."""
+    raw = env.get("POLAR_COPY_ROOTS") or ""
+    roots = tuple(item.strip() for item in re.split(f"[,{re.escape(os.pathsep)}]", raw) if item.strip())
+    relative = [root for root in roots if not os.path.isabs(root)]
+    if relative:
+        raise ValidationError(
+            f"POLAR_COPY_ROOTS must hold absolute directories; got {relative[0]!r}", field="POLAR_COPY_ROOTS"
+        )
+    return roots
+
+
+RUNTIME_BACKENDS = ("local", "bwrap", "docker")
+
+
+def _runtime_backend(value: str) -> str:
+    if value not in RUNTIME_BACKENDS:
+        raise ValidationError(
+            f"POLAR_DEFAULT_RUNTIME must be one of {', '.join(RUNTIME_BACKENDS)}; got {value!r}",
+            field="POLAR_DEFAULT_RUNTIME",
         )
     return value
 
@@ -166,6 +242,7 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         proxy_url=(env.get("POLAR_PROXY_URL") or base.proxy_url).rstrip("/"),
         engine_urls=engines or base.engine_urls,
         api_token=env.get("POLAR_API_TOKEN") or None,
+        api_read_token=env.get("POLAR_API_READ_TOKEN") or None,
         run_concurrency=run_concurrency,
         ready_buffer=int(_number(env, "POLAR_READY_BUFFER", 2 * run_concurrency)),
         state_dir=str(state_dir),
@@ -183,4 +260,18 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         db_pool_size=int(_number(env, "POLAR_DB_POOL_SIZE", base.db_pool_size)),
         db_max_overflow=int(_number(env, "POLAR_DB_MAX_OVERFLOW", base.db_max_overflow)),
         max_body_bytes=int(_number(env, "POLAR_MAX_BODY_BYTES", base.max_body_bytes)),
+        plugin_modules=_names(env, "POLAR_PLUGIN_MODULES"),
+        chat_template_kwargs=_names(env, "POLAR_CHAT_TEMPLATE_KWARGS", base.chat_template_kwargs),
+        callback_allow=_callback_allow(env),
+        feed_max_waiters=int(_number(env, "POLAR_FEED_MAX_WAITERS", base.feed_max_waiters)),
+        pause_max_waiters=int(_number(env, "POLAR_PAUSE_MAX_WAITERS", base.pause_max_waiters)),
+        session_max_concurrent_calls=_positive_int(
+            env, "POLAR_SESSION_MAX_CONCURRENT_CALLS", base.session_max_concurrent_calls
+        ),
+        session_max_calls=_positive_int(env, "POLAR_SESSION_MAX_CALLS", base.session_max_calls),
+        default_runtime=_runtime_backend(env.get("POLAR_DEFAULT_RUNTIME") or base.default_runtime),
+        copy_roots=_copy_roots(env),
+        sandbox_cpus=_number(env, "POLAR_SANDBOX_CPUS", base.sandbox_cpus),
+        sandbox_memory_mb=int(_number(env, "POLAR_SANDBOX_MEMORY_MB", base.sandbox_memory_mb)),
+        sandbox_pids=int(_number(env, "POLAR_SANDBOX_PIDS", base.sandbox_pids)),
     )

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polar.config import embedded_urls
-from polar.launcher import Stack, pipeline_env, pipeline_specs
+from polar.launcher import Stack, new_api_token, pipeline_env, pipeline_specs
 from polar.storage.migration import upgrade
 
 DEFAULT_PORTS = {"engine": 8000, "proxy": 8100, "api": 8200}
@@ -31,6 +31,7 @@ def _port(preferred: int) -> int:
 class Embedded:
     state_dir: Path
     ports: dict[str, int]
+    api_token: str
 
     @property
     def api_url(self) -> str:
@@ -38,14 +39,20 @@ class Embedded:
 
     def env(self, run_concurrency: int) -> dict[str, str]:
         database_url, broker_url = embedded_urls(self.state_dir)
-        return pipeline_env(database_url, broker_url, self.ports, self.state_dir, run_concurrency)
+        return pipeline_env(
+            database_url, broker_url, self.ports, self.state_dir, run_concurrency, api_token=self.api_token
+        )
 
 
-def embedded_stack(state_dir: Path, run_concurrency: int = 4, accuracy: float = 0.75) -> tuple[Embedded, Stack]:
-    """Migrate the embedded database and describe the processes; the caller starts and stops the stack."""
+def embedded_stack(
+    state_dir: Path, run_concurrency: int = 4, accuracy: float = 0.75, api_token: str | None = None
+) -> tuple[Embedded, Stack]:
+    """Migrate the embedded database and describe the processes; the caller starts and stops the stack. The API
+    takes ``api_token``, or a new random one (``Embedded.api_token``) when it is None."""
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
-    deployment = Embedded(state_dir, {name: _port(port) for name, port in DEFAULT_PORTS.items()})
+    ports = {name: _port(port) for name, port in DEFAULT_PORTS.items()}
+    deployment = Embedded(state_dir, ports, api_token or new_api_token())
     env = deployment.env(run_concurrency)
     upgrade(env["POLAR_DATABASE_URL"])
     policy = ["--policy-config", json.dumps({"accuracy": accuracy, "tool_name": "calculator"})]

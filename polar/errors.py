@@ -2,16 +2,21 @@
 
     PolarError
     ├── ValidationError        bad input from a caller (maps to 400)
+    │   └── PluginNotAllowed   an import path outside the operator's POLAR_PLUGIN_MODULES
     ├── NotFound               an id that does not exist (404)
     ├── Conflict               an idempotency key reused with another body (409)
     ├── Unauthorized           missing or unknown token / proxy key (401)
+    ├── Forbidden              a known token whose role may not do this (the read-only token starting work; 403)
     ├── SessionNotRunning      a proxy key whose session no longer accepts calls (401)
     ├── EnginePaused           model calls are held while a trainer syncs weights (429)
+    ├── TooManyCalls           a session went over its concurrent or total model-call limit (429)
     ├── EngineError            the inference engine failed (502)
     │   └── EngineTimeout      the inference engine did not answer in time (504)
+    ├── Busy                   too many long-polls already wait in this process (429, Retry-After)
     ├── CaptureFailed          a call could not be recorded, so its answer is withheld (503)
     ├── BrokerUnavailable      the message broker did not take a stage message (it stays due in the outbox)
     ├── RuntimeFailure         a runtime could not be created or a command could not start
+    ├── UnsafePath             a link, special file or escape in a session directory, refused by the host
     └── EvaluationError        an evaluator raised; the session is marked failed
 
 Foreign exceptions are translated where they enter Polar (``raise ... from exc``); callers catch only these.
@@ -33,6 +38,20 @@ class ValidationError(PolarError):
         self.field = field
 
 
+class PluginNotAllowed(ValidationError):
+    """An import path (evaluator, engine policy, ``python`` harness) whose module is not under the operator's
+    allow-list, ``POLAR_PLUGIN_MODULES``: refused before anything is imported."""
+
+
+class Busy(PolarError):
+    """This process already holds as many long-polls as it may (``wait`` on the feed); retry after
+    ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class NotFound(PolarError):
     """A batch, session or other id that does not exist."""
 
@@ -45,6 +64,10 @@ class Unauthorized(PolarError):
     """A missing or unknown bearer token or proxy key."""
 
 
+class Forbidden(PolarError):
+    """A known token whose role does not allow the request (the read-only token asking to start or change work)."""
+
+
 class SessionNotRunning(PolarError):
     """A proxy key whose session has left the running state."""
 
@@ -53,6 +76,15 @@ class EnginePaused(PolarError):
     """Model calls are held (``POST /v1/engine/pause``); retry after ``retry_after_s``."""
 
     def __init__(self, message: str, retry_after_s: int = 2) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class TooManyCalls(PolarError):
+    """A session is over its call limits (``max_concurrent_calls`` / ``max_calls``): ``retry_after_s`` when a call
+    in flight will free a slot, None when the session has made all the calls it may."""
+
+    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
 
@@ -81,6 +113,12 @@ class BrokerUnavailable(PolarError):
 
 class RuntimeFailure(PolarError):
     """A runtime could not be created, reached or used."""
+
+
+class UnsafePath(PolarError):
+    """A path in a session directory the host will not touch: a symbolic link on the way (the session made it and
+    it may point anywhere on the host), a FIFO, device or socket where a file belongs, a hard link to write
+    through, or a path leaving the directory. The step that needed it fails; nothing outside is touched."""
 
 
 class EvaluationError(PolarError):

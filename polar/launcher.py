@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -29,6 +30,11 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def new_api_token() -> str:
+    """A random API token (256 bits, URL-safe), what ``polar up`` / ``polar demo`` use when none is set."""
+    return secrets.token_urlsafe(32)
 
 
 @dataclass(frozen=True)
@@ -98,9 +104,11 @@ def pipeline_env(
     state_dir: Path,
     run_concurrency: int,
     work_root: Path | None = None,
+    api_token: str | None = None,
 ) -> dict[str, str]:
     """What every process of one deployment on this machine shares: where the database, the broker and each
-    service (``ports``: engine, api, proxy) are."""
+    service (``ports``: engine, api, proxy) are, and the API token (``api_token``, else a new random one: the API
+    never starts without one)."""
     env = {
         "POLAR_DATABASE_URL": database_url,
         "POLAR_BROKER_URL": broker_url,
@@ -109,6 +117,7 @@ def pipeline_env(
         "POLAR_API_URL": f"http://127.0.0.1:{ports['api']}",
         "POLAR_STATE_DIR": str(state_dir),
         "POLAR_RUN_CONCURRENCY": str(run_concurrency),
+        "POLAR_API_TOKEN": api_token or new_api_token(),
     }
     if work_root is not None:
         env["POLAR_WORK_ROOT"] = str(work_root)

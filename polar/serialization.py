@@ -28,6 +28,8 @@ def batch_json(
         "attempts": attempts or {"retried": 0, "out_of_attempts": 0},
         "created_at": iso(batch.created_at),
         "finished_at": iso(batch.finished_at),
+        # What produced the results (polar.records.provenance): Polar's version, configuration digest, engines.
+        "provenance": batch.provenance,
     }
 
 

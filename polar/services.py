@@ -5,10 +5,11 @@ sends them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from polar.config import Config
 from polar.lifecycle.dispatch import Dispatcher
+from polar.records.provenance import EngineProbe
 from polar.storage.database import Database
 
 
@@ -18,3 +19,5 @@ class Services:
     db: Database
     dispatcher: Dispatcher
     worker: str
+    # The engines' models and versions a submission records (polar.records.provenance), kept per process.
+    engine_probe: EngineProbe = field(default_factory=EngineProbe, compare=False)

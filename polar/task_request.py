@@ -6,7 +6,9 @@ Unknown fields and wrong types are rejected with a ``ValidationError`` naming th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -17,6 +19,7 @@ from polar.errors import ValidationError
 from polar.import_path import IMPORT_PATH
 
 MAX_SESSIONS_PER_BATCH = 100_000
+_HOST_PORT = re.compile(r"(\*\.)?[A-Za-z0-9.-]{1,253}:\d{1,5}|\[[0-9A-Fa-f:.]+\]:\d{1,5}")
 DEFAULT_MAX_ATTEMPTS = 3
 
 
@@ -30,8 +33,25 @@ class RunStep(_Strict):
 
 
 class CopyStep(_Strict):
+    # A host path under the operator's POLAR_COPY_ROOTS (checked at submission and again at copy time).
     copy_: str = Field(alias="copy", min_length=1)
+    # Where it goes: relative to the session's work directory, never outside it.
     to: str = Field(min_length=1)
+
+    @field_validator("copy_", "to")
+    @classmethod
+    def _no_nul(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("must not contain a NUL character")
+        return value
+
+    @field_validator("to")
+    @classmethod
+    def _inside_work(cls, to: str) -> str:
+        path = PurePosixPath(to)
+        if path.is_absolute() or ".." in path.parts:
+            raise ValueError("must be a path relative to the session's work directory, without '..'")
+        return to
 
 
 def _step_kind(value: Any) -> str:
@@ -52,18 +72,32 @@ class Limits(_Strict):
 
 
 class RuntimeSpec(_Strict):
-    backend: Literal["local", "bwrap", "docker"] = "local"
+    # None: the deployment's POLAR_DEFAULT_RUNTIME, filled in at submission.
+    backend: Literal["local", "bwrap", "docker"] | None = None
     image: str | None = None
     prepare: list[PrepareStep] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     # Where commands start inside a Docker container (e.g. an image's /testbed); default: the session's work/.
     workdir: str | None = None
     limits: Limits = Field(default_factory=Limits)
+    # Docker: the image's filesystem read-only (the session directory stays writable, /tmp is a tmpfs).
+    read_only_root: bool = False
+    # Outside hosts a bwrap / docker sandbox may open tunnels to (``host:port``, ``*.example.org:443``);
+    # none by default: the proxy is all a sandbox reaches (polar.runtimes.egress).
+    egress_allow: list[str] = Field(default_factory=list, max_length=64)
+
+    @field_validator("egress_allow")
+    @classmethod
+    def _host_ports(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if not _HOST_PORT.fullmatch(entry):
+                raise ValueError(f"{entry!r}: write host:port (a leading '*.' for subdomains), e.g. pypi.org:443")
+        return value
 
     @model_validator(mode="after")
     def _workdir_in_a_container(self) -> RuntimeSpec:
         if self.workdir is not None:
-            if self.backend != "docker":
+            if self.backend not in ("docker", None):
                 raise ValueError("workdir: only a docker runtime has a directory of its own to start in")
             if not self.workdir.startswith("/"):
                 raise ValueError("workdir: must be an absolute path inside the container")
@@ -108,6 +142,9 @@ class TaskRequest(_Strict):
     # Attempts per sample: one lost to the infrastructure (a killed worker, a lost node, the engine failing the
     # harness's calls) is retried up to this many in all (polar.lifecycle.attempts).
     max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=20)
+    # Per-session proxy limits (polar.proxy.limits); unset: POLAR_SESSION_MAX_CONCURRENT_CALLS / _MAX_CALLS.
+    max_concurrent_calls: int | None = Field(default=None, ge=1)
+    max_calls: int | None = Field(default=None, ge=1)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("task_id")

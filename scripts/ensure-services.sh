@@ -43,7 +43,15 @@ if ! command -v bwrap >/dev/null; then
     || echo "WARNING: could not install bubblewrap; the bwrap runtime tests will fail" >&2
 fi
 
-# A Docker engine for the docker runtime. Host networking only, so no bridge and no iptables are needed.
+# docker-compose (v1, Debian's) for the check that compose.yaml refuses to come up without its secrets.
+if ! command -v docker-compose >/dev/null && ! docker compose version >/dev/null 2>&1; then
+  echo "installing docker-compose ..."
+  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null \
+    || echo "WARNING: could not install docker-compose; tests/test_compose.py skips its compose CLI checks" >&2
+fi
+
+# A Docker engine for the docker runtime. Sessions run with no network at all (network_mode none), so no bridge
+# and no iptables are needed.
 # Never fatal: without an engine the docker tests skip loudly ("NO DOCKER ENGINE: ...").
 start_dockerd() {
   if ! command -v dockerd >/dev/null; then

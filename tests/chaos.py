@@ -122,6 +122,7 @@ class _Deployment:
             "POLAR_RECONCILE_INTERVAL": "1",
             "POLAR_REQUEUE_AFTER": "60",
             "POLAR_VISIBILITY_TIMEOUT": "60",
+            "POLAR_PLUGIN_MODULES": "tests.e2e",  # the chaos agent is named by import path
         }
         engine_args = ["--policy-config", json.dumps({"tokens": 16}), "--log", str(self.workdir / "engine.jsonl")]
         specs = pipeline_specs(ports, "echo", engine_args, self.plan.run_concurrency, nodes=list(self.nodes.values()))
@@ -129,7 +130,7 @@ class _Deployment:
         self.stack.start(timeout_s=120)
         # As in production, a service manager restarts what exits (a Celery worker may, on a broker restart).
         self.stack.supervise()
-        self.client = PolarClient(env["POLAR_API_URL"])
+        self.client = PolarClient(env["POLAR_API_URL"], env["POLAR_API_TOKEN"])
 
     def close(self) -> None:
         if self.stack is not None:

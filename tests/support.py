@@ -3,6 +3,7 @@ and a full stack (engine, gunicorn API and proxy, four Celery stage workers) on 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import uuid
@@ -63,6 +64,15 @@ class RunningStack:
     engine_log: Path
     env: dict[str, str]
 
+    @property
+    def api_token(self) -> str:
+        """The stack's admin token (``pipeline_env`` generated it)."""
+        return self.env["POLAR_API_TOKEN"]
+
+    @property
+    def api_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_token}"}
+
     def sql(self, query: str, **params: Any) -> list[Any]:
         with self.db.engine.connect() as connection:
             return list(connection.execute(sa.text(query), params).all())
@@ -105,6 +115,7 @@ def running_stack(
         "POLAR_HEARTBEAT_INTERVAL": "0.5",
         "POLAR_STALE_AFTER": "4",
         "POLAR_RECONCILE_INTERVAL": "1",
+        "POLAR_COPY_ROOTS": str(tmp),  # copy steps read what the test made under its own tmp
         **(env or {}),
     }
     if cwd is not None:
@@ -119,7 +130,7 @@ def running_stack(
     if supervise:  # restart what exits, as a service manager would (a worker may, on a broker restart)
         stack.supervise()
     db = Database(database_url)
-    client = PolarClient(stack_env["POLAR_API_URL"])
+    client = PolarClient(stack_env["POLAR_API_URL"], stack_env["POLAR_API_TOKEN"])
     try:
         yield RunningStack(
             stack, client, db, f"http://127.0.0.1:{ports['engine']}", stack_env["POLAR_PROXY_URL"],
@@ -146,6 +157,19 @@ def process_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def processes_with(marker: str) -> list[int]:
+    """Live (not zombie) processes on this machine whose command line contains ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != str(os.getpid()):
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes() and process_alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 @dataclass
 class LiveProxy:
     """The proxy under gunicorn in front of a reference engine, with sessions made ``running`` on demand."""
@@ -157,20 +181,27 @@ class LiveProxy:
 
     def session(self, **task: Any) -> tuple[uuid.UUID, str]:
         """A new running session (its task given ``task`` fields) and its proxy key."""
+        return self.batch(task)[0]
+
+    def batch(self, *tasks: dict[str, Any]) -> list[tuple[uuid.UUID, str]]:
+        """One batch of ``tasks`` (fields of command tasks), every session running: ``(session id, key)`` each,
+        in task order."""
         from polar.lifecycle.batches import request_hash, submit_batch
         from polar.proxy.keys import hash_key
         from polar.storage.models import Session
         from polar.task_request import parse_batch_request
 
-        key = "pk-" + uuid.uuid4().hex
-        body = {"tasks": [command_task("protocol-test", "true", **task)]}
+        body = {"tasks": [command_task(f"protocol-test-{i:03d}", "true", **task) for i, task in enumerate(tasks)]}
         batch_id = submit_batch(self.services, parse_batch_request(body), request_hash(body)).batch_id
+        running = []
         with self.services.db.unit() as db:
-            session_id = db.scalar(sa.select(Session.id).where(Session.batch_id == batch_id))
-            db.execute(
-                sa.update(Session).where(Session.id == session_id).values(state="running", proxy_key_hash=hash_key(key))
-            )
-        return session_id, key
+            query = sa.select(Session.id).where(Session.batch_id == batch_id)
+            for session_id in db.scalars(query.order_by(Session.task_id, Session.sample_index)).all():
+                key = "pk-" + uuid.uuid4().hex
+                running_now = {"state": "running", "proxy_key_hash": hash_key(key)}
+                db.execute(sa.update(Session).where(Session.id == session_id).values(**running_now))
+                running.append((session_id, key))
+        return running
 
     def base(self, key: str) -> str:
         return f"{self.url}/s/{key}"

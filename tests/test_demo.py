@@ -28,6 +28,7 @@ def test_demo_runs_end_to_end_on_embedded_defaults(tmp_path: Path) -> None:
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"export POLAR_API_TOKEN=[\w-]{43}\n", result.stdout), result.stdout  # generated, shown
     summary = re.search(r"4 sessions, 4 completed, (\d) correct", result.stdout)
     assert summary, result.stdout
     assert re.search(r"arith-00 +17 \* 23 +391 +\d/2 ", result.stdout) and "arith-01" in result.stdout
@@ -51,6 +52,10 @@ def test_up_stays_up_and_stops_cleanly(tmp_path: Path) -> None:
             time.sleep(0.2)
         api = re.search(r"API (http://\S+)", (tmp_path / "up.log").read_text()).group(1)  # type: ignore[union-attr]
         assert httpx.get(f"{api}/healthz").json() == {"status": "ok"}
+        token = re.search(r"export POLAR_API_TOKEN=(\S+)", (tmp_path / "up.log").read_text())
+        assert token, (tmp_path / "up.log").read_text()
+        assert httpx.get(f"{api}/v1/engine").status_code == 401  # a token was generated: never open
+        assert httpx.get(f"{api}/v1/engine", headers={"Authorization": f"Bearer {token.group(1)}"}).status_code == 200
         children = [
             int(p) for p in subprocess.run(["pgrep", "-P", str(up.pid)], capture_output=True, text=True).stdout.split()
         ]

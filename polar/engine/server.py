@@ -67,7 +67,7 @@ _ENGINE = web.AppKey("engine", _Engine)
 def create_app(settings: EngineSettings) -> web.Application:
     """An aiohttp application serving vLLM's OpenAI-compatible API with the configured policy."""
     tokenizer = load_tokenizer()
-    policy = load_policy(settings.policy, settings.policy_config)
+    policy = load_policy(settings.policy, settings.policy_config, settings.plugin_modules)
     generator = Generator(settings, tokenizer, ChatTemplate(settings.strip_earlier_reasoning), policy)
     log = EngineLog(settings.log_path) if settings.log_path else None
     app = web.Application(middlewares=[_errors], client_max_size=_MAX_BODY_BYTES)

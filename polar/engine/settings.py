@@ -21,6 +21,8 @@ class EngineSettings:
     model: str = "polar-reference"
     policy: str = "scripted"
     policy_config: Mapping[str, Any] = field(default_factory=dict)
+    # Module prefixes a `module:Class` policy may come from (POLAR_PLUGIN_MODULES).
+    plugin_modules: tuple[str, ...] = ()
     strip_earlier_reasoning: bool = False
     max_num_seqs: int = 256
     prefill_tokens_per_s: float = 0.0

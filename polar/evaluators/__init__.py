@@ -1,20 +1,23 @@
 """Evaluators turn a finished session into a reward.
 
 A task names its evaluator by one of: a built-in name (``EVALUATORS``), the name of an entry point in the
-``polar.evaluators`` group of an installed package, or an import path ``module:Class``. Submission builds the
-evaluator once from its config, so an unknown name or a bad config is refused with a 400 naming the field.
+``polar.evaluators`` group of an installed package, or an import path ``module:Class`` whose module the operator
+allows (``POLAR_PLUGIN_MODULES``, ``polar.import_path``): built-ins and installed packages are the operator's
+choice, a request body is not. Submission builds the evaluator once from its config, so an unknown name, a path
+outside the allow-list or a bad config is refused with a 400 naming the field; the workers check the allow-list
+again when they load it.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 import pydantic
 
-from polar.errors import ValidationError
+from polar.errors import PluginNotAllowed, ValidationError
 from polar.evaluators.base import Evaluation, EvaluationContext, Evaluator, EvaluatorConfig, fresh_runtime_spec
 from polar.evaluators.reward_file import RewardFile
 from polar.evaluators.session_completion import SessionCompletion
@@ -56,26 +59,29 @@ def _entry_points() -> dict[str, EntryPoint]:
     return {point.name: point for point in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def _factory(name: str) -> EvaluatorFactory:
+def _factory(name: str, plugin_modules: Sequence[str]) -> EvaluatorFactory:
     if name in EVALUATORS:
         return EVALUATORS[name]
     point = _entry_points().get(name)
     if point is not None:
         return point.load()  # type: ignore[no-any-return]
     if IMPORT_PATH.fullmatch(name):
-        return import_object(name)  # type: ignore[no-any-return]
+        return import_object(name, plugin_modules)  # type: ignore[no-any-return]
     raise _Unknown(name)
 
 
-def check_evaluator(spec: EvaluatorSpec, field: str) -> None:
-    """Refuse a task whose evaluator cannot be found or does not accept its config."""
+def check_evaluator(spec: EvaluatorSpec, field: str, plugin_modules: Sequence[str] = ()) -> None:
+    """Refuse a task whose evaluator cannot be found, is an import path outside ``plugin_modules``, or does not
+    accept its config."""
     try:
-        factory = _factory(spec.name)
+        factory = _factory(spec.name, plugin_modules)
     except _Unknown:
         known = ", ".join(sorted({*EVALUATORS, *_entry_points()}))
         raise ValidationError(
             f"{field}.name: unknown evaluator {spec.name!r} (known: {known}; or 'module:Class')", field=f"{field}.name"
         ) from None
+    except PluginNotAllowed as exc:
+        raise PluginNotAllowed(f"{field}.name: {exc}", field=f"{field}.name") from exc
     except (ImportError, AttributeError) as exc:
         raise ValidationError(f"{field}.name: cannot import {spec.name!r}: {exc}", field=f"{field}.name") from exc
     try:
@@ -86,5 +92,7 @@ def check_evaluator(spec: EvaluatorSpec, field: str) -> None:
         raise ValidationError(f"{field}.config: {exc}", field=f"{field}.config") from exc
 
 
-def load_evaluator(spec: EvaluatorSpec) -> Evaluator:
-    return _factory(spec.name)(spec.config)
+def load_evaluator(spec: EvaluatorSpec, plugin_modules: Sequence[str] = ()) -> Evaluator:
+    """The task's evaluator, built from its config; an import path outside ``plugin_modules`` is refused (raises
+    ``PluginNotAllowed``) even if it was allowed when the task was submitted."""
+    return _factory(spec.name, plugin_modules)(spec.config)

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from polar.evaluators.base import EvaluationContext, EvaluatorConfig
-from polar.runtimes.base import read_output
+from polar.runtimes.session_files import read_output
 
 DEFAULT_TOLERANCE = 1e-6
 # How much of the found answer the details keep: enough to see what the model said, not a whole log.
@@ -152,9 +152,9 @@ def source_text(config: AnswerConfig, context: EvaluationContext) -> str | None:
         return context.harness_output if context.runtime is not None else None
     if context.runtime is None:
         return None
-    path = context.runtime.session_dir / "work" / config.source.removeprefix(FILE_PREFIX)
-    try:
-        return read_output(path)
+    path = PurePosixPath("work", config.source.removeprefix(FILE_PREFIX))
+    try:  # never through a link or from a FIFO the harness left there: UnsafePath fails the evaluation
+        return read_output(context.runtime.session_dir, path)
     except OSError:  # the harness never wrote it (or wrote a directory): no answer
         return None
 

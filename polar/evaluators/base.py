@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict
 
 from polar.lifecycle.states import Outcome
 from polar.reconstruction.base import CapturedCall, TrajectoryData
-from polar.runtimes.base import Runtime, read_output
+from polar.runtimes.base import Runtime
+from polar.runtimes.session_files import read_output
 from polar.task_request import RuntimeSpec, TaskRequest
 
 
@@ -43,9 +44,8 @@ class EvaluationContext:
         """What the harness printed (stdout and stderr), read from the session's log (its end, if it is huge)."""
         if self.runtime is None:
             return ""
-        log = self.runtime.session_dir / "logs" / "harness.log"
-        try:
-            return read_output(log)
+        try:  # the harness may have made it a link or a FIFO: UnsafePath, never read
+            return read_output(self.runtime.session_dir, "logs/harness.log")
         except OSError:
             return ""
 

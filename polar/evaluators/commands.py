@@ -8,13 +8,14 @@ evaluator commands run under their config's ``timeout_seconds``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pydantic import Field
 
 from polar.evaluators.base import EvaluationContext, EvaluatorConfig
-from polar.runtimes.base import ExecResult, Runtime, command_env, read_output
+from polar.runtimes.base import ExecResult, Runtime, command_env
+from polar.runtimes.session_files import exists, read_output, write_file
 from polar.task_request import RuntimeSpec, TaskRequest
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -60,18 +61,20 @@ def judging_runtime(context: EvaluationContext, fresh: bool) -> Runtime:
 
 def collect_work(context: EvaluationContext, paths: Sequence[str] | None) -> list[str]:
     """Copy ``paths`` (relative to the session's work directory; None: everything in it) into the clean
-    runtime's work directory. Returns what was copied; a path the harness never made is skipped."""
+    runtime's work directory. Returns what was copied; a path the harness never made is skipped. The harness
+    owns what is copied: its links are copied as links, and one on the way to a path is refused (UnsafePath)."""
     source = judging_runtime(context, fresh=False)
     target = judging_runtime(context, fresh=True)
-    work = source.session_dir / "work"
+    root = source.session_dir
+    work = root / "work"
     names = list(paths) if paths is not None else sorted(p.name for p in work.iterdir())
     copied = []
     for name in names:
-        path = (work / name).resolve()
-        if not path.is_relative_to(work.resolve()):
+        relative = PurePosixPath(name)
+        if relative.is_absolute() or ".." in relative.parts:
             raise ValueError(f"collect: {name!r} is outside the session's work directory")
-        if path.exists():
-            target.copy_in(path, name)
+        if exists(root, work / relative):
+            target.copy_in(work / relative, name, source_root=root)
             copied.append(name)
     return copied
 
@@ -105,16 +108,15 @@ def run_command(
     """Run ``command`` with ``/bin/sh -c`` in ``runtime``'s work directory; returns how it ended and its output
     (read back from ``logs/<log_name>.log``, which is truncated first so a rerun starts clean; only its end when
     it is larger than ``READ_LIMIT_BYTES``)."""
-    log = runtime.session_dir / "logs" / f"{log_name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_bytes(b"")
+    log = f"logs/{log_name}.log"
+    write_file(runtime.session_dir, log, b"")  # never through a link the harness left there (UnsafePath)
     env = {**command_env(runtime.session_dir, task.runtime.env), **(extra_env or {})}
     result = runtime.exec(["/bin/sh", "-c", command], env, timeout_s, log_name=log_name)
-    return result, _read(log)
+    return result, _read(runtime.session_dir, log)
 
 
-def _read(path: Path) -> str:
+def _read(root: Path, log: str) -> str:
     try:
-        return read_output(path)
+        return read_output(root, log)
     except OSError:
         return ""

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -38,7 +37,8 @@ from polar.evaluators.commands import (
     refuse_idle_fresh_options,
     run_command,
 )
-from polar.runtimes.base import Runtime, read_output
+from polar.runtimes.base import Runtime
+from polar.runtimes.session_files import chown_dir, exists, make_dirs, owner, read_output, remove_file
 from polar.task_request import RuntimeSpec, TaskRequest
 
 LOG_NAME = "verifier"
@@ -89,13 +89,15 @@ def _is_number(value: Any) -> bool:
 REWARD_FILE_LIMIT = 1024 * 1024
 
 
-def read_reward(path: Path, shown: str, key: str) -> tuple[float, dict[str, float] | None]:
-    """The reward in the file at ``path`` (named ``shown`` in errors), with every numeric entry of a JSON object."""
+def read_reward(session_dir: Path, name: str, key: str) -> tuple[float, dict[str, float] | None]:
+    """The reward in the file ``name`` under ``session_dir``, with every numeric entry of a JSON object. The
+    harness may have made it: a link or a FIFO there is refused (UnsafePath), never read."""
     try:
-        text = read_output(path, limit=REWARD_FILE_LIMIT)
+        text = read_output(session_dir, name, limit=REWARD_FILE_LIMIT)
     except OSError as exc:
-        raise EvaluationError(f"cannot read the reward file {shown}: {exc}") from exc
-    if path.suffix != ".json":
+        raise EvaluationError(f"cannot read the reward file {name}: {exc}") from exc
+    shown = name
+    if PurePosixPath(name).suffix != ".json":
         try:
             value = float(text.strip())
         except ValueError:
@@ -125,12 +127,12 @@ def read_reward(path: Path, shown: str, key: str) -> tuple[float, dict[str, floa
 
 
 def _make_reward_dir(session_dir: Path) -> Path:
-    """The verifier's reward directory, made now and owned like ``logs/`` (in Docker, by the container's user)."""
-    directory = session_dir / REWARD_DIR
-    directory.mkdir(parents=True, exist_ok=True)
-    owner = directory.parent.stat()
-    with contextlib.suppress(OSError):  # only a root worker may hand it over; otherwise it is ours already
-        os.chown(directory, owner.st_uid, owner.st_gid)
+    """The verifier's reward directory, made now and owned like ``logs/`` (in Docker, by the container's user).
+    The harness owns ``logs/``: a link there (or at ``logs/verifier``) is refused, never made into or chowned."""
+    directory = make_dirs(session_dir, REWARD_DIR)
+    uid, gid = owner(session_dir, "logs")
+    with contextlib.suppress(PermissionError):  # only a root worker may hand it over; otherwise it is ours already
+        chown_dir(session_dir, REWARD_DIR, uid, gid)
     return directory
 
 
@@ -149,13 +151,13 @@ class RewardFile:
             details["collected"] = collected
         if self.config.command is not None:
             details["verifier"] = self._verify(context, runtime, self.config.command)
-        found = next((name for name in self._files if (runtime.session_dir / name).is_file()), None)
+        found = next((name for name in self._files if exists(runtime.session_dir, name, directories=False)), None)
         if found is None:
             verifier = details.get("verifier")
             ran = f"; the verifier exited with code {verifier['exit_code']}" if verifier else ""
             tail = f", its output ends: {verifier['output_tail'][-500:]!r}" if verifier else ""
             raise EvaluationError(f"no reward file: looked for {', '.join(self._files)}{ran}{tail}")
-        reward, numbers = read_reward(runtime.session_dir / found, found, self.config.key)
+        reward, numbers = read_reward(runtime.session_dir, found, self.config.key)
         details["file"] = found
         if numbers is not None:
             details["rewards"] = numbers
@@ -164,8 +166,7 @@ class RewardFile:
     def _verify(self, context: EvaluationContext, runtime: Runtime, command: str) -> dict[str, Any]:
         reward_dir = _make_reward_dir(runtime.session_dir)
         for name in self._files:
-            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-                (runtime.session_dir / name).unlink()
+            remove_file(runtime.session_dir, name)
         result, output = run_command(
             runtime, context.task, command, self.config.timeout_seconds, LOG_NAME, {REWARD_DIR_ENV: str(reward_dir)}
         )

@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from polar.evaluators.base import Evaluation, EvaluationContext, EvaluatorConfig
 from polar.evaluators.commands import judging_runtime, run_command
 from polar.runtimes.base import Runtime
+from polar.runtimes.session_files import read_bytes
 from polar.task_request import RuntimeSpec, TaskRequest
 
 DEFAULT_REPO_DIR = "/testbed"  # where SWE-bench's instance images hold the repository
@@ -181,7 +182,8 @@ class SWEBench:
             raise RuntimeError(
                 f"cannot take the harness's diff in {self.config.repo_dir!r} ({status}): {output[-500:]}"
             )
-        return (folder / "model.patch").read_bytes()
+        # Written inside the runtime, read on the host: the harness may have made the folder a link (UnsafePath).
+        return read_bytes(runtime.session_dir, folder / "model.patch")
 
     def _apply(self, runtime: Runtime, task: TaskRequest, folder: Path) -> tuple[bool, str]:
         """Whether the model patch applied in the clean runtime, and what applying printed."""

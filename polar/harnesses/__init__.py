@@ -5,15 +5,17 @@ the registry maps TaskRequest ``harness.name`` values to them."""
 
 from __future__ import annotations
 
-from polar.errors import ValidationError
+from collections.abc import Sequence
+
+from polar.errors import PluginNotAllowed, ValidationError
 from polar.harnesses.base import Harness, HarnessContext, HarnessLaunch, proxy_environment
 from polar.harnesses.claude_code import ClaudeCodeHarness
 from polar.harnesses.codex import CodexHarness
-from polar.harnesses.command import CommandHarness
+from polar.harnesses.command import REFUSAL, CommandHarness, placeholder_problem
 from polar.harnesses.gemini_cli import GeminiCliHarness
 from polar.harnesses.opencode import OpencodeHarness
 from polar.harnesses.pi import PiHarness
-from polar.harnesses.python import PythonHarness
+from polar.harnesses.python import PythonHarness, check_python_target
 from polar.harnesses.qwen_code import QwenCodeHarness
 from polar.task_request import HarnessSpec
 
@@ -34,9 +36,18 @@ HARNESSES: dict[str, Harness] = {
 __all__ = ["HARNESSES", "Harness", "HarnessContext", "HarnessLaunch", "check_harness", "proxy_environment"]
 
 
-def check_harness(spec: HarnessSpec, field: str) -> None:
+def check_harness(spec: HarnessSpec, field: str, plugin_modules: Sequence[str] = ()) -> None:
+    """Refuse a harness that is not available, a ``command`` template that would let the instruction out of its
+    quoting, or a ``python`` target outside the built-in agents and ``plugin_modules`` (POLAR_PLUGIN_MODULES)."""
     if spec.name not in HARNESSES:
         raise ValidationError(
             f"{field}.name: harness {spec.name!r} is not available yet (available: {', '.join(sorted(HARNESSES))})",
             field=f"{field}.name",
         )
+    if spec.name == "command" and (problem := placeholder_problem(spec.command or "")) is not None:
+        raise ValidationError(f"{field}.command: {REFUSAL} ({problem})", field=f"{field}.command")
+    if spec.name == "python":
+        try:
+            check_python_target(spec.command or "", plugin_modules)
+        except PluginNotAllowed as exc:
+            raise PluginNotAllowed(f"{field}.command: {exc}", field=f"{field}.command") from exc

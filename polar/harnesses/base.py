@@ -23,6 +23,8 @@ class HarnessContext:
     session_dir: Path
     runtime_env: dict[str, str]
     attempt: int = 1  # which attempt of its sample this session is (polar.lifecycle.attempts)
+    # Module prefixes a ``python`` harness may import from besides Polar's own agents (POLAR_PLUGIN_MODULES).
+    plugin_modules: tuple[str, ...] = ()
 
     @property
     def proxy_base(self) -> str:

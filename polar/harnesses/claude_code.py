@@ -23,14 +23,13 @@ class ClaudeCodeHarness:
     def launch(self, context: HarnessContext) -> HarnessLaunch:
         settings = preset_settings(context)
         program, model = binary(context), model_name(context)
-        config_dir = home_dir(context) / ".claude"
-        config_dir.mkdir(parents=True, exist_ok=True)
+        config_dir = home_dir(context, ".claude")
         command = [program, "--verbose", "--output-format=stream-json", "--dangerously-skip-permissions"]
         command += ["--model", model]
         if settings.max_turns:
             command += ["--max-turns", str(settings.max_turns)]
         if settings.mcp_servers:
-            mcp = write_json(config_dir / "mcp.json", {"mcpServers": settings.mcp_servers})
+            mcp = write_json(context, config_dir / "mcp.json", {"mcpServers": settings.mcp_servers})
             command += ["--mcp-config", str(mcp)]
         command += [*settings.extra_args, "-p", context.instruction]
         env = proxy_environment(context)

@@ -59,9 +59,10 @@ class CodexHarness:
         settings = preset_settings(context)
         refuse(context, settings, "max_turns")
         program, model = binary(context), model_name(context)
-        codex_home = home_dir(context) / ".codex"
-        write_config(codex_home / "config.toml", config_toml(model, f"{context.proxy_base}/v1", settings.mcp_servers))
-        write_json(codex_home / "auth.json", {"OPENAI_API_KEY": context.proxy_key})
+        codex_home = home_dir(context, ".codex")
+        toml = config_toml(model, f"{context.proxy_base}/v1", settings.mcp_servers)
+        write_config(context, codex_home / "config.toml", toml)
+        write_json(context, codex_home / "auth.json", {"OPENAI_API_KEY": context.proxy_key})
         command = [program, "exec", "--dangerously-bypass-approvals-and-sandbox", "--skip-git-repo-check", "--json"]
         command += ["--model", model, *settings.extra_args, "--", context.instruction]
         env = proxy_environment(context)

@@ -36,7 +36,7 @@ class GeminiCliHarness:
     def launch(self, context: HarnessContext) -> HarnessLaunch:
         settings = preset_settings(context)
         program, model = binary(context), model_name(context)
-        write_json(home_dir(context) / ".gemini" / "settings.json", gemini_settings(settings, "gemini-api-key"))
+        write_json(context, home_dir(context, ".gemini") / "settings.json", gemini_settings(settings, "gemini-api-key"))
         command = [program, "--approval-mode=yolo", f"--model={model}", *settings.extra_args]
         command.append(f"--prompt={context.instruction}")
         env = proxy_environment(context)

@@ -48,9 +48,8 @@ class OpencodeHarness:
         refuse(context, settings, "max_turns")
         program, model = binary(context), model_name(context)
         home = home_dir(context)
-        write_json(
-            home / ".config" / "opencode" / "opencode.json", opencode_config(context, model, settings.mcp_servers)
-        )
+        config = opencode_config(context, model, settings.mcp_servers)
+        write_json(context, home_dir(context, ".config", "opencode") / "opencode.json", config)
         command = [program, "-m", f"{PROVIDER}/{model}", "run", "--format=json", *settings.extra_args]
         command += ["--", context.instruction]
         env = proxy_environment(context)

@@ -34,8 +34,8 @@ class PiHarness:
         settings = preset_settings(context)
         refuse(context, settings, "max_turns", "mcp_servers")
         program, model = binary(context), model_name(context)
-        agent_dir = home_dir(context) / ".pi" / "agent"
-        write_json(agent_dir / "models.json", models_json(context, model))
+        agent_dir = home_dir(context, ".pi", "agent")
+        write_json(context, agent_dir / "models.json", models_json(context, model))
         command = [program, "--print", "--mode", "json", "--no-session", "--provider", PROVIDER, "--model", model]
         command += [*settings.extra_args, context.instruction]
         env = proxy_environment(context)

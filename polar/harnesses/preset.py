@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from polar.errors import RuntimeFailure
 from polar.harnesses.base import HarnessContext
 from polar.harnesses.install import require_binary
+from polar.runtimes.session_files import make_dirs, write_file
 
 DEFAULT_MODEL = "polar-policy"
 SETTINGS = ("max_turns", "extra_args", "mcp_servers")
@@ -66,11 +67,10 @@ def model_name(context: HarnessContext) -> str:
     return context.spec.model or DEFAULT_MODEL
 
 
-def home_dir(context: HarnessContext) -> Path:
-    """The session's private home (created)."""
-    home = context.session_dir / "home"
-    home.mkdir(parents=True, exist_ok=True)
-    return home
+def home_dir(context: HarnessContext, *below: str) -> Path:
+    """The session's private home, or the directory ``below`` it (created; never through a link a prepare step
+    left there: UnsafePath)."""
+    return make_dirs(context.session_dir, PurePosixPath("home", *below))
 
 
 def binary(context: HarnessContext) -> str:
@@ -78,17 +78,16 @@ def binary(context: HarnessContext) -> str:
     return str(require_binary(context.spec.name))
 
 
-def write_config(path: Path, text: str) -> Path:
-    """Write a config file under the session home (parents created, owner-only since it may hold the key)."""
+def write_config(context: HarnessContext, path: Path, text: str) -> Path:
+    """Write a config file at ``path`` in the session directory (parents created, owner-only since it may hold
+    the key). The host writes it, often as root, after the task's prepare steps ran in the session: a link on the
+    way is refused (UnsafePath, naming it), never written through."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        path.chmod(0o600)
+        return write_file(context.session_dir, path, text, mode=0o600)
     except OSError as exc:
         raise RuntimeFailure(f"cannot write harness config {path}: {exc}") from exc
-    return path
 
 
-def write_json(path: Path, data: Any) -> Path:
+def write_json(context: HarnessContext, path: Path, data: Any) -> Path:
     """Write ``data`` as indented JSON (see ``write_config``)."""
-    return write_config(path, json.dumps(data, indent=2) + "\n")
+    return write_config(context, path, json.dumps(data, indent=2) + "\n")

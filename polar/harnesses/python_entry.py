@@ -1,20 +1,29 @@
-"""Inside the ``python`` harness's process: ``python -m polar.harnesses.python_entry module:function instruction``.
+"""Inside the ``python`` harness's process:
+``python -m polar.harnesses.python_entry <allowed prefixes> module:function instruction``.
 
-Kept apart from ``polar.harnesses`` so that starting it imports nothing but the target.
+Kept apart from ``polar.harnesses`` so that starting it imports nothing but the target, and only a target under
+the allowed module prefixes (comma-separated; ``polar.harnesses.python`` passes the built-in agents and
+``POLAR_PLUGIN_MODULES``): anything else exits 2 with the reason, unimported.
 """
 
 from __future__ import annotations
 
 import sys
 
+from polar.errors import PluginNotAllowed
 from polar.import_path import import_object
 
 
 def main(argv: list[str]) -> int:
     """Import ``module:function``, call it with the instruction, return its exit code (None means 0)."""
-    target, instruction = argv
+    allowed, target, instruction = argv
     sys.path.insert(0, ".")
-    result = import_object(target)(instruction)
+    try:
+        function = import_object(target, tuple(p for p in allowed.split(",") if p))
+    except PluginNotAllowed as exc:
+        print(f"polar: python harness refused: {exc}", file=sys.stderr)
+        return 2
+    result = function(instruction)
     return int(result or 0)
 
 

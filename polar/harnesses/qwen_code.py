@@ -22,7 +22,7 @@ class QwenCodeHarness:
     def launch(self, context: HarnessContext) -> HarnessLaunch:
         settings = preset_settings(context)
         program, model = binary(context), model_name(context)
-        write_json(home_dir(context) / ".qwen" / "settings.json", gemini_settings(settings, "openai"))
+        write_json(context, home_dir(context, ".qwen") / "settings.json", gemini_settings(settings, "openai"))
         command = [program, "--yolo", *settings.extra_args, f"--prompt={context.instruction}"]
         env = proxy_environment(context)
         env["OPENAI_MODEL"] = model

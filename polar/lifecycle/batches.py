@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from polar.clock import utcnow
+from polar.config import Config
 from polar.errors import Conflict, NotFound, ValidationError
 from polar.evaluators import check_evaluator
 from polar.harnesses import check_harness
@@ -24,11 +25,15 @@ from polar.lifecycle.admission import admit
 from polar.lifecycle.attempts import OutcomeClass, is_latest_attempt
 from polar.lifecycle.states import TERMINAL, State
 from polar.reconstruction import RECONSTRUCTIONS
+from polar.records.audit import Caller, record
+from polar.records.provenance import batch_provenance
 from polar.runtimes import check_runtime
+from polar.runtimes.copy_steps import check_task_copies
 from polar.services import Services
 from polar.storage import db_clock
 from polar.storage.models import Batch, Session, SessionEvent, Task
 from polar.task_request import BatchRequest, task_to_json
+from polar.training.callback_targets import check_callback_url
 
 
 @dataclass(frozen=True)
@@ -42,18 +47,32 @@ def request_hash(body: Any) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _check_available(request: BatchRequest) -> None:
+def with_default_runtime(request: BatchRequest, backend: str) -> BatchRequest:
+    """``request`` with ``backend`` (POLAR_DEFAULT_RUNTIME) for every task that names none, as it is stored."""
+    if all(task.runtime.backend for task in request.tasks):
+        return request
+    tasks = []
+    for task in request.tasks:
+        runtime = task.runtime.model_copy(update={"backend": task.runtime.backend or backend})
+        tasks.append(task.model_copy(update={"runtime": runtime}))
+    return request.model_copy(update={"tasks": tasks})
+
+
+def _check_available(request: BatchRequest, config: Config) -> None:
     for index, task in enumerate(request.tasks):
         prefix = f"tasks[{index}]"
         check_runtime(task.runtime, f"{prefix}.runtime")
-        check_harness(task.harness, f"{prefix}.harness")
-        check_evaluator(task.evaluator, f"{prefix}.evaluator")
+        check_harness(task.harness, f"{prefix}.harness", config.plugin_modules)
+        check_evaluator(task.evaluator, f"{prefix}.evaluator", config.plugin_modules)
+        check_task_copies(task, config.copy_roots, prefix)
         if task.reconstruction not in RECONSTRUCTIONS:
             available = ", ".join(repr(name) for name in sorted(RECONSTRUCTIONS))
             raise ValidationError(
                 f"{prefix}.reconstruction: {task.reconstruction!r} is not available; use one of {available}",
                 field=f"{prefix}.reconstruction",
             )
+    if request.callback_url is not None:
+        check_callback_url(request.callback_url, config.callback_allow)
 
 
 def _existing(services: Services, key: str, digest: str) -> Submitted:
@@ -65,15 +84,24 @@ def _existing(services: Services, key: str, digest: str) -> Submitted:
 
 
 def submit_batch(
-    services: Services, request: BatchRequest, digest: str, idempotency_key: str | None = None
+    services: Services,
+    request: BatchRequest,
+    digest: str,
+    idempotency_key: str | None = None,
+    caller: Caller | None = None,
 ) -> Submitted:
-    """Store the batch and its pending sessions, then admit what the READY buffer has room for."""
-    _check_available(request)
+    """Store the batch and its pending sessions, then admit what the READY buffer has room for. With ``caller``
+    (the API's), the batch records its submitter and the audit row is written in the same transaction; a replay of
+    an ``Idempotency-Key`` starts nothing and records nothing."""
+    request = with_default_runtime(request, services.config.default_runtime)
+    _check_available(request, services.config)
     if idempotency_key:
         try:
             return _existing(services, idempotency_key, digest)
         except sa.exc.NoResultFound:
             pass
+    # Asked before the transaction: engines answer within a short timeout, or are recorded as not answering.
+    provenance = batch_provenance(services.config, services.engine_probe, request.tasks)
     batch_id = uuid.uuid4()
     now = utcnow()
     tasks: list[dict[str, Any]] = []
@@ -124,9 +152,15 @@ def submit_batch(
                     request_hash=digest,
                     num_sessions=request.num_sessions,
                     callback_url=request.callback_url,
+                    provenance=provenance,
+                    submitted_by=caller.actor if caller else None,
                 )
             )
             db.flush()
+            if caller is not None:
+                detail = {"name": request.name, "num_sessions": request.num_sessions}
+                record(db, caller.actor, "submit", str(batch_id), {**detail, "idempotency_key": idempotency_key},
+                       caller.remote_addr)  # fmt: skip
             db.execute(sa.insert(Task), tasks)
             db.execute(sa.insert(Session), sessions)
             db.execute(sa.insert(SessionEvent), events)

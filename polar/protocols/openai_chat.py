@@ -169,7 +169,7 @@ _ERROR_TYPES = {
     404: "invalid_request_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
-    429: "rate_limit_exceeded",
+    429: "requests",  # OpenAI: the kind of limit hit ("requests" | "tokens"), code "rate_limit_exceeded"
 }
 _ERROR_CODES = {401: "invalid_api_key", 429: "rate_limit_exceeded", 504: "timeout"}
 

@@ -21,11 +21,12 @@ import sqlalchemy as sa
 from polar.errors import SessionNotRunning
 from polar.lifecycle.states import State
 from polar.storage.database import Database
-from polar.storage.models import ModelCall, Session
+from polar.storage.models import ModelCall, Session, Task
 from polar.storage.prompts import Chain, encode_prompt
 
 _sessions = Session.__table__
 _calls = ModelCall.__table__
+_tasks = Task.__table__
 # A call is stored once however often its insert is retried (a commit whose acknowledgement a database restart
 # swallowed): the sequence number is only claimed while the call's own id is not there yet.
 _NEXT_SEQ = (
@@ -87,8 +88,17 @@ def _chains(length: Callable[[Any], sa.ColumnElement[Any]]) -> sa.Select[Any]:
 
 _CHAINS_POSTGRES = _chains(sa.func.cardinality)
 _CHAINS_SQLITE = _chains(sa.func.json_array_length)
-_SESSION_FOR_KEY = sa.select(_sessions.c.id, _sessions.c.state).where(
-    _sessions.c.proxy_key_hash == sa.bindparam("key_hash")
+# With the task's call limits (polar.proxy.limits): read from its spec in the same round trip.
+_SESSION_FOR_KEY = (
+    sa.select(
+        _sessions.c.id,
+        _sessions.c.state,
+        _tasks.c.spec["max_concurrent_calls"].as_integer().label("max_concurrent_calls"),
+        _tasks.c.spec["max_calls"].as_integer().label("max_calls"),
+        _tasks.c.spec["timeout_seconds"].as_float().label("timeout_seconds"),
+    )
+    .join(_tasks, _tasks.c.id == _sessions.c.task_pk)
+    .where(_sessions.c.proxy_key_hash == sa.bindparam("key_hash"))
 )
 
 
@@ -154,8 +164,21 @@ def _delta(connection: sa.Connection, chains: sa.Select[Any], record: CallRecord
     }
 
 
-def session_state_for_key(db: Database, key_hash: str) -> tuple[uuid.UUID, str] | None:
-    """The session a proxy key belongs to and its state, or None for an unknown key."""
+@dataclass(frozen=True)
+class KeyOwner:
+    """The session a proxy key belongs to, its state, and its task's call-limit fields (None: unset)."""
+
+    session_id: uuid.UUID
+    state: str
+    max_concurrent_calls: int | None
+    max_calls: int | None
+    timeout_seconds: float | None
+
+
+def session_state_for_key(db: Database, key_hash: str) -> KeyOwner | None:
+    """The session a proxy key belongs to, or None for an unknown key."""
     with db.engine.connect() as connection:
         row = connection.execute(_SESSION_FOR_KEY, {"key_hash": key_hash}).first()
-    return (row.id, row.state) if row else None
+    if row is None:
+        return None
+    return KeyOwner(row.id, row.state, row.max_concurrent_calls, row.max_calls, row.timeout_seconds)

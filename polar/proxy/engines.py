@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from polar.errors import EngineError, EngineTimeout
+from polar.redaction import shown_url
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,9 @@ class EnginePool:
             try:
                 self._served[url] = response.json()["data"][0]["id"]
             except (ValueError, KeyError, IndexError, TypeError) as exc:
-                raise EngineError(f"engine {url} did not say which model it serves", status_code=502) from exc
+                raise EngineError(
+                    f"engine {shown_url(url)} did not say which model it serves", status_code=502
+                ) from exc
         return self._served[url]
 
     def post(self, session_id: uuid.UUID, path: str, body: dict[str, Any], model: str | None) -> EngineReply:
@@ -90,12 +93,14 @@ class EnginePool:
                 response = self._client.post(url + path, json=body)
             except httpx.ConnectError as exc:
                 self._mark_down(url)
-                failures.append(f"{url}: {exc}")
+                failures.append(f"{shown_url(url)}: {exc}")
                 continue
             except httpx.TimeoutException as exc:
-                raise EngineTimeout(f"engine {url} did not answer in time", status_code=504) from exc
+                raise EngineTimeout(f"engine {shown_url(url)} did not answer in time", status_code=504) from exc
             except httpx.HTTPError as exc:
-                raise EngineError(f"engine {url} failed: {type(exc).__name__}: {exc}", status_code=502) from exc
+                raise EngineError(
+                    f"engine {shown_url(url)} failed: {type(exc).__name__}: {exc}", status_code=502
+                ) from exc
             latency = (time.perf_counter() - started) * 1000
             if response.status_code >= 500:
                 message = _error_body(response)["error"]["message"]

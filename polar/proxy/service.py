@@ -3,6 +3,10 @@ call, answer in the client's protocol (as a stream when asked).
 
 Errors come back in the client's own error shape with a truthful status; nothing here knows about Flask.
 
+A session's calls run under its call limits (``polar.proxy.limits``): a model call over ``max_concurrent_calls``
+or ``max_calls`` gets the protocol's 429 and is neither sent to the engine nor recorded (it is no model call);
+counting tokens takes a concurrency slot but does not count toward ``max_calls``.
+
 A call the engine failed (unreachable, 5xx, timed out) is recorded too, with the status the harness got, so
 postrun can tell an engine outage from the policy's own failure (``polar.lifecycle.attempts``). While the
 database is unreachable the proxy waits (``POLAR_DB_OUTAGE``) rather than answer a call it could not record.
@@ -29,6 +33,7 @@ from polar.errors import (
     EngineTimeout,
     PolarError,
     SessionNotRunning,
+    TooManyCalls,
     Unauthorized,
     ValidationError,
 )
@@ -39,6 +44,8 @@ from polar.proxy import tito
 from polar.proxy.capture import CallRecord, record_call, session_state_for_key
 from polar.proxy.engines import EnginePool, EngineReply
 from polar.proxy.keys import hash_key
+from polar.proxy.limits import CallLimiter, CallLimits, call_limiter
+from polar.proxy.template_kwargs import check_setting, check_template_kwargs
 from polar.storage.database import Database
 from polar.storage.outage import ride_out
 from polar.training.engine_control import ControlState, ControlView
@@ -55,6 +62,7 @@ STATUS: dict[type[PolarError], int] = {
     Unauthorized: 401,
     SessionNotRunning: 401,
     EnginePaused: 429,
+    TooManyCalls: 429,
     EngineTimeout: 504,
     EngineError: 502,
     CaptureFailed: 503,
@@ -122,33 +130,36 @@ def _guarded(protocol: ModuleType, events: Iterator[bytes]) -> Iterator[bytes]:
 
 
 class ProxyService:
-    def __init__(self, config: Config, db: Database, engines: EnginePool) -> None:
+    def __init__(self, config: Config, db: Database, engines: EnginePool, limiter: CallLimiter | None = None) -> None:
         self.config = config
         self.db = db
         self.engines = engines
-        self._keys: dict[str, tuple[uuid.UUID, float]] = {}
-        self.control = ControlView(db)
+        self.limiter = limiter or call_limiter(config)
+        self._keys: dict[str, tuple[uuid.UUID, CallLimits, float]] = {}
+        self.control = ControlView(db, config.pause_max_waiters)
+        check_setting(config.chat_template_kwargs)
         self._tito: dict[uuid.UUID, bool] = {}
 
-    def session_for_key(self, key: str | None) -> uuid.UUID:
-        """The running session a key belongs to. Positive answers are cached briefly: a key never changes
-        session, and a session that stopped running is caught again when its call is recorded."""
+    def session_for_key(self, key: str | None) -> tuple[uuid.UUID, CallLimits]:
+        """The running session a key belongs to, with its call limits. Positive answers are cached briefly: a
+        key never changes session, and a session that stopped running is caught again when its call is
+        recorded."""
         if not key:
             raise Unauthorized("no proxy key: use the session base URL /s/<key>/… or send the key as the API key")
         key_hash = hash_key(key)
         cached = self._keys.get(key_hash)
-        if cached is not None and cached[1] > time.monotonic():
-            return cached[0]
+        if cached is not None and cached[2] > time.monotonic():
+            return cached[0], cached[1]
         found = self._recorded(lambda: session_state_for_key(self.db, key_hash))
         if found is None:
             raise Unauthorized("unknown proxy key")
-        session_id, state = found
-        if state != State.RUNNING.value:
-            raise SessionNotRunning(f"this session is {state}; its proxy key no longer accepts calls")
+        if found.state != State.RUNNING.value:
+            raise SessionNotRunning(f"this session is {found.state}; its proxy key no longer accepts calls")
+        limits = CallLimits.of_task(self.config, found.max_concurrent_calls, found.max_calls, found.timeout_seconds)
         if len(self._keys) > KEY_CACHE_SIZE:
             self._keys.clear()
-        self._keys[key_hash] = (session_id, time.monotonic() + KEY_CACHE_S)
-        return session_id
+        self._keys[key_hash] = (found.session_id, limits, time.monotonic() + KEY_CACHE_S)
+        return found.session_id, limits
 
     def _recorded(self, work: Callable[[], T]) -> T:
         """``work`` against the database, waiting out an outage; ``CaptureFailed`` if it lasts too long."""
@@ -160,7 +171,12 @@ class ProxyService:
     def error(self, protocol: ModuleType, exc: PolarError) -> ProxyAnswer:
         status = next((code for kind, code in STATUS.items() if isinstance(exc, kind)), 500)
         status = getattr(exc, "status_code", None) or status
-        headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, EnginePaused) else {}
+        headers: dict[str, str] = {}
+        if isinstance(exc, EnginePaused | TooManyCalls):
+            if exc.retry_after_s is not None:
+                headers["Retry-After"] = str(exc.retry_after_s)
+            else:  # a spent session: the openai / anthropic SDKs honour this and skip their retries
+                headers["x-should-retry"] = "false"
         return ProxyAnswer(status, protocol.render_error(status, str(exc)), headers=headers)
 
     def _admitted(self) -> ControlState:
@@ -177,13 +193,14 @@ class ProxyService:
         try:
             if detected.operation == "head":
                 return ProxyAnswer(200, {})
-            session_id = self.session_for_key(key)
+            session_id, limits = self.session_for_key(key)
             if detected.operation == "models":
                 return ProxyAnswer(200, protocol.render_models(self._model_names()))
             body = parse_json(raw)
             if detected.operation == "count_tokens":
-                return self._count_tokens(protocol, context, session_id, body)
-            return self._generate(protocol, context, session_id, agent, body)
+                with self.limiter.slot(session_id, limits, counted=False):
+                    return self._count_tokens(protocol, context, session_id, body)
+            return self._generate(protocol, context, session_id, limits, agent, body)
         except PolarError as exc:
             return self.error(protocol, exc)
 
@@ -225,20 +242,34 @@ class ProxyService:
     def _count_tokens(
         self, protocol: ModuleType, context: RequestContext, session_id: uuid.UUID, body: Any
     ) -> ProxyAnswer:
-        reply = self.engines.post(
-            session_id, "/tokenize", protocol.count_tokens_request(body, context), self.config.served_model
-        )
+        tokenize = protocol.count_tokens_request(body, context)
+        check_template_kwargs(tokenize, self.config.chat_template_kwargs)
+        reply = self.engines.post(session_id, "/tokenize", tokenize, self.config.served_model)
         if reply.status_code != 200:
             return ProxyAnswer(reply.status_code, protocol.render_error(reply.status_code, reply.error_message))
         return ProxyAnswer(200, protocol.render_count_tokens(int(reply.body["count"])))
 
     def _generate(
-        self, protocol: ModuleType, context: RequestContext, session_id: uuid.UUID, agent: str | None, body: Any
+        self,
+        protocol: ModuleType,
+        context: RequestContext,
+        session_id: uuid.UUID,
+        limits: CallLimits,
+        agent: str | None,
+        body: Any,
     ) -> ProxyAnswer:
         started = time.perf_counter()
         request = protocol.normalize(body, context)
+        check_template_kwargs(request.engine_body, self.config.chat_template_kwargs)
         control = self._admitted()
         call = _Call(session_id, agent, request, body, started, control.policy_version)
+        # The slot is held until the answer is recorded; a stream is rendered afterwards from memory.
+        with self.limiter.slot(session_id, limits):
+            return self._answer(protocol, call)
+
+    def _answer(self, protocol: ModuleType, call: _Call) -> ProxyAnswer:
+        """Ask the engine for ``call``, record it, and render the answer in the client's protocol."""
+        session_id, agent, request, started = call.session_id, call.agent, call.request, call.started
         chat_body = {**request.engine_body, **self.config.sampling_overrides}
         link = self._tito_link(session_id, agent, chat_body)
         engine_body = _capture_fields(chat_body)

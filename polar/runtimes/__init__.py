@@ -1,5 +1,8 @@
 """Runtimes: where sessions run. ``base`` is the interface; ``local`` a private directory on the host;
-``bwrap`` the same directory with commands in a bubblewrap sandbox; ``docker`` a container per session.
+``bwrap`` the same directory with commands in a bubblewrap sandbox; ``docker`` a container per session. Every
+one of them keeps the session directory on the host; whatever the host writes or reads there goes through
+``session_files``, which never follows a link the session made; ``copy_steps`` bounds where copy steps read and
+write.
 
 The registry maps the ``runtime.backend`` names of a TaskRequest to their classes (``docker`` only when the
 ``docker`` package imports); ``check_runtime`` also rejects a backend whose tool or engine is missing here.
@@ -48,9 +51,31 @@ def check_runtime(spec: RuntimeSpec, field: str) -> None:
             f"{field}.backend: {spec.backend!r} is not available here (available: {', '.join(sorted(RUNTIMES))})",
             field=f"{field}.backend",
         )
+    check_confinement(spec, field)
     problem = _unavailable(spec)
     if problem:
         raise ValidationError(f"{field}.backend: {spec.backend!r} cannot run here: {problem}", field=f"{field}.backend")
+
+
+def check_confinement(spec: RuntimeSpec, field: str) -> None:
+    """Refuse what a backend would silently ignore: limits and a read-only root are Docker's alone."""
+    if spec.backend == "docker":
+        return
+    if spec.limits.cpus or spec.limits.memory_mb or spec.limits.pids:
+        raise ValidationError(
+            f"{field}.limits: only the docker runtime enforces cpus / memory_mb / pids; "
+            f"{spec.backend!r} would ignore them (use backend 'docker', or drop limits)",
+            field=f"{field}.limits",
+        )
+    if spec.workdir is not None:
+        raise ValidationError(
+            f"{field}.workdir: only a docker runtime has a directory of its own to start in", field=f"{field}.workdir"
+        )
+    if spec.read_only_root:
+        raise ValidationError(
+            f"{field}.read_only_root: only the docker runtime has a root filesystem of its own",
+            field=f"{field}.read_only_root",
+        )
 
 
 def _unavailable(spec: RuntimeSpec) -> str | None:
@@ -64,7 +89,8 @@ def _unavailable(spec: RuntimeSpec) -> str | None:
 def create_runtime(
     session_id: uuid.UUID, spec: RuntimeSpec, config: Config, role: str = SESSION_ROLE, instance: str | None = None
 ) -> Runtime:
-    return RUNTIMES[spec.backend].create(session_id, spec, config, role, instance)
+    backend = spec.backend or config.default_runtime
+    return RUNTIMES[backend].create(session_id, spec, config, role, instance)
 
 
 def attach_runtime(handle: Mapping[str, Any], config: Config) -> Runtime:

@@ -6,21 +6,21 @@ session row), so any worker on the same node can attach to it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
 from polar.config import Config
+from polar.errors import RuntimeFailure
+from polar.runtimes.relay import ProxyAccess, direct
+from polar.runtimes.session_files import copy_into
 from polar.task_request import RuntimeSpec
 
-OUTPUT_TAIL_BYTES = 4096
-# The most of a session's output or files that Polar reads into memory at once (harness output, an evaluator
-# command's log, an answer file): a policy can write gigabytes, and postrun must not die of it.
-READ_LIMIT_BYTES = 8 * 1024 * 1024
 # Host variables every command in a runtime keeps (locale, certificates, where programs are); everything else
 # is withheld, so no host secret leaks into a harness or an evaluator's command.
 PASSTHROUGH = ("PATH", "LANG", "LC_ALL", "TZ", "SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS")
@@ -34,29 +34,6 @@ def runtime_name(session_id: uuid.UUID, role: str, instance: str | None = None) 
     claim's lease) gives each claim its own, so a re-run of init never touches a directory another is using."""
     name = str(session_id) if role == SESSION_ROLE else f"{session_id}-{role}"
     return f"{name}.{instance}" if instance else name
-
-
-def output_tail(path: Path) -> str:
-    """The last ``OUTPUT_TAIL_BYTES`` of a command's log (kept with a failing session's error)."""
-    try:
-        with path.open("rb") as handle:
-            handle.seek(max(0, path.stat().st_size - OUTPUT_TAIL_BYTES))
-            return handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
-def read_output(path: Path, limit: int = READ_LIMIT_BYTES) -> str:
-    """The text of ``path``, or its last ``limit`` bytes (where test summaries and answers are) after a line saying
-    how much was left out. Raises ``OSError`` as ``Path.read_text`` does."""
-    with path.open("rb") as handle:
-        size = handle.seek(0, os.SEEK_END)
-        if size <= limit:
-            handle.seek(0)
-            return handle.read().decode("utf-8", errors="replace")
-        handle.seek(size - limit)
-        tail = handle.read().decode("utf-8", errors="replace")
-    return f"[polar: the first {size - limit} bytes of {size} were left out]\n{tail}"
 
 
 def command_env(session_dir: Path, extra: Mapping[str, str]) -> dict[str, str]:
@@ -130,9 +107,24 @@ class Runtime(ABC):
     ) -> ExecResult:
         """Run ``command`` in the work directory; kill everything it started when ``timeout_s`` runs out."""
 
-    @abstractmethod
-    def copy_in(self, host_path: Path, runtime_path: str) -> None:
-        """Copy a host file or directory into the runtime (relative paths are under the work directory)."""
+    @contextlib.contextmanager
+    def proxy_access(self, proxy_url: str, egress_allow: Sequence[str] = ()) -> Iterator[ProxyAccess]:
+        """How the harness reaches the proxy while the block runs. Here: directly (the ``local`` runtime shares
+        the host's network); sandboxes give it a relay to the proxy and, with ``egress_allow``, a gate to those
+        outside hosts, and nothing else (``polar.runtimes.relay``)."""
+        yield direct(proxy_url)
+
+    def copy_in(self, host_path: Path, runtime_path: str, source_root: Path | None = None) -> None:
+        """Copy a host file or directory into the runtime at ``runtime_path``: relative, under the work directory;
+        absolute, anywhere in the session directory and nowhere else (every runtime has it at the same path inside
+        and out). No link there is followed (``polar.runtimes.session_files``); with ``source_root``, neither is
+        one on the way to ``host_path`` in that (another session's) directory. UnsafePath when refused."""
+        target = PurePosixPath(runtime_path)
+        target = target if target.is_absolute() else PurePosixPath("work", target)
+        try:
+            copy_into(self.session_dir, target, host_path, source_root)
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot copy {host_path} to {runtime_path}: {exc}") from exc
 
     @abstractmethod
     def is_alive(self) -> bool:

@@ -3,30 +3,40 @@
 ``create`` starts ``sleep infinity`` from ``spec.image`` (default ``polar-test:latest``) with:
 - the session directory bind-mounted read-write at its host path, so ``session_dir`` is valid inside and out;
 - the host's Python (venv, base interpreter, ``polar``) bind-mounted read-only at its host paths;
-- the host's network (``network_mode="host"``: the harness reaches the proxy on 127.0.0.1);
+- no network (``network_mode="none"``: loopback only): the harness reaches the proxy, and nothing else, through
+  the relay socket mounted read-only at ``/run/polar-proxy`` (``polar.runtimes.relay``);
+- hardened: every capability dropped (a task with a ``workdir`` keeps CHOWN, DAC_OVERRIDE and FOWNER for the
+  one root exec that hands the workdir over, so its idle PID 1 runs as root; the session's own processes always
+  run as a non-root user with ``no-new-privileges``, so none of them ever holds a capability), optionally a
+  read-only root filesystem (``runtime.read_only_root``: the session directory stays writable, ``/tmp`` is a
+  tmpfs), and never the Docker socket;
 - commands start in ``spec.workdir`` when given (an image's own directory, such as SWE-bench's ``/testbed``, made
   and chowned to that user at create), else in the session's ``work/``;
+- copies in (``copy_in``) are written from the host into the session directory, which is the same path inside,
+  streamed file by file and never through a link (``polar.runtimes.session_files``); a relative destination is
+  under the session's ``work/`` even with a ``workdir``, and nothing outside the session directory (the image's
+  own ``/testbed``, ``/opt``) is a destination: a prepare ``run`` step moves files there;
 - the session's ``logs/`` also at ``/logs`` (Harbor's convention: verifiers write ``/logs/verifier/reward.txt``);
-- ``spec.limits`` as CPU, memory and PID limits; labels ``polar.session``, ``polar.node``,
+- ``spec.limits`` as CPU, memory and PID limits, the deployment's defaults (``POLAR_SANDBOX_*``) where a task
+  sets none; labels ``polar.session``, ``polar.node``,
   ``polar.role`` and ``polar.deployment`` (which installation made it: the reaper only touches its own);
 - a non-root user: the caller's uid, or 1000 when the caller is root (the session directory is chowned to it).
 
 Timeouts: each command runs as a detached exec with its output appended to ``logs/<name>.log``; the host polls
-it against the deadline. On timeout, and after every command (so background children never outlive it), a root
-exec sends ``kill -9 -1``, which kills every process in the container but PID 1. One command runs at a time per
+it against the deadline. On timeout, and after every command (so background children never outlive it), an exec as
+the session's user sends ``kill -9 -1``, which kills every process of that user in the container but PID 1 and
+itself (the session's processes cannot change user: no capabilities, no new privileges). One command runs at a time per
 session, so that is exactly the command's process tree, whatever process groups it made.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import shutil
-import tarfile
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +45,10 @@ from docker.errors import DockerException, NotFound
 
 from polar.config import Config
 from polar.errors import RuntimeFailure
+from polar.runtimes import relay
 from polar.runtimes._host_python import host_tool_paths
-from polar.runtimes.base import SESSION_ROLE, ExecResult, Runtime, StartHook, TickHook, output_tail, runtime_name
+from polar.runtimes.base import SESSION_ROLE, ExecResult, Runtime, StartHook, TickHook, runtime_name
+from polar.runtimes.session_files import chown_tree, fresh_session_dir, output_tail
 from polar.task_request import RuntimeSpec
 
 DEFAULT_IMAGE = "polar-test:latest"
@@ -45,6 +57,9 @@ NODE_LABEL = "polar.node"
 ROLE_LABEL = "polar.role"
 DEPLOYMENT_LABEL = "polar.deployment"
 TICK_S = 0.2
+# What the one root exec handing over a ``workdir`` needs (chown -R of an image's root-owned tree).
+_HAND_OVER_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
+TMP_SIZE = "1g"
 _RUN_LOGGED = 'log=$1; shift; exec "$@" >>"$log" 2>&1'
 
 
@@ -78,13 +93,8 @@ def _user() -> str:
 
 
 def _session_dir(root: Path, user: str) -> None:
-    shutil.rmtree(root, ignore_errors=True)
     uid, gid = (int(part) for part in user.split(":"))
-    for sub in ("work", "home", "logs"):
-        (root / sub).mkdir(parents=True, exist_ok=True)
-    for path in (root, root / "work", root / "home", root / "logs"):
-        os.chown(path, uid, gid)
-    root.chmod(0o700)
+    fresh_session_dir(root, owner=(uid, gid))
 
 
 def _hand_over(container: Any, workdir: str, user: str) -> None:
@@ -102,10 +112,7 @@ def _give_to_user(root: Path, user: str) -> None:
     """Files written from the host since create (harness configs, copies) belong to the worker's user: hand them
     to the container's user so the harness can read its config. Needs a root worker, as the chown at create."""
     uid, gid = (int(part) for part in user.split(":"))
-    for directory, dirs, files in os.walk(root):
-        for name in (directory, *(os.path.join(directory, entry) for entry in (*dirs, *files))):
-            with contextlib.suppress(OSError):
-                os.lchown(name, uid, gid)
+    chown_tree(root, ".", uid, gid)  # links themselves, never what they point at; no hard-linked file
 
 
 class DockerRuntime(Runtime):
@@ -136,16 +143,11 @@ class DockerRuntime(Runtime):
         volumes = {path: {"bind": path, "mode": "ro"} for path in host_tool_paths()}
         volumes[str(root)] = {"bind": str(root), "mode": "rw"}
         volumes[str(root / "logs")] = {"bind": "/logs", "mode": "rw"}
-        limits: dict[str, Any] = {}
-        if spec.limits.cpus:
-            limits["nano_cpus"] = int(spec.limits.cpus * 1e9)
-        if spec.limits.memory_mb:
-            limits["mem_limit"] = f"{spec.limits.memory_mb}m"
-        if spec.limits.pids:
-            limits["pids_limit"] = spec.limits.pids
+        volumes[str(relay.relay_dir(root))] = {"bind": relay.INSIDE_DIR, "mode": "ro"}
         try:
             _remove(client, name)  # an earlier, partial init of the same session
             _session_dir(root, user)
+            relay.make_relay_dir(root)
             container = client.containers.run(
                 spec.image or DEFAULT_IMAGE,
                 ["sleep", "infinity"],
@@ -157,11 +159,14 @@ class DockerRuntime(Runtime):
                     ROLE_LABEL: role,
                     DEPLOYMENT_LABEL: config.deployment,
                 },
-                network_mode="host",
+                network_mode="none",
                 volumes=volumes,
-                user=user,
+                # Root only where the workdir hand-over needs its capabilities: a root exec gets them only when
+                # the container's own user is root. Every session command runs as ``user`` either way.
+                user="0:0" if spec.workdir else user,
                 working_dir=str(root / "work"),
-                **limits,
+                **_hardening(spec),
+                **_limits(spec, config),
             )
             if spec.workdir:
                 _hand_over(container, spec.workdir, user)
@@ -238,28 +243,14 @@ class DockerRuntime(Runtime):
             exit_code=None if timed_out else state.get("ExitCode"),
             timed_out=timed_out,
             duration_s=time.monotonic() - started,
-            output_tail=output_tail(log_path),
+            output_tail=output_tail(self._root, log_path),
         )
 
-    def copy_in(self, host_path: Path, runtime_path: str) -> None:
-        target = Path(runtime_path)
-        target = target if target.is_absolute() else self._root / "work" / target
+    @contextlib.contextmanager
+    def proxy_access(self, proxy_url: str, egress_allow: Sequence[str] = ()) -> Iterator[relay.ProxyAccess]:
         uid, gid = (int(part) for part in self._user.split(":"))
-
-        def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
-            info.uid, info.gid, info.uname, info.gname = uid, gid, "", ""
-            return info
-
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:
-            archive.add(host_path, arcname=target.name, filter=owned)
-        try:
-            container = self._client.containers.get(self._container_id)
-            container.exec_run(["mkdir", "-p", str(target.parent)], user="root")
-            if not container.put_archive(str(target.parent), buffer.getvalue()):
-                raise RuntimeFailure(f"cannot copy {host_path} to {runtime_path}")
-        except DockerException as exc:
-            raise RuntimeFailure(f"cannot copy {host_path} to {runtime_path}: {exc}") from exc
+        with relay.relayed(self._root, proxy_url, owner=(uid, gid), egress_allow=egress_allow) as access:
+            yield access
 
     def is_alive(self) -> bool:
         try:
@@ -269,7 +260,7 @@ class DockerRuntime(Runtime):
 
     def kill_processes(self) -> None:
         try:
-            self._client.containers.get(self._container_id).exec_run(["/bin/sh", "-c", "kill -9 -1"], user="root")
+            self._client.containers.get(self._container_id).exec_run(["/bin/sh", "-c", "kill -9 -1"], user=self._user)
         except DockerException:
             pass  # gone or stopped: nothing runs in it
 
@@ -279,6 +270,32 @@ class DockerRuntime(Runtime):
         except DockerException as exc:
             raise RuntimeFailure(f"cannot remove container {self._container_id[:12]}: {exc}") from exc
         shutil.rmtree(self._root, ignore_errors=True)
+        relay.remove_relay_dir(self._root)
+
+
+def _hardening(spec: RuntimeSpec) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "cap_drop": ["ALL"],
+        "cap_add": _HAND_OVER_CAPS if spec.workdir else None,
+        "security_opt": ["no-new-privileges:true"],
+    }
+    if spec.read_only_root:
+        options.update(read_only=True, tmpfs={"/tmp": f"rw,nosuid,nodev,size={TMP_SIZE}"})
+    return options
+
+
+def _limits(spec: RuntimeSpec, config: Config) -> dict[str, Any]:
+    cpus = spec.limits.cpus or config.sandbox_cpus
+    memory_mb = spec.limits.memory_mb or config.sandbox_memory_mb
+    pids = spec.limits.pids or config.sandbox_pids
+    limits: dict[str, Any] = {}
+    if cpus:
+        limits["nano_cpus"] = int(cpus * 1e9)
+    if memory_mb:
+        limits["mem_limit"] = f"{memory_mb}m"
+    if pids:
+        limits["pids_limit"] = pids
+    return limits
 
 
 def _remove(client: docker.DockerClient, name_or_id: str) -> None:

@@ -1,7 +1,12 @@
-"""The ``local`` runtime: a private directory per session, commands as host subprocesses in their own group.
+"""The ``local`` runtime: a private directory per session, commands as host subprocesses. It does not isolate.
 
-Each command starts a new process group (session), so a timeout or a lost worker kills the harness and
-everything it spawned. Output goes to ``logs/<name>.log`` in the session directory.
+It is for harness code you trust. A command here runs as the worker's own user on the host's network: it can
+reach Postgres, Redis, the API and the engine, read other sessions' directories and the embedded database, and
+anything else that user can. Use ``bwrap`` or ``docker`` for code a policy writes.
+
+What it does keep: each command starts in a new process group under ``polar.runtimes.reaper``, a child
+subreaper, so a process that leaves the group with ``setsid`` (or double-forks) is still its descendant and
+dies with the command. Output goes to ``logs/<name>.log`` in the session directory.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Mapping
@@ -18,7 +24,9 @@ from typing import Any
 
 from polar.config import Config
 from polar.errors import RuntimeFailure
-from polar.runtimes.base import SESSION_ROLE, ExecResult, Runtime, StartHook, TickHook, output_tail, runtime_name
+from polar.runtimes import reaper
+from polar.runtimes.base import SESSION_ROLE, ExecResult, Runtime, StartHook, TickHook, runtime_name
+from polar.runtimes.session_files import fresh_session_dir, open_append, output_tail
 from polar.task_request import RuntimeSpec
 
 TICK_S = 0.2
@@ -41,6 +49,15 @@ def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> None:
             time.sleep(0.05)
 
 
+def program_problem(command: list[str], env: Mapping[str, str]) -> str | None:
+    """Why ``command`` cannot start (no such program, not executable), or None."""
+    program = command[0]
+    if "/" in program:
+        return None if os.access(program, os.X_OK) else f"{program!r} is not an executable file"
+    found = shutil.which(program, path=env.get("PATH", os.defpath))
+    return None if found else f"{program!r} is not on PATH"
+
+
 class LocalRuntime(Runtime):
     backend = "local"
 
@@ -58,11 +75,8 @@ class LocalRuntime(Runtime):
         instance: str | None = None,
     ) -> LocalRuntime:
         root = Path(config.work_root) / runtime_name(session_id, role, instance)
-        shutil.rmtree(root, ignore_errors=True)
         try:
-            for sub in ("work", "home", "logs"):
-                (root / sub).mkdir(parents=True, exist_ok=True)
-            root.chmod(0o700)
+            fresh_session_dir(root)
         except OSError as exc:
             raise RuntimeFailure(f"cannot create session directory {root}: {exc}") from exc
         return cls(root, [])
@@ -90,10 +104,13 @@ class LocalRuntime(Runtime):
     ) -> ExecResult:
         log_path = self._root / "logs" / f"{log_name}.log"
         started = time.monotonic()
-        with log_path.open("ab") as log:
+        problem = program_problem(command, env)
+        if problem:
+            raise RuntimeFailure(f"cannot start {command[0]!r}: {problem}")
+        with open_append(self._root, log_path) as log:
             try:
                 process = subprocess.Popen(
-                    command,
+                    self.confine(command),
                     cwd=self._root / "work",
                     env=dict(env),
                     stdin=subprocess.DEVNULL,
@@ -126,20 +143,12 @@ class LocalRuntime(Runtime):
             exit_code=None if timed_out else process.returncode,
             timed_out=timed_out,
             duration_s=time.monotonic() - started,
-            output_tail=output_tail(log_path),
+            output_tail=output_tail(self._root, log_path),
         )
 
-    def copy_in(self, host_path: Path, runtime_path: str) -> None:
-        target = Path(runtime_path)
-        target = target if target.is_absolute() else self._root / "work" / target
-        try:
-            if host_path.is_dir():
-                shutil.copytree(host_path, target, dirs_exist_ok=True)
-            else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(host_path, target)
-        except OSError as exc:
-            raise RuntimeFailure(f"cannot copy {host_path} to {runtime_path}: {exc}") from exc
+    def confine(self, command: list[str]) -> list[str]:
+        """``command`` as it is started: under the reaper, so nothing it starts outlives it."""
+        return [sys.executable, "-I", reaper.__file__, "--", *command]
 
     def is_alive(self) -> bool:
         return (self._root / "work").is_dir()

@@ -17,11 +17,11 @@ from __future__ import annotations
 import functools
 import time
 import uuid
-from pathlib import Path
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from polar.errors import RuntimeFailure
+from polar.errors import RuntimeFailure, UnsafePath, ValidationError
 from polar.evaluators import fresh_runtime_spec, load_evaluator
 from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.outbox import dispatch, send_due
@@ -29,6 +29,7 @@ from polar.lifecycle.states import Outcome, State
 from polar.lifecycle.transitions import transition
 from polar.runtimes import EVALUATOR_ROLE, SESSION_ROLE, Runtime, create_runtime
 from polar.runtimes.base import command_env
+from polar.runtimes.copy_steps import copy_source
 from polar.services import Services
 from polar.stages.handoff import send_to_postrun
 from polar.stages.lease import Claimed, NodeFull, claim, heartbeat, load
@@ -64,20 +65,35 @@ def _start_budget(services: Services, claimed: Claimed) -> Claimed:
     return reloaded or claimed
 
 
-def _prepare(runtime: Runtime, spec: RuntimeSpec, claimed: Claimed, what: str = "prepare step") -> None:
+def _copy(runtime: Runtime, step: CopyStep, roots: Sequence[str]) -> None:
+    """One copy step, its bounds checked again here (``polar.runtimes.copy_steps``): the source under the copy
+    roots on its real path now, the destination reached without following a link an earlier step planted."""
+    source = copy_source(step.copy_, roots)
+    if not source.exists():
+        raise _StepFailed(f"nothing to copy at {step.copy_!r}")
+    runtime.copy_in(source, step.to)
+
+
+def _prepare(
+    runtime: Runtime, spec: RuntimeSpec, claimed: Claimed, roots: Sequence[str], what: str = "prepare step"
+) -> None:
     env = command_env(runtime.session_dir, spec.env)
     for index, step in enumerate(spec.prepare):
         remaining = claimed.remaining_s
         if remaining <= 0:
             raise _BudgetExhausted(f"budget exhausted before {what} {index}")
         if isinstance(step, CopyStep):
-            if not Path(step.copy_).exists():
-                raise _StepFailed(f"{what} {index}: nothing to copy at {step.copy_!r}")
-            runtime.copy_in(Path(step.copy_), step.to)
+            try:
+                _copy(runtime, step, roots)
+            except (_StepFailed, ValidationError, UnsafePath) as exc:
+                raise _StepFailed(f"{what} {index}: {exc}") from exc
             continue
         assert isinstance(step, RunStep)
         limit = min(remaining, step.timeout_seconds or remaining)
-        result = runtime.exec(["/bin/sh", "-c", step.run], env, limit, log_name="prepare")
+        try:
+            result = runtime.exec(["/bin/sh", "-c", step.run], env, limit, log_name="prepare")
+        except UnsafePath as exc:  # an earlier step linked the log somewhere
+            raise _StepFailed(f"{what} {index}: {exc}") from exc
         if result.timed_out and limit >= remaining:
             raise _BudgetExhausted(f"{what} {index} ran past the session budget")
         if result.timed_out or result.exit_code != 0:
@@ -110,13 +126,13 @@ def _create(services: Services, claimed: Claimed, spec: RuntimeSpec, role: str, 
 def _prepare_evaluator_runtime(services: Services, claimed: Claimed) -> Runtime | None:
     """The clean runtime the evaluator judges in, when it wants one (e.g. ``swebench``)."""
     try:
-        spec = fresh_runtime_spec(load_evaluator(claimed.task.evaluator), claimed.task)
+        spec = fresh_runtime_spec(load_evaluator(claimed.task.evaluator, services.config.plugin_modules), claimed.task)
     except Exception as exc:  # the evaluator's own code: whatever it raises fails the session, nothing else
         raise _StepFailed(f"evaluator {claimed.task.evaluator.name!r}: {type(exc).__name__}: {exc}") from exc
     if spec is None:
         return None
     runtime = _create(services, claimed, spec, EVALUATOR_ROLE, "evaluator_runtime_handle")
-    _prepare(runtime, spec, claimed, what="evaluator runtime prepare step")
+    _prepare(runtime, spec, claimed, services.config.copy_roots, what="evaluator runtime prepare step")
     return runtime
 
 
@@ -140,7 +156,7 @@ def init_session(services: Services, session_id: uuid.UUID) -> None:
     with heartbeat(services, session_id, claimed.lease):
         try:
             made.append(_create(services, claimed, claimed.task.runtime, SESSION_ROLE, "runtime_handle"))
-            _prepare(made[0], claimed.task.runtime, claimed)
+            _prepare(made[0], claimed.task.runtime, claimed, services.config.copy_roots)
             made += [r for r in [_prepare_evaluator_runtime(services, claimed)] if r is not None]
         except _LeaseLost:
             moved = False

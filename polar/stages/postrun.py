@@ -9,7 +9,7 @@ An attempt lost to the infrastructure (``polar.lifecycle.attempts``) is not scor
 for audit, and the same transaction starts the sample's next attempt, or settles the sample as out of attempts.
 Postrun is bounded: after ``MAX_POSTRUN_CLAIMS`` tries that never finished, the next ends the session unscored
 (trajectories kept) instead of retrying forever; what an evaluator reads of a session's output is bounded too
-(``polar.runtimes.base.read_output``).
+(``polar.runtimes.session_files.read_output``, which also never reads through a link the harness left).
 A lost node's sessions are finished here by a surviving node, which cannot reach their runtimes: it leaves them
 (and their handles) for the lost node's reconciler to tear down when it comes back.
 """
@@ -143,7 +143,8 @@ def _evaluate(
         final_message=final_message(services, session.id),
     )
     try:
-        return _Scored(load_evaluator(claimed.task.evaluator).evaluate(context), None, False)
+        evaluator = load_evaluator(claimed.task.evaluator, services.config.plugin_modules)
+        return _Scored(evaluator.evaluate(context), None, False)
     except Exception as exc:
         error = f"evaluator {claimed.task.evaluator.name!r} failed: {type(exc).__name__}: {exc}"
         return _Scored(None, error, isinstance(exc, RuntimeFailure))

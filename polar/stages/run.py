@@ -11,7 +11,7 @@ import uuid
 
 import sqlalchemy as sa
 
-from polar.errors import RuntimeFailure
+from polar.errors import RuntimeFailure, UnsafePath
 from polar.harnesses import HARNESSES, HarnessContext
 from polar.lifecycle.admission import admit
 from polar.lifecycle.states import Outcome, State
@@ -56,25 +56,28 @@ def _execute(
     services: Services, claimed: Claimed, key: str, runtime: Runtime
 ) -> tuple[Outcome, int | None, str | None]:
     session, task = claimed.session, claimed.task
-    context = HarnessContext(
-        session_id=session.id,
-        task_id=session.task_id,
-        instruction=task.instruction,
-        spec=task.harness,
-        proxy_url=services.config.proxy_url,
-        proxy_key=key,
-        session_dir=runtime.session_dir,
-        runtime_env=dict(task.runtime.env),
-        attempt=session.attempt,
-    )
-    launch = HARNESSES[task.harness.name].launch(context)
-    result = runtime.exec(
-        launch.command,
-        launch.env,
-        claimed.remaining_s,
-        log_name="harness",
-        on_start=lambda _pid: _record_handle(services, claimed, runtime),
-    )
+    # A sandbox reaches the proxy through its relay alone, at the address the harness sees inside.
+    with runtime.proxy_access(services.config.proxy_url, task.runtime.egress_allow) as access:
+        context = HarnessContext(
+            session_id=session.id,
+            task_id=session.task_id,
+            instruction=task.instruction,
+            spec=task.harness,
+            proxy_url=access.url,
+            proxy_key=key,
+            session_dir=runtime.session_dir,
+            runtime_env=dict(task.runtime.env),
+            attempt=session.attempt,
+            plugin_modules=services.config.plugin_modules,
+        )
+        launch = HARNESSES[task.harness.name].launch(context)
+        result = runtime.exec(
+            access.wrap(launch.command),
+            {**launch.env, **access.env},
+            claimed.remaining_s,
+            log_name="harness",
+            on_start=lambda _pid: _record_handle(services, claimed, runtime),
+        )
     if result.timed_out:
         return Outcome.TIMEOUT, None, f"harness exceeded the session budget of {task.timeout_seconds:g}s"
     # The session directory goes at teardown, so a failing harness's last output is kept with the error.
@@ -101,6 +104,8 @@ def _run(services: Services, claimed: Claimed, key: str) -> tuple[Outcome, int |
             outcome, exit_code, error = _execute(services, claimed, key, runtime)
     except RuntimeFailure as exc:
         return Outcome.RUNTIME_FAILED, None, str(exc)
+    except UnsafePath as exc:  # a prepare step linked the harness's config or log somewhere: the task's doing
+        return Outcome.PREPARE_FAILED, None, f"the harness was not started: {exc}"
     if cancelled.is_set():
         return Outcome.CANCELLED, exit_code, "the batch was cancelled while the harness ran"
     return outcome, exit_code, error

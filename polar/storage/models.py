@@ -50,6 +50,10 @@ class Batch(Base):
     finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     cancel_requested_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     callback_url: Mapped[str | None] = mapped_column(sa.Text())
+    # Who submitted it (the API token's role and fingerprint) and what produced its results: Polar's version,
+    # the configuration digest, the engines' served models and versions (polar.records.provenance).
+    submitted_by: Mapped[str | None] = mapped_column(sa.Text())
+    provenance: Mapped[dict[str, Any] | None] = mapped_column(json_document())
 
 
 class Task(Base):
@@ -72,6 +76,20 @@ class Session(Base):
         sa.UniqueConstraint("task_pk", "sample_index", "attempt"),
         sa.Index("ix_sessions_state_created_at", "state", "created_at"),
         sa.Index("ix_sessions_batch_id", "batch_id"),
+        # Deleting a session (polar gc) makes Postgres look for attempts linked to it: without these, one scan of
+        # the whole table per deleted session. Partial: few sessions are retries.
+        sa.Index(
+            "ix_sessions_retry_of",
+            "retry_of",
+            postgresql_where=sa.text("retry_of IS NOT NULL"),
+            sqlite_where=sa.text("retry_of IS NOT NULL"),
+        ),
+        sa.Index(
+            "ix_sessions_retried_as",
+            "retried_as",
+            postgresql_where=sa.text("retried_as IS NOT NULL"),
+            sqlite_where=sa.text("retried_as IS NOT NULL"),
+        ),
         sa.Index(
             "ix_sessions_due_unsent",
             "due_at",
@@ -241,6 +259,23 @@ class CallbackEvent(Base):
     delivered_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     failed_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     last_error: Mapped[str | None] = mapped_column(sa.Text())
+
+
+class AuditEvent(Base):
+    """Who did what through the API: submitted, cancelled, paused, resumed, exported (polar.records.audit)."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (sa.Index("ix_audit_log_at", "at"),)
+
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True)
+    at: Mapped[datetime] = _created()
+    # The token's role and a fingerprint of it (never the token): ``admin:1f2e3d4c``.
+    actor: Mapped[str] = mapped_column(sa.Text(), nullable=False)
+    action: Mapped[str] = mapped_column(sa.Text(), nullable=False)
+    # What it acted on: a batch id, an export's format, the engine.
+    target: Mapped[str | None] = mapped_column(sa.Text())
+    remote_addr: Mapped[str | None] = mapped_column(sa.Text())
+    detail: Mapped[dict[str, Any]] = mapped_column(json_document(), nullable=False, default=dict)
 
 
 class EngineControl(Base):

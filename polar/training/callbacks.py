@@ -11,13 +11,15 @@ transaction that completes the group or the batch (exactly once: feed positions 
 the last session of a group to end is the one that sees it complete), and ``deliver_due`` POSTs them from a loop
 of its own in every worker process, never from postrun or the reconciler: a receiver that is slow, refuses or
 never answers delays nothing but its own events. Each event is tried up to ``MAX_ATTEMPTS`` times with growing
-pauses (at most ``MAX_PAUSE_S``), then marked failed with its last error.
+pauses (at most ``MAX_PAUSE_S``), then marked failed with its last error. Each POST goes only where
+``polar.training.callback_targets`` allows, checked again at send time.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +30,11 @@ from sqlalchemy.orm import Session as DbSession
 from polar.clock import iso
 from polar.lifecycle.attempts import is_latest_attempt
 from polar.lifecycle.groups import group_id
+from polar.redaction import shown_url
 from polar.services import Services
 from polar.storage import db_clock
 from polar.storage.models import Batch, CallbackEvent, Session, Task
+from polar.training.callback_targets import CallbackRefused, Target, resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -156,27 +160,47 @@ def _take_due(services: Services, limit: int) -> list[_Due]:
     return taken
 
 
-def _post(url: str, payload: dict[str, Any]) -> str | None:
-    """One POST; None once the receiver answered 2xx, else what went wrong."""
+def _pinned(url: str, target: Target) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """``url`` sent to ``target.address``: the URL's own host in the Host header and for TLS."""
+    parsed = httpx.URL(url)
+    headers = {"Host": parsed.netloc.decode("ascii")}
+    return str(parsed.copy_with(host=target.address)), headers, {"sni_hostname": target.host}
+
+
+def _post(url: str, payload: dict[str, Any], allow: Sequence[str]) -> str | None:
+    """One POST, to an address the URL may reach (checked now, against what its host resolves to now), with no
+    redirects followed and no environment proxy; None once the receiver answered 2xx, else what went wrong."""
     try:
-        response = httpx.post(url, json=payload, timeout=TIMEOUT_S)
-    except httpx.HTTPError as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None if response.is_success else f"answered {response.status_code}"
+        targets = resolve_target(url, allow)
+    except CallbackRefused as exc:
+        return f"refused: {exc}"
+    error = "no address"
+    for target in targets:
+        pinned, headers, extensions = _pinned(url, target)
+        try:
+            with httpx.Client(timeout=TIMEOUT_S, follow_redirects=False, trust_env=False) as client:
+                response = client.post(pinned, json=payload, headers=headers, extensions=extensions)
+        except httpx.ConnectError as exc:
+            error = f"ConnectError: {exc}"
+            continue  # another checked address of the same name may answer
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None if response.is_success else f"answered {response.status_code}"
+    return error
 
 
 def deliver_due(services: Services, limit: int = BATCH) -> int:
     """One delivery pass: POST the events that are due; returns how many the receivers accepted."""
     delivered = 0
     for due in _take_due(services, limit):
-        error = _post(due.url, due.payload)
+        error = _post(due.url, due.payload, services.config.callback_allow)
         with services.db.unit() as db:
             values: dict[str, Any]
             if error is None:
                 values = {"delivered_at": db_clock.now(db), "last_error": None}
                 delivered += 1
             else:
-                log.warning("callback %s to %s failed (try %d): %s", due.id, due.url, due.attempts, error)
+                log.warning("callback %s to %s failed (try %d): %s", due.id, shown_url(due.url), due.attempts, error)
                 values = {"last_error": error[:1000]}
                 if due.attempts >= MAX_ATTEMPTS:
                     values["failed_at"] = db_clock.now(db)

@@ -3,7 +3,8 @@ version every captured call is stamped with.
 
 The state is one row in the database. Proxies re-read it at most every ``REFRESH_S``; ``pause`` returns only
 after that long, so once it has returned no proxy starts a new call on the old weights (calls already in flight
-finish). While paused, new calls get a 429 with ``Retry-After`` (mode ``reject``) or wait (mode ``wait``).
+finish). While paused, new calls get a 429 with ``Retry-After`` (mode ``reject``) or wait (mode ``wait``; at most
+``POLAR_PAUSE_MAX_WAITERS`` per proxy process, the rest get the 429).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from polar.errors import ValidationError
 from polar.storage.database import Database
 from polar.storage.models import EngineControl
 from polar.storage.outage import unreachable
+from polar.training.wait_slots import WaitSlots
 
 REFRESH_S = 0.5
 MODES = ("reject", "wait")
@@ -62,8 +64,9 @@ def set_state(db: Database, paused: bool, mode: str = "reject", policy_version: 
 class ControlView:
     """A proxy's cached view of the control row, refreshed at most every ``REFRESH_S``."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, max_waiters: int = 32) -> None:
         self._db = db
+        self._waiters = WaitSlots(max_waiters)
         self._lock = threading.Lock()
         self._state = ControlState()
         self._read_at = float("-inf")
@@ -81,10 +84,14 @@ class ControlView:
             return self._state
 
     def wait_until_resumed(self, timeout_s: float) -> ControlState:
-        """The state once calls may proceed (or after ``timeout_s``, still paused)."""
+        """The state once calls may proceed (or after ``timeout_s``, still paused). Only ``max_waiters`` calls
+        wait at once; the rest get the paused state at once (the caller answers them as in ``reject`` mode)."""
         deadline = time.monotonic() + timeout_s
         state = self.current()
-        while state.paused and time.monotonic() < deadline:
-            time.sleep(REFRESH_S / 2)
-            state = self.current()
+        if not state.paused:
+            return state
+        with self._waiters.hold() as held:
+            while held and state.paused and time.monotonic() < deadline:
+                time.sleep(REFRESH_S / 2)
+                state = self.current()
         return state

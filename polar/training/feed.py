@@ -14,12 +14,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session as DbSession
 
+from polar.errors import Busy
 from polar.lifecycle.attempts import OutcomeClass
 from polar.lifecycle.groups import group_id
 from polar.lifecycle.states import TERMINAL
@@ -27,6 +29,7 @@ from polar.serialization import trajectory_json
 from polar.services import Services
 from polar.storage.locks import FEED, exclusive
 from polar.storage.models import Session, Task, Trajectory
+from polar.training.wait_slots import WaitSlots
 
 POLL_S = 0.2
 _TERMINAL = [state.value for state in TERMINAL]
@@ -116,12 +119,30 @@ def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit:
 
 
 def wait_for_feed(
-    services: Services, batch_id: uuid.UUID | None, after: int, limit: int, groups: bool, wait_s: float
+    services: Services,
+    batch_id: uuid.UUID | None,
+    after: int,
+    limit: int,
+    groups: bool,
+    wait_s: float,
+    slots: WaitSlots | None = None,
 ) -> FeedPage:
-    """``read_feed``, long-polling up to ``wait_s`` seconds while there is nothing past the cursor."""
+    """``read_feed``, long-polling up to ``wait_s`` seconds while there is nothing past the cursor. Waiting takes
+    one of ``slots`` (None: no bound); with none free it raises ``Busy`` (a 429) instead of holding another
+    thread."""
     deadline = time.monotonic() + wait_s
-    while True:
-        page = read_feed(services, batch_id, after, limit, groups)
-        if page.next_cursor > after or time.monotonic() >= deadline:
-            return page
-        time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+    page = read_feed(services, batch_id, after, limit, groups)
+    if page.next_cursor > after or wait_s <= 0:
+        return page
+    with slots.hold() if slots is not None else nullcontext(True) as held:
+        if not held:
+            raise Busy(
+                "too many feed long-polls are waiting in this API process (POLAR_FEED_MAX_WAITERS); retry shortly",
+                retry_after_s=1,
+            )
+        while time.monotonic() < deadline:
+            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+            page = read_feed(services, batch_id, after, limit, groups)
+            if page.next_cursor > after:
+                return page
+    return page

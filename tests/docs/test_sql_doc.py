@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from polar.lifecycle.batches import request_hash, submit_batch
+from polar.records.audit import Caller, actor
 from polar.services import Services
 from polar.storage.models import Trajectory
 from polar.task_request import parse_batch_request
@@ -21,13 +22,14 @@ EXAMPLES = re.findall(r"```sql\n(.*?)```", DOC.read_text(), flags=re.S)
 
 @pytest.fixture
 def services(database_url: str, tmp_path: Path) -> Services:
-    services = domain_services(database_url, tmp_path, ready_buffer=100)
+    services = domain_services(database_url, tmp_path, ready_buffer=100, plugin_modules=("tests.e2e",))
     # "c": an attempt the infrastructure lost (its evaluator's runtime broke), out of attempts.
     lost = command_task(
         "c", "true", evaluator={"name": "tests.e2e.evaluator_plugins.broken:RuntimeGone"}, max_attempts=1
     )
     body = {"tasks": [command_task("a", "true", samples=2), command_task("b", "exit 1", samples=1), lost]}
-    submit_batch(services, parse_batch_request(body), request_hash(body))
+    caller = Caller(actor("admin", "doc-token-" + "0" * 30), "127.0.0.1")  # as the API submits, audited
+    submit_batch(services, parse_batch_request(body), request_hash(body), caller=caller)
     finish(services, set(queued_sessions(services)))
     with services.db.unit() as db:  # a trajectory with a recorded merge break, as prefix merging stores them
         trajectory = db.scalars(sa.select(Trajectory)).first()

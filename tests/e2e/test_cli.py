@@ -17,7 +17,7 @@ def test_submit_wait_and_status(database_url: str, broker_url: str, tmp_path: Pa
     batch_file = tmp_path / "batch.yaml"
     batch_file.write_text(json.dumps({"tasks": [command_task("cli", "echo {instruction}", samples=2)]}))
     with running_stack(database_url, broker_url, tmp_path) as stack:
-        runner = CliRunner()
+        runner = CliRunner(env={"POLAR_API_TOKEN": stack.api_token})  # the CLI sends POLAR_API_TOKEN
         submitted = runner.invoke(main, ["submit", str(batch_file), "--wait", "--api", stack.api_url])
         assert submitted.exit_code == 0, submitted.output
         first, last = submitted.output.strip().splitlines()[0], submitted.output.strip().splitlines()[-1]
@@ -27,6 +27,8 @@ def test_submit_wait_and_status(database_url: str, broker_url: str, tmp_path: Pa
         assert status.exit_code == 0 and json.loads(status.output)["status"] == "finished"
         missing = runner.invoke(main, ["status", "00000000-0000-0000-0000-000000000000", "--api", stack.api_url])
         assert missing.exit_code != 0 and "404" in missing.output
+        anonymous = runner.invoke(main, ["status", batch_id, "--api", stack.api_url], env={"POLAR_API_TOKEN": None})
+        assert anonymous.exit_code != 0 and "401" in anonymous.output
 
 
 def test_submit_rows_through_a_template(database_url: str, broker_url: str, tmp_path: Path) -> None:
@@ -36,9 +38,8 @@ def test_submit_rows_through_a_template(database_url: str, broker_url: str, tmp_
     bad = runner.invoke(main, [*args, "--defaults", '{"reconstruction": "bogus"}', "--api", "http://127.0.0.1:9"])
     assert bad.exit_code == 1 and f"{ARITHMETIC_ROWS}:1: reconstruction: " in bad.output  # refused before sending
     with running_stack(database_url, broker_url, tmp_path) as stack:
-        submitted = runner.invoke(
-            main, [*args, "--defaults", defaults, "--name", "rows", "--wait", "--api", stack.api_url]
-        )
+        access = ["--api", stack.api_url, "--token", stack.api_token]
+        submitted = runner.invoke(main, [*args, "--defaults", defaults, "--name", "rows", "--wait", *access])
         assert submitted.exit_code == 0, submitted.output
         lines = submitted.output.strip().splitlines()
         batch_id = json.loads(lines[0])["batch_id"]
@@ -50,4 +51,5 @@ def test_submit_rows_through_a_template(database_url: str, broker_url: str, tmp_
         assert spec["metadata"] == {"source": "cli-test", "expression": "17 * 23", "expected": "391"}
         rewards = stack.sql("SELECT reward FROM sessions WHERE batch_id = :b", b=batch_id)
         assert [reward for (reward,) in rewards] == [1.0] * 6  # accuracy 1.0: every answer right
-        assert stack.sql("SELECT name FROM batches WHERE id = :b", b=batch_id) == [("rows",)]
+        [(name, submitted_by)] = stack.sql("SELECT name, submitted_by FROM batches WHERE id = :b", b=batch_id)
+        assert name == "rows" and submitted_by.startswith("admin:") and stack.api_token not in submitted_by

@@ -160,7 +160,7 @@ def stack(
 ) -> Iterator[RunningStack]:
     tmp = tmp_path_factory.mktemp("evaluators")
     site = install_plugin(tmp / "site")
-    env = {"PYTHONPATH": os.pathsep.join([str(site), REPO])}
+    env = {"PYTHONPATH": os.pathsep.join([str(site), REPO]), "POLAR_PLUGIN_MODULES": "tests.e2e"}
     with running_stack(module_database_url, module_broker_url, tmp, run_concurrency=6, env=env) as running:
         yield running
 
@@ -292,7 +292,7 @@ def test_bad_evaluators_are_refused_with_the_field_and_nothing_created(
     counts = "SELECT (SELECT count(*) FROM batches), (SELECT count(*) FROM sessions)"
     before = stack.sql(counts)
     body = {"tasks": [command_task("fine", "true"), command_task("bad", "true", evaluator=evaluator)]}
-    response = httpx.post(f"{stack.api_url}/v1/batches", json=body, timeout=10)
+    response = httpx.post(f"{stack.api_url}/v1/batches", json=body, headers=stack.api_headers, timeout=10)
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["field"] == f"tasks[1].evaluator.{field}"

@@ -21,8 +21,10 @@ ROW_NAMES = ("batch", "attempts", "completed", "accepted", "acceptance rate", "t
 _ROW = re.compile(rf"^({'|'.join(ROW_NAMES)})\s+(\S.*)$")
 
 
-def polar(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def polar(*args: str | Path, timeout: float = 120, token: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
+    if token is not None:
+        env["POLAR_API_TOKEN"] = token
     return subprocess.run([POLAR, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -37,7 +39,8 @@ def test_generate_writes_the_correct_answers_as_sft(database_url: str, broker_ur
     with running_stack(database_url, broker_url, tmp_path, policy_config=policy, run_concurrency=4) as stack:
         out = tmp_path / "out" / "sft.jsonl"
         source = (ARITHMETIC_ROWS, "--template", ARITHMETIC_TEMPLATE)
-        result = polar("generate", *source, "--samples", "2", "--api", stack.api_url, "--out", out)
+        api = ("--api", stack.api_url)
+        result = polar("generate", *source, "--samples", "2", *api, "--out", out, token=stack.api_token)
         assert result.returncode == 0, result.stdout + result.stderr
         rows = table(result.stdout)
         accepted = int(rows["accepted"])
@@ -59,7 +62,7 @@ def test_generate_writes_the_correct_answers_as_sft(database_url: str, broker_ur
         out = tmp_path / "sft.parquet"
         result = polar(
             "generate", *source, "--limit", "3", "--samples", "2", "--min-reward", "0",
-            "--format", "parquet", "--api", stack.api_url, "--out", out,
+            "--format", "parquet", "--api", stack.api_url, "--out", out, token=stack.api_token,
         )  # fmt: skip
         assert result.returncode == 0, result.stdout + result.stderr
         assert (table(result.stdout)["attempts"], table(result.stdout)["accepted"]) == ("6", "6")
@@ -74,7 +77,10 @@ def test_generate_writes_the_correct_answers_as_sft(database_url: str, broker_ur
         bad = tmp_path / "bad.template.json"
         bad.write_text(ARITHMETIC_TEMPLATE.read_text().replace('"test_on_output"', '"no_such_evaluator"'))
         nothing = tmp_path / "nothing.jsonl"
-        refused = polar("generate", ARITHMETIC_ROWS, "--template", bad, "--api", stack.api_url, "--out", nothing)
+        refused = polar(
+            "generate", ARITHMETIC_ROWS, "--template", bad, "--api", stack.api_url, "--out", nothing,
+            token=stack.api_token,
+        )  # fmt: skip
         assert refused.returncode == 1
         assert "could not submit the batch: tasks[0].evaluator.name: unknown evaluator" in refused.stderr
         assert "(HTTP 400)" in refused.stderr and not nothing.exists()

@@ -55,7 +55,7 @@ def batch_results(
     tmp = tmp_path_factory.mktemp("harness-clis")
     with running_stack(
         module_database_url, module_broker_url, tmp, policy="tool_user", policy_config="{}",
-        run_concurrency=len(CLIS), env={"PYTHONPATH": REPO},
+        run_concurrency=len(CLIS), env={"PYTHONPATH": REPO, "POLAR_PLUGIN_MODULES": "tests.e2e"},
     ) as stack:  # fmt: skip
         tasks = [
             {

@@ -1,19 +1,20 @@
-"""Real CLIs in the sandboxed runtimes: ``pi`` inside bubblewrap and ``codex`` inside a Docker container, each
-through the whole pipeline (API, stage workers, proxy, reference engine with the ``tool_user`` policy); the file
-the CLI was asked to create is checked in the session's work folder by the ``FileContent`` evaluator."""
+"""The six real CLIs in the sandboxed runtimes: each inside bubblewrap and inside a Docker container, where the
+network holds nothing but the relay to the proxy, through the whole pipeline (API, stage workers, proxy,
+reference engine with the ``tool_user`` policy). All twelve sessions run in one batch; the file each CLI was
+asked to create is checked in the session's work folder by the ``FileContent`` evaluator."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from polar.harnesses.install import install
+from polar.harnesses.install import PACKAGES, install
 from tests.docker_engine import containers_of, require_docker_image
+from tests.e2e.test_harness_clis import CLIS
 from tests.support import running_stack
 
 REPO = str(Path(__file__).resolve().parents[2])
+BACKENDS = ("bwrap", "docker")
 
 
 def cli_task(cli: str, backend: str) -> dict[str, Any]:
@@ -28,25 +29,27 @@ def cli_task(cli: str, backend: str) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize(
-    ("cli", "backend"), [("pi", "bwrap"), ("codex", "docker")], ids=["pi-in-bwrap", "codex-in-docker"]
-)
-def test_cli_in_a_sandbox(database_url: str, broker_url: str, tmp_path: Path, cli: str, backend: str) -> None:
-    if backend == "docker":
-        require_docker_image()
-    install([cli])
+def test_the_six_clis_in_bwrap_and_docker(database_url: str, broker_url: str, tmp_path: Path) -> None:
+    require_docker_image()
+    install(PACKAGES)
     with running_stack(
-        database_url, broker_url, tmp_path, policy="tool_user", policy_config="{}", env={"PYTHONPATH": REPO}
-    ) as stack:
-        submitted = stack.client.submit({"tasks": [cli_task(cli, backend)]})
-        stack.wait(submitted["batch_id"], timeout_s=300)
-        (session,) = stack.client.sessions(submitted["batch_id"])
-        details = session.get("evaluation") or {}
-        diagnosis = f"error={session['error']!r}\nlog:\n{details.get('harness_log', '')}"
-        assert session["state"] == "completed" and session["exit_code"] == 0, diagnosis
-        assert (details.get("found") or "").rstrip("\n") == f"HELLO-{cli}-{backend}", diagnosis
-        assert session["reward"] == 1.0
-        calls = stack.client.calls(session["session_id"])
-        assert calls and all(c["completion_token_ids"] for c in calls)
-        assert stack.client.trajectories(session["session_id"])
-    assert containers_of(session["session_id"]) == []  # this session's, not the machine's: others may run
+        database_url, broker_url, tmp_path, policy="tool_user", policy_config="{}", run_concurrency=4,
+        env={"PYTHONPATH": REPO, "POLAR_PLUGIN_MODULES": "tests.e2e"},
+    ) as stack:  # fmt: skip
+        tasks = [cli_task(cli, backend) for backend in BACKENDS for cli in CLIS]
+        submitted = stack.client.submit({"name": "sandboxed-clis", "tasks": tasks})
+        stack.wait(submitted["batch_id"], timeout_s=600)
+        sessions = list(stack.client.sessions(submitted["batch_id"]))
+        failures = []
+        for session in sessions:
+            details = session.get("evaluation") or {}
+            if session["reward"] != 1.0:
+                failures.append(f"{session['task_id']}: {session['state']} error={session['error']!r} "
+                                f"found={details.get('found')!r}")  # fmt: skip
+                continue
+            calls = stack.client.calls(session["session_id"])
+            assert calls and all(c["completion_token_ids"] for c in calls), session["task_id"]
+            assert stack.client.trajectories(session["session_id"]), session["task_id"]
+        assert not failures, "\n".join(failures)
+        assert len(sessions) == len(tasks)
+    assert all(containers_of(s["session_id"]) == [] for s in sessions)

@@ -24,7 +24,8 @@ def calculator_task(task_id: str, expression: str, samples: int) -> dict:
 
 
 def test_batch_end_to_end_is_token_exact(database_url: str, broker_url: str, tmp_path: Path) -> None:
-    with running_stack(database_url, broker_url, tmp_path, run_concurrency=2) as stack:
+    plugins = {"POLAR_PLUGIN_MODULES": "tests.e2e"}  # the streaming agent is named by import path
+    with running_stack(database_url, broker_url, tmp_path, run_concurrency=2, env=plugins) as stack:
         batch = {
             "name": "e2e",
             "tasks": [

@@ -11,6 +11,7 @@ from tests.support import process_alive, running_stack, wait_until
 
 REPO = str(Path(__file__).resolve().parents[2])
 TURNS = json.dumps({"turns": [{"content": "step one"}, {"content": "step two"}]})
+PLUGINS = {"POLAR_PLUGIN_MODULES": "tests.e2e"}  # the hanging agent is named by import path
 
 
 def hanging_task(task_id: str, pid_dir: Path, timeout: float, samples: int = 1) -> dict:
@@ -31,7 +32,9 @@ def hanging_task(task_id: str, pid_dir: Path, timeout: float, samples: int = 1) 
 def test_timeout_keeps_the_partial_trace(database_url: str, broker_url: str, tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     pids.mkdir()
-    with running_stack(database_url, broker_url, tmp_path, policy="scripted", policy_config=TURNS) as stack:
+    with running_stack(
+        database_url, broker_url, tmp_path, policy="scripted", policy_config=TURNS, env=PLUGINS
+    ) as stack:
         submitted = stack.client.submit({"tasks": [hanging_task("hang", pids, timeout=8)]})
         stack.wait(submitted["batch_id"], timeout_s=90)
         (session,) = stack.client.sessions(submitted["batch_id"])
@@ -48,7 +51,7 @@ def test_cancel_stops_a_running_session(database_url: str, broker_url: str, tmp_
     pids = tmp_path / "pids"
     pids.mkdir()
     with running_stack(
-        database_url, broker_url, tmp_path, policy="scripted", policy_config=TURNS, run_concurrency=1
+        database_url, broker_url, tmp_path, policy="scripted", policy_config=TURNS, run_concurrency=1, env=PLUGINS
     ) as stack:
         submitted = stack.client.submit({"tasks": [hanging_task("hang", pids, timeout=300, samples=3)]})
         batch_id = submitted["batch_id"]

@@ -17,7 +17,7 @@ TASKS, SAMPLES = 12, 4  # 48 sessions
 def task(index: int, where_log: Path) -> dict:
     # Each stage's command appends "<stage> <its working directory>": <work root>/<session id>/work.
     note = f'echo "{{stage}} $PWD" >> {where_log}'
-    agent = f"{sys.executable} -m polar.harnesses.python_entry polar.agents.calculator:run {{instruction}}"
+    agent = f"{sys.executable} -m polar.harnesses.python_entry polar.agents polar.agents.calculator:run {{instruction}}"
     return {
         "task_id": f"t{index}",
         "instruction": f"What is {index + 2} * {index + 3}? Use the calculator tool, then answer.",

@@ -30,7 +30,7 @@ def slow_task(task_id: str, seconds: float, pid_dir: Path) -> dict:
 def test_killed_run_worker_loses_nothing(database_url: str, broker_url: str, tmp_path: Path) -> None:
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    env = {"POLAR_VISIBILITY_TIMEOUT": "6"}
+    env = {"POLAR_VISIBILITY_TIMEOUT": "6", "POLAR_PLUGIN_MODULES": "tests.e2e"}
     with running_stack(database_url, broker_url, tmp_path, run_concurrency=1, env=env) as stack:
         batch = {"tasks": [slow_task("victim", 120, pid_dir), slow_task("next", 0.5, pid_dir)]}
         submitted = stack.client.submit(batch)

@@ -63,7 +63,7 @@ def submit(services: Services, url: str) -> None:
 
 
 def test_group_and_batch_events(database_url: str, tmp_path: Path, receiver: Receiver) -> None:
-    services = domain_services(database_url, tmp_path, ready_buffer=100)
+    services = domain_services(database_url, tmp_path, ready_buffer=100, callback_allow=("127.0.0.1",))
     submit(services, f"http://127.0.0.1:{receiver.server_port}/hook")
     a0, a1, b0 = queued_sessions(services)
     finish(services, {a0})
@@ -94,7 +94,7 @@ def _due_now(services: Services) -> None:
 def test_a_refused_event_is_retried_with_growing_pauses_then_given_up(
     database_url: str, tmp_path: Path, receiver: Receiver
 ) -> None:
-    services = domain_services(database_url, tmp_path, ready_buffer=100)
+    services = domain_services(database_url, tmp_path, ready_buffer=100, callback_allow=("127.0.0.1",))
     receiver.refuse = 1000  # refuse everything until told otherwise
     body = {"callback_url": f"http://127.0.0.1:{receiver.server_port}/hook", "tasks": [command_task("a", "true")]}
     submit_batch(services, parse_batch_request(body), request_hash(body))
@@ -130,7 +130,7 @@ def black_hole() -> Iterator[str]:
 
 
 def test_a_receiver_that_never_answers_delays_no_stage(database_url: str, tmp_path: Path, black_hole: str) -> None:
-    services = domain_services(database_url, tmp_path, ready_buffer=100)
+    services = domain_services(database_url, tmp_path, ready_buffer=100, callback_allow=("127.0.0.1",))
     body = {"callback_url": black_hole, "tasks": [command_task("a", "true", samples=2)]}
     submit_batch(services, parse_batch_request(body), request_hash(body))
     started = time.monotonic()

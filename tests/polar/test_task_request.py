@@ -64,3 +64,25 @@ def test_prepare_steps_parse_in_order() -> None:
 def test_num_sessions_counts_samples() -> None:
     request = parse_batch_request({"tasks": [task(num_samples=3), task(task_id="t2", num_samples=2)]})
     assert request.num_sessions == 5
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "words"),
+    [
+        ({"max_calls": 0}, "tasks[0].max_calls", "greater than or equal to 1"),
+        ({"max_calls": "5"}, "tasks[0].max_calls", "integer"),
+        ({"max_calls": 2.5}, "tasks[0].max_calls", "integer"),
+        ({"max_concurrent_calls": 0}, "tasks[0].max_concurrent_calls", "greater than or equal to 1"),
+        ({"max_concurrent_calls": True}, "tasks[0].max_concurrent_calls", "integer"),
+    ],
+)
+def test_bad_call_limits_name_the_field(extra: dict[str, Any], field: str, words: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        parse_batch_request({"tasks": [task(**extra)]})
+    assert caught.value.field == field and words in str(caught.value)
+
+
+def test_call_limits_are_optional_and_may_come_from_the_defaults() -> None:
+    request = parse_batch_request({"defaults": {"max_calls": 40}, "tasks": [task(), task(max_concurrent_calls=2)]})
+    assert [(t.max_concurrent_calls, t.max_calls) for t in request.tasks] == [(None, 40), (2, 40)]
+    assert parse_batch_request({"tasks": [task()]}).tasks[0].max_calls is None

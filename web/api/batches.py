@@ -8,8 +8,10 @@ from polar.errors import ValidationError
 from polar.lifecycle.batches import batch_status, request_hash, submit_batch
 from polar.lifecycle.cancel import cancel_batch
 from polar.lifecycle.sessions import list_sessions
+from polar.records.audit import record_now
 from polar.serialization import batch_json
 from polar.task_request import parse_batch_request
+from web.api.auth import caller
 from web.api.requests import int_arg, json_body, parse_id, services
 
 blueprint = Blueprint("batches", __name__, url_prefix="/v1/batches")
@@ -22,7 +24,7 @@ def create() -> tuple[Response, int]:
     key = request.headers.get("Idempotency-Key") or None
     if key is not None and not 0 < len(key) <= 255:
         raise ValidationError("Idempotency-Key: must be 1 to 255 characters", field="Idempotency-Key")
-    submitted = submit_batch(services(), batch_request, request_hash(body), key)
+    submitted = submit_batch(services(), batch_request, request_hash(body), key, caller=caller())
     payload = {"batch_id": str(submitted.batch_id), "num_sessions": submitted.num_sessions}
     return jsonify(payload), 201 if submitted.created else 200
 
@@ -47,5 +49,7 @@ def sessions(batch_id: str) -> Response:
 @blueprint.post("/<batch_id>/cancel")
 def cancel(batch_id: str) -> tuple[Response, int]:
     result = cancel_batch(services(), parse_id(batch_id, "batch"))
+    record_now(services().db, caller(), "cancel", str(result.batch_id),
+               {"cancelled": result.cancelled, "stopping": result.stopping})  # fmt: skip
     payload = {"batch_id": str(result.batch_id), "cancelled": result.cancelled, "stopping": result.stopping}
     return jsonify(payload), 202

@@ -8,7 +8,9 @@ from flask import Blueprint, Response, jsonify, request
 
 from polar.errors import ValidationError
 from polar.json_body import parse_json
+from polar.records.audit import record_now
 from polar.training.engine_control import read_state, set_state
+from web.api.auth import caller
 from web.api.requests import services
 
 blueprint = Blueprint("engine", __name__, url_prefix="/v1/engine")
@@ -36,10 +38,14 @@ def show() -> Response:
 @blueprint.post("/pause")
 def pause() -> Response:
     mode, version = _options()
-    return jsonify(dataclasses.asdict(set_state(services().db, True, mode, version)))
+    state = dataclasses.asdict(set_state(services().db, True, mode, version))
+    record_now(services().db, caller(), "pause", "engine", state)
+    return jsonify(state)
 
 
 @blueprint.post("/resume")
 def resume() -> Response:
     _mode, version = _options()
-    return jsonify(dataclasses.asdict(set_state(services().db, False, "reject", version)))
+    state = dataclasses.asdict(set_state(services().db, False, "reject", version))
+    record_now(services().db, caller(), "resume", "engine", state)
+    return jsonify(state)

@@ -14,8 +14,10 @@ from pathlib import Path
 from flask import Blueprint, Response, request, send_file, stream_with_context
 
 from polar.errors import ValidationError
+from polar.records.audit import record_now
 from polar.training.export_formats import MEDIA_TYPES, check_format, jsonl_chunks, write_parquet
 from polar.training.exports import ExportSummary, check_kind, export_rows, export_summary
+from web.api.auth import caller
 from web.api.requests import parse_id, services
 
 blueprint = Blueprint("exports", __name__, url_prefix="/v1/batches")
@@ -51,6 +53,9 @@ def export(batch_id: str) -> Response:
     min_reward = _min_reward()
     batch = parse_id(batch_id, "batch")
     summary = export_summary(services(), batch, kind, min_reward)
+    detail = {"kind": kind, "format": fmt, "min_reward": min_reward, "sessions": summary.sessions,
+              "accepted": summary.accepted, "rows": summary.rows}  # fmt: skip
+    record_now(services().db, caller(), "export", str(batch), detail)
     filename = f"{batch}-{kind}.{fmt}"
     rows = export_rows(services(), batch, kind, min_reward)
     if fmt == "jsonl":

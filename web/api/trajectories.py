@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, Response, current_app, jsonify, request
 
 from polar.errors import ValidationError
 from polar.training.feed import wait_for_feed
+from polar.training.wait_slots import WaitSlots
 from web.api.requests import int_arg, parse_id, services
 
 blueprint = Blueprint("trajectories", __name__, url_prefix="/v1/trajectories")
@@ -31,6 +32,12 @@ def _groups() -> bool:
     return raw in {"true", "1"}
 
 
+def _slots() -> WaitSlots:
+    # One bound per app (process); setdefault keeps the first if two threads race to create it.
+    limit = services().config.feed_max_waiters
+    return current_app.extensions.setdefault("polar_feed_waiters", WaitSlots(limit))  # type: ignore[no-any-return]
+
+
 @blueprint.get("")
 def feed() -> Response:
     batch = request.args.get("batch_id")
@@ -41,5 +48,6 @@ def feed() -> Response:
         limit=int_arg("limit", 100, 1, 1000),
         groups=_groups(),
         wait_s=_wait(),
+        slots=_slots(),
     )
     return jsonify({"items": page.items, "next_cursor": page.next_cursor})

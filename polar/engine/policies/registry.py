@@ -1,8 +1,9 @@
-"""The policy registry: names to factories, plus `module:Class` import paths for policies defined elsewhere."""
+"""The policy registry: names to factories, plus `module:Class` import paths for policies defined elsewhere, whose
+modules the operator allows with POLAR_PLUGIN_MODULES (polar.import_path)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from polar.engine.policies.arithmetic import ArithmeticPolicy
@@ -10,6 +11,7 @@ from polar.engine.policies.base import Policy
 from polar.engine.policies.echo import EchoPolicy
 from polar.engine.policies.scripted import ScriptedPolicy
 from polar.engine.policies.tool_user import ToolUserPolicy
+from polar.errors import PluginNotAllowed
 from polar.import_path import import_object
 
 PolicyFactory = Callable[[Mapping[str, Any]], Policy]
@@ -22,21 +24,23 @@ POLICIES: Mapping[str, PolicyFactory] = {
 }
 
 
-def load_policy(name: str, config: Mapping[str, Any] | None = None) -> Policy:
-    """Build the policy `name` (a registry name or `package.module:Class`) from its config."""
+def load_policy(name: str, config: Mapping[str, Any] | None = None, plugin_modules: Sequence[str] = ()) -> Policy:
+    """Build the policy `name` (a registry name, or `package.module:Class` under `plugin_modules`) from its config."""
     factory = POLICIES.get(name)
     if factory is None:
-        factory = _import_factory(name)
+        factory = _import_factory(name, plugin_modules)
     return factory(dict(config or {}))
 
 
-def _import_factory(path: str) -> PolicyFactory:
+def _import_factory(path: str, plugin_modules: Sequence[str]) -> PolicyFactory:
     module_name, sep, attribute = path.partition(":")
     if not sep or not module_name or not attribute:
         known = ", ".join(sorted(POLICIES))
         raise ValueError(f"unknown policy {path!r}: use one of {known} or 'package.module:Class'")
     try:
-        factory = import_object(path)
+        factory = import_object(path, plugin_modules)
+    except PluginNotAllowed as exc:
+        raise ValueError(f"policy {exc}") from exc
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"cannot import policy {path!r}: {exc}") from exc
     if not callable(factory):

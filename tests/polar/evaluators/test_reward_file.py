@@ -118,7 +118,7 @@ def test_unreadable_rewards_are_errors(session: FinishedSession, name: str, cont
     with pytest.raises(EvaluationError, match=f"reward file work/{name}"):
         evaluate(session, {})
     with pytest.raises(EvaluationError, match=error):
-        read_reward(session.work / name, name, "reward")
+        read_reward(session.runtime.session_dir, f"work/{name}", "reward")
 
 
 def test_a_verifier_out_of_time_is_an_error(session: FinishedSession) -> None:

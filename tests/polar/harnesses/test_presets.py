@@ -12,6 +12,7 @@ from polar.errors import RuntimeFailure, ValidationError
 from polar.harnesses import HARNESSES, HarnessContext, HarnessLaunch
 from polar.harnesses.install import PACKAGES, binary_path, install, installed, installed_version
 from polar.task_request import HarnessSpec
+from tests.outside import Outside, refusal
 
 PRESETS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi")
 KEY = "pk-test"
@@ -169,3 +170,54 @@ def test_install_skips_what_is_cached(cache: Path) -> None:
     assert installed_version("pi", cache.parent / "none") is None
     with pytest.raises(ValidationError, match="unknown harness preset"):
         install(["vim"], cache)
+
+
+# Where each preset writes its config under the session's home (claude_code writes only with MCP servers).
+CONFIG_FILES = {
+    "claude_code": ".claude/mcp.json",
+    "codex": ".codex/auth.json",
+    "gemini_cli": ".gemini/settings.json",
+    "qwen_code": ".qwen/settings.json",
+    "opencode": ".config/opencode/opencode.json",
+    "pi": ".pi/agent/models.json",
+}
+MCP = {"fs": {"command": "mcp-fs", "args": ["/"]}}
+
+
+def _launch_refused(tmp_path: Path, name: str) -> str | None:
+    settings = {"mcp_servers": MCP} if name == "claude_code" else {}
+    return refusal(lambda: launch(tmp_path, name, settings=settings))
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_a_linked_config_directory_is_not_written_through(name: str, cache: Path, tmp_path: Path) -> None:
+    """A prepare step linked the CLI's config directory to a host directory: the host, often root, would write the
+    config (with the session's proxy key) there and chmod it."""
+    outside = Outside.make(tmp_path)
+    home = tmp_path / "session" / "home"
+    home.mkdir(parents=True)
+    top = CONFIG_FILES[name].split("/")[0]
+    (home / top).symlink_to(outside.root, target_is_directory=True)
+    refused = _launch_refused(tmp_path, name)
+    outside.assert_unchanged()
+    assert refused is not None and f"home/{top}" in refused
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_a_linked_config_file_is_not_written_through(name: str, cache: Path, tmp_path: Path) -> None:
+    outside = Outside.make(tmp_path)
+    config = tmp_path / "session" / "home" / CONFIG_FILES[name]
+    config.parent.mkdir(parents=True)
+    config.symlink_to(outside.victim)
+    refused = _launch_refused(tmp_path, name)
+    outside.assert_unchanged()
+    assert refused is not None and CONFIG_FILES[name] in refused
+
+
+def test_a_linked_home_is_not_written_through(cache: Path, tmp_path: Path) -> None:
+    outside = Outside.make(tmp_path)
+    (tmp_path / "session").mkdir()
+    (tmp_path / "session" / "home").symlink_to(outside.root, target_is_directory=True)
+    refused = _launch_refused(tmp_path, "codex")
+    outside.assert_unchanged()
+    assert refused is not None and "home" in refused

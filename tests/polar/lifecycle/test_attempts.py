@@ -3,6 +3,7 @@ an infrastructure outcome does: the sample's next attempt, out of attempts, neve
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 import uuid
@@ -77,7 +78,7 @@ def test_refine(
 
 @pytest.fixture
 def services(database_url: str, tmp_path: Path) -> Services:
-    return domain_services(database_url, tmp_path / "work", ready_buffer=4)
+    return domain_services(database_url, tmp_path / "work", ready_buffer=4, plugin_modules=("tests.e2e",))
 
 
 def attempts(services: Services) -> list[Session]:
@@ -130,6 +131,7 @@ def test_failing_prepare_step_is_a_task_outcome(services: Services) -> None:
 
 def test_copying_what_does_not_exist_is_a_task_outcome(services: Services, tmp_path: Path) -> None:
     step = {"copy": str(tmp_path / "no-such-file"), "to": "x"}
+    services = dataclasses.replace(services, config=services.config.with_overrides(copy_roots=(str(tmp_path),)))
     submit_tasks(services, command_task("t", "true", runtime={"prepare": [step]}))
     deliver_all(services)
     session = only(services)

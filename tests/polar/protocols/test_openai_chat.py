@@ -121,6 +121,10 @@ def test_errors_and_stream_errors_have_openai_shape() -> None:
         "message": "nope", "type": "invalid_request_error", "param": None, "code": "invalid_api_key"
     }  # fmt: skip
     assert openai_chat.render_error(502, "down")["error"]["type"] == "server_error"
+    # OpenAI's own 429: a rate-limit type ("requests" / "tokens") with code "rate_limit_exceeded".
+    assert openai_chat.render_error(429, "slow down")["error"] == {
+        "message": "slow down", "type": "requests", "param": None, "code": "rate_limit_exceeded"
+    }  # fmt: skip
     event = openai_chat.render_stream_error(500, "boom").decode()
     assert json.loads(event[6:])["error"]["message"] == "boom"
 

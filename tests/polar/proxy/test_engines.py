@@ -80,3 +80,11 @@ def test_max_tokens_beyond_the_context_is_fitted_to_the_room_left(engines: dict[
     assert fitted is not None and 0 < fitted["max_tokens"] < 32768
     assert pool.post(uuid.uuid4(), "/v1/chat/completions", fitted, None).status_code == 200
     assert fit_max_tokens(fitted, refused) is None  # nothing left to cut: no second retry
+
+
+def test_failures_never_show_an_engine_urls_credentials() -> None:
+    # The message reaches the harness (its error body) and the stored call: the URL's user info must not.
+    pool = EnginePool([f"http://polar:s3cret-token@127.0.0.1:{free_port()}/?api_key=s3cret-query"], timeout_s=2)
+    with pytest.raises(EngineError) as failed:
+        pool.post(uuid.uuid4(), "/v1/chat/completions", dict(CHAT), "m")
+    assert "s3cret" not in str(failed.value) and "127.0.0.1" in str(failed.value)

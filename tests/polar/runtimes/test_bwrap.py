@@ -14,6 +14,7 @@ import pytest
 from polar.config import load_config
 from polar.runtimes import attach_runtime, create_runtime
 from polar.task_request import RuntimeSpec
+from tests.support import processes_with
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="NO BWRAP: bubblewrap is not installed")
 
@@ -33,17 +34,6 @@ def host_secrets(tmp_path: Path) -> Iterator[list[Path]]:
         path.write_text("host secret")
     yield secrets
     secrets[1].unlink(missing_ok=True)
-
-
-def _proc_with(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 def test_the_host_outside_the_session_directory_is_invisible(config, host_secrets) -> None:  # type: ignore[no-untyped-def]
@@ -85,9 +75,9 @@ def test_timeout_kills_everything_it_started(config) -> None:  # type: ignore[no
     assert result.timed_out and result.exit_code is None
     assert time.monotonic() - started < 6
     deadline = time.monotonic() + 3
-    while _proc_with(f"sleep\0{marker}") and time.monotonic() < deadline:
+    while processes_with(f"sleep\0{marker}") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _proc_with(f"sleep\0{marker}") == []
+    assert processes_with(f"sleep\0{marker}") == []
 
 
 def test_attach_and_destroy(config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

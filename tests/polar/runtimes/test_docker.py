@@ -54,10 +54,35 @@ def test_commands_run_in_the_container_and_write_to_the_shared_directory(config)
             "polar.role": "session",
             "polar.deployment": config.deployment,
         }
-        assert attrs["HostConfig"]["NetworkMode"] == "host"
-        assert attrs["HostConfig"]["NanoCpus"] == 10**9 and attrs["HostConfig"]["PidsLimit"] == 64
-        assert attrs["HostConfig"]["Memory"] == 256 * 2**20
-        assert runtime.exec(["/bin/cat", "/etc/hostname"], {}, 10, "h").output_tail.strip() == socket.gethostname()
+        host = attrs["HostConfig"]
+        # No network but its own loopback; no capabilities; no way to gain privileges; never the Docker socket.
+        assert host["NetworkMode"] == "none"
+        assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
+        assert host["SecurityOpt"] == ["no-new-privileges:true"]
+        assert not any("docker.sock" in mount["Source"] for mount in attrs["Mounts"])
+        assert host["NanoCpus"] == 10**9 and host["PidsLimit"] == 64
+        assert host["Memory"] == 256 * 2**20
+        assert runtime.exec(["/bin/cat", "/etc/hostname"], {}, 10, "h").output_tail.strip() != socket.gethostname()
+    finally:
+        runtime.destroy()
+
+
+def test_deployment_defaults_limit_a_task_that_sets_none(config) -> None:  # type: ignore[no-untyped-def]
+    config = config.with_overrides(sandbox_cpus=0.5, sandbox_memory_mb=300, sandbox_pids=100)
+    runtime = create_runtime(uuid.uuid4(), DOCKER, config)
+    try:
+        host = _container(runtime).attrs["HostConfig"]
+        assert (host["NanoCpus"], host["Memory"], host["PidsLimit"]) == (5 * 10**8, 300 * 2**20, 100)
+    finally:
+        runtime.destroy()
+
+
+def test_read_only_root_keeps_the_session_directory_and_tmp_writable(config) -> None:  # type: ignore[no-untyped-def]
+    runtime = create_runtime(uuid.uuid4(), RuntimeSpec(backend="docker", read_only_root=True), config)
+    try:
+        script = "touch /opt/x 2>/dev/null && echo root-writable; touch /tmp/x ../home/x && echo ok"
+        result = runtime.exec(["/bin/sh", "-c", script], {}, 10, "ro")
+        assert result.output_tail.split() == ["ok"], result.output_tail
     finally:
         runtime.destroy()
 
@@ -95,10 +120,10 @@ def test_copy_attach_and_destroy_leave_nothing(config, tmp_path: Path) -> None: 
     source = tmp_path / "data.txt"
     source.write_text("payload")
     runtime.copy_in(source, "sub/data.txt")
-    runtime.copy_in(source, "/opt/data.txt")
+    runtime.copy_in(source, str(runtime.session_dir / "extra" / "data.txt"))  # absolute: inside the session only
     again = attach_runtime(runtime.handle, config)
     assert again.is_alive()
-    assert again.exec(["/bin/cat", "sub/data.txt", "/opt/data.txt"], {}, 10, "t").output_tail == "payloadpayload"
+    assert again.exec(["/bin/cat", "sub/data.txt", "../extra/data.txt"], {}, 10, "t").output_tail == "payloadpayload"
     again.destroy()
     assert not runtime.is_alive() and not runtime.session_dir.exists()
     again.destroy()  # twice is fine

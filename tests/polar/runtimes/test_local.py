@@ -12,7 +12,7 @@ from polar.config import load_config
 from polar.errors import RuntimeFailure
 from polar.runtimes import attach_runtime, create_runtime
 from polar.task_request import RuntimeSpec
-from tests.support import process_alive
+from tests.support import process_alive, processes_with, wait_until
 
 
 @pytest.fixture
@@ -63,3 +63,24 @@ def test_missing_program_is_a_runtime_failure(config) -> None:  # type: ignore[n
     runtime = create_runtime(uuid.uuid4(), RuntimeSpec(), config)
     with pytest.raises(RuntimeFailure):
         runtime.exec(["/no/such/program"], {}, 5, "t")
+
+
+@pytest.mark.parametrize("ending", ["exits", "times out"])
+def test_a_setsid_child_dies_with_the_command(config, ending: str) -> None:  # type: ignore[no-untyped-def]
+    """A process that leaves the command's group (``setsid``, double fork) is still killed with it."""
+    runtime = create_runtime(uuid.uuid4(), RuntimeSpec(), config)
+    marker = f"{uuid.uuid4().int % 10**6}.125"
+    script = f"(setsid sleep {marker} &); (setsid sh -c 'sleep {marker}' &)" + (
+        "; sleep 30" if ending == "times out" else ""
+    )
+    result = runtime.exec(["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin"}, 1.0, "t")
+    assert result.timed_out == (ending == "times out")
+    assert wait_for_none(marker), f"left running: {processes_with(marker)}"
+
+
+def wait_for_none(marker: str) -> bool:
+    try:
+        wait_until(lambda: not processes_with(marker), timeout_s=3, message="no process left")
+    except AssertionError:
+        return False
+    return True

@@ -43,7 +43,7 @@ class CleanRoom:
 
 @pytest.fixture
 def services(database_url: str, tmp_path: Path) -> Services:
-    return domain_services(database_url, tmp_path, ready_buffer=4)
+    return domain_services(database_url, tmp_path, ready_buffer=4, plugin_modules=("tests.polar.stages",))
 
 
 def _task(**evaluator_config: Any) -> dict[str, Any]:
@@ -96,7 +96,7 @@ def test_an_evaluator_that_raises_deciding_its_runtime_fails_the_session(service
 
 
 def test_the_reconciler_removes_a_leaked_clean_runtime(database_url: str, tmp_path: Path) -> None:
-    services = domain_services(database_url, tmp_path, stale_after_s=0.0)
+    services = domain_services(database_url, tmp_path, stale_after_s=0.0, plugin_modules=("tests.polar.stages",))
     submit_tasks(services, command_task("t", "true"))
     drain(services)
     (session,) = sessions(services)

@@ -34,7 +34,9 @@ from tests.support import command_task, deliver_all, domain_services, process_al
 @pytest.fixture
 def services(database_url: str, tmp_path: Path) -> Services:
     # A long heartbeat interval: a holder's lease goes stale only when the test says so.
-    return domain_services(database_url, tmp_path / "work", stale_after_s=2.0, heartbeat_interval_s=600.0)
+    return domain_services(
+        database_url, tmp_path / "work", stale_after_s=2.0, heartbeat_interval_s=600.0, plugin_modules=("tests.e2e",)
+    )
 
 
 def only(services: Services) -> Session:

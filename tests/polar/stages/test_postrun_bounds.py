@@ -10,14 +10,14 @@ import sqlalchemy as sa
 
 from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.reconciler import reconcile
-from polar.runtimes.base import read_output
+from polar.runtimes.session_files import read_output
 from polar.stages.postrun import MAX_POSTRUN_CLAIMS
 from polar.storage.models import ModelCall, Session, Trajectory
 from tests.support import command_task, deliver_all, domain_services, submit_tasks
 
 
 def test_a_postrun_that_dies_every_time_is_ended(database_url: str, tmp_path: Path) -> None:
-    services = domain_services(database_url, tmp_path, stale_after_s=1.0)
+    services = domain_services(database_url, tmp_path, stale_after_s=1.0, plugin_modules=("tests.e2e",))
     evaluator = {"name": "tests.e2e.evaluator_plugins.broken:Dies"}
     submit_tasks(services, command_task("t", "true", evaluator=evaluator, max_attempts=1))
     deliver_all(services, until=lambda stage, _: stage is Stage.POSTRUN)
@@ -51,11 +51,11 @@ def test_a_postrun_that_dies_every_time_is_ended(database_url: str, tmp_path: Pa
 def test_reading_output_is_bounded(tmp_path: Path) -> None:
     log = tmp_path / "harness.log"
     log.write_bytes(b"x" * (3 * 1024 * 1024) + b"\nthe answer is 42\n")
-    text = read_output(log, limit=1024 * 1024)
+    text = read_output(tmp_path, "harness.log", limit=1024 * 1024)
     assert text.startswith("[polar: the first 2097170 bytes of 3145746 were left out]\n")
     assert text.endswith("the answer is 42\n") and len(text) < 1024 * 1024 + 100
     small = tmp_path / "small.log"
     small.write_text("all of it")
-    assert read_output(small) == "all of it"
+    assert read_output(tmp_path, small) == "all of it"
     with pytest.raises(OSError):
-        read_output(tmp_path / "missing.log")
+        read_output(tmp_path, "missing.log")

@@ -17,6 +17,7 @@ from tests.support import command_task
 from web.api import create_app
 
 TABLES = ("batches", "tasks", "sessions", "session_events")
+TOKEN = "test-admin-token-" + "0" * 24
 
 
 @pytest.fixture
@@ -24,13 +25,13 @@ def make_client(database_url: str, broker_url: str, tmp_path: Path) -> Iterator[
     engines: list[sa.Engine] = []
 
     def make(**env: str) -> FlaskClient:
-        config = load_config(
-            {"POLAR_DATABASE_URL": database_url, "POLAR_BROKER_URL": broker_url, "POLAR_READY_BUFFER": "0", **env},
-            cwd=tmp_path,
-        )
+        base = {"POLAR_DATABASE_URL": database_url, "POLAR_BROKER_URL": broker_url, "POLAR_READY_BUFFER": "0"}
+        config = load_config({**base, "POLAR_API_TOKEN": TOKEN, **env}, cwd=tmp_path)
         app = create_app(config)
         engines.append(app.extensions["polar"].db.engine)
-        return app.test_client()
+        client = app.test_client()
+        client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {config.api_token}"  # every request, unless a test
+        return client
 
     yield make
     for engine in engines:
@@ -134,13 +135,14 @@ def test_idempotency_key_replays_and_conflicts(client: FlaskClient) -> None:
     assert row_counts(client)["sessions"] == 2
 
 
-def test_bearer_token_required_when_configured(make_client: Any) -> None:
-    client = make_client(POLAR_API_TOKEN="s3cret")
+def test_bearer_token_required(make_client: Any) -> None:
+    client = make_client()
+    del client.environ_base["HTTP_AUTHORIZATION"]
     assert client.get("/healthz").status_code == 200
     denied = client.post("/v1/batches", json={"tasks": [command_task("a", "true")]})
     assert denied.status_code == 401 and "bearer token" in denied.json["error"]["message"]
     assert client.get("/v1/batches/x", headers={"Authorization": "Bearer wrong"}).status_code == 401
     ok = client.post(
-        "/v1/batches", json={"tasks": [command_task("a", "true")]}, headers={"Authorization": "Bearer s3cret"}
+        "/v1/batches", json={"tasks": [command_task("a", "true")]}, headers={"Authorization": f"Bearer {TOKEN}"}
     )
     assert ok.status_code == 201

@@ -18,13 +18,17 @@ from tests.support import free_port
 from web.api import create_app
 
 SFT_COLUMNS = ["session_id", "task_id", "sample_index", "reward", "messages", "tools"]
+TOKEN = "test-admin-token-" + "0" * 24
 
 
 @pytest.fixture
 def client(database_url: str, tmp_path: Path) -> Iterator[FlaskClient]:
-    env = {"POLAR_DATABASE_URL": database_url, "POLAR_BROKER_URL": "memory://", "POLAR_READY_BUFFER": "0"}
+    env = {"POLAR_DATABASE_URL": database_url, "POLAR_BROKER_URL": "memory://", "POLAR_READY_BUFFER": "0",
+           "POLAR_API_TOKEN": TOKEN}  # fmt: skip
     app = create_app(load_config(env, cwd=tmp_path))
-    yield app.test_client()
+    client = app.test_client()
+    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {TOKEN}"
+    yield client
     app.extensions["polar"].db.dispose()
 
 
@@ -119,17 +123,17 @@ def test_unknown_batch_is_404(client: FlaskClient, batch_id: str) -> None:
 
 def test_cli_export_through_gunicorn(database_url: str, batch: BatchFactory, tmp_path: Path) -> None:
     port = free_port()
-    env = {"POLAR_DATABASE_URL": database_url, "POLAR_BROKER_URL": "memory://", "POLAR_API_TOKEN": "secret"}
+    env = {"POLAR_DATABASE_URL": database_url, "POLAR_BROKER_URL": "memory://", "POLAR_API_TOKEN": TOKEN}
     api = gunicorn_spec("api", "web.api:create_app()", port, workers=1, threads=4)
     url = f"http://127.0.0.1:{port}"
     out = tmp_path / "out.parquet"
     with Stack([api], env, tmp_path / "logs"):
-        args = ["export", str(batch.batch_id), "--kind", "rl", "--format", "parquet", "--api", url, "--token", "secret"]
+        args = ["export", str(batch.batch_id), "--kind", "rl", "--format", "parquet", "--api", url, "--token", TOKEN]
         result = CliRunner().invoke(main, [*args, "--out", str(out), "--min-reward", "0.5"])
         assert result.exit_code == 0, result.output
         assert "3 sessions, 1 accepted (acceptance rate 33.3%), 2 rows, 10 tokens" in result.output
         missing = CliRunner().invoke(main, ["export", "00000000-0000-0000-0000-000000000000", "--api", url,
-                                            "--token", "secret", "--out", str(tmp_path / "x.jsonl")])  # fmt: skip
+                                            "--token", TOKEN, "--out", str(tmp_path / "x.jsonl")])  # fmt: skip
         assert missing.exit_code != 0 and "404" in missing.output
     dataset = load(out, "parquet", tmp_path)
     assert dataset.num_rows == 2 and dataset["reward"] == [1.0, 1.0]

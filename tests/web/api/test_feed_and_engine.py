@@ -14,10 +14,14 @@ from polar.config import load_config
 from tests.support import live_proxy
 from web.api import create_app
 
+TOKEN = "test-admin-token-" + "0" * 24
+
 
 def api(database_url: str, broker_url: str, tmp_path: Path) -> FlaskClient:
-    config = load_config({"POLAR_DATABASE_URL": database_url, "POLAR_BROKER_URL": broker_url}, cwd=tmp_path)
-    return create_app(config).test_client()
+    env = {"POLAR_DATABASE_URL": database_url, "POLAR_BROKER_URL": broker_url, "POLAR_API_TOKEN": TOKEN}
+    client = create_app(load_config(env, cwd=tmp_path)).test_client()
+    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {TOKEN}"
+    return client
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,17 @@ def test_registry_names() -> None:
 
 
 def test_import_path() -> None:
-    policy = load_policy("polar.engine.policies.echo:EchoPolicy", {"text": "x"})
+    policy = load_policy("polar.engine.policies.echo:EchoPolicy", {"text": "x"}, ("polar.engine.policies",))
     assert isinstance(policy, EchoPolicy)
+
+
+@pytest.mark.parametrize(
+    ("name", "allowed"),
+    [("polar.engine.policies.echo:EchoPolicy", ()), ("subprocess:Popen", ("polar",)), ("os:system", ())],
+)
+def test_import_paths_need_the_allow_list(name: str, allowed: tuple[str, ...]) -> None:
+    with pytest.raises(ValueError, match="POLAR_PLUGIN_MODULES"):
+        load_policy(name, {"x": 1}, allowed)
 
 
 @pytest.mark.parametrize("name", ["nope", "no.such.module:Thing", "polar.engine.policies.echo:Missing"])

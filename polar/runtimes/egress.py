@@ -1,0 +1,130 @@
+"""On the host: a sandbox's way to the internet, open only to the hosts its task allows.
+
+Sandboxes have no network (``polar.runtimes.relay``). A task that needs some outside host (a package index, a
+git server) lists it in ``runtime.egress_allow`` as ``host:port`` (``*.example.org:443`` for subdomains). Then
+the run worker also listens on ``egress.sock`` beside the proxy socket, and the harness gets
+``HTTPS_PROXY``/``HTTP_PROXY`` pointing at the forwarder's ``127.0.0.1:3128``: each connection must open with an
+HTTP ``CONNECT host:port`` naming an allowed host. The gate resolves the name itself and refuses loopback,
+link-local (cloud metadata), multicast and unspecified addresses whatever the list says, and private addresses
+unless the entry is that literal IP, so a name cannot be pointed at the host's own services. Plain-HTTP proxying
+(``GET http://…``) is refused: ``CONNECT`` carries TLS, and a tunnel is all it grants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import ipaddress
+import socket
+from collections.abc import Sequence
+
+from polar.runtimes import forwarder
+
+PORT_INSIDE = 3128
+HEADER_LIMIT = 8192
+CONNECT_TIMEOUT_S = 10.0
+
+
+class Refused(Exception):
+    """A CONNECT the allow-list or the address rules do not permit; the message goes back to the client."""
+
+
+def parse_entry(entry: str) -> tuple[str, int]:
+    """``host:port`` of an allow-list entry (``[v6]:port`` for IPv6 literals); raises ``ValueError``."""
+    host, sep, port = entry.rpartition(":")
+    host = host.strip("[]").lower()
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{entry!r} is not host:port")
+    return host, int(port)
+
+
+def _literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def _never(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    return address.is_loopback or address.is_link_local or address.is_multicast or address.is_unspecified
+
+
+class EgressGate:
+    """Decides and opens the tunnels of one sandbox."""
+
+    def __init__(self, allow: Sequence[str]) -> None:
+        self.allow = [parse_entry(entry) for entry in allow]
+
+    def _entry_for(self, host: str, port: int) -> tuple[str, int] | None:
+        for pattern, allowed_port in self.allow:
+            if allowed_port == port and fnmatch.fnmatchcase(host, pattern):
+                return pattern, allowed_port
+        return None
+
+    def open(self, target: str) -> socket.socket:
+        """A connection to ``target`` (``host:port`` from a CONNECT line), or ``Refused`` saying why."""
+        try:
+            host, port = parse_entry(target)
+        except ValueError as exc:
+            raise Refused(str(exc)) from exc
+        entry = self._entry_for(host, port)
+        if entry is None:
+            raise Refused(f"{host}:{port} is not in this task's runtime.egress_allow")
+        literal_entry = _literal(entry[0]) is not None
+        try:
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise Refused(f"cannot resolve {host}: {exc}") from exc
+        last: OSError | None = None
+        for family, kind, proto, _, address in found:
+            ip = ipaddress.ip_address(address[0])
+            if _never(ip) or (ip.is_private and not literal_entry):
+                last = OSError(f"{host} resolves to {ip}, which a sandbox may not reach")
+                continue
+            upstream = socket.socket(family, kind, proto)
+            upstream.settimeout(CONNECT_TIMEOUT_S)
+            try:
+                upstream.connect(address)
+            except OSError as exc:
+                upstream.close()
+                last = exc
+                continue
+            upstream.settimeout(None)
+            return upstream
+        raise Refused(f"cannot connect to {host}:{port}: {last}")
+
+    def serve(self, listener: socket.socket) -> None:
+        """Accept on ``listener`` until it is closed; answer each CONNECT with a tunnel or a refusal."""
+        forwarder.serve_with(listener, self._tunnel)
+
+    def _tunnel(self, client: socket.socket) -> None:
+        try:
+            head = _read_head(client)
+            method, target, _ = (head.split(b"\r\n", 1)[0].decode("latin-1") + "  ").split(" ", 2)
+            if method != "CONNECT":
+                raise Refused("only CONNECT tunnels are allowed (use https:// URLs)")
+            upstream = self.open(target)
+        except (Refused, OSError) as exc:
+            with contextlib.suppress(OSError):
+                reason = str(exc).encode()
+                client.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+                               b"Connection: close\r\n\r\n%s" % (len(reason), reason))  # fmt: skip
+            client.close()
+            return
+        client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        early = head.split(b"\r\n\r\n", 1)[1]  # what a client sent before waiting for the 200
+        if early:
+            upstream.sendall(early)
+        forwarder.splice(client, upstream)
+
+
+def _read_head(client: socket.socket) -> bytes:
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = client.recv(1024)
+        if not chunk:
+            raise Refused("connection closed before a request")
+        head += chunk
+        if len(head) > HEADER_LIMIT:
+            raise Refused("request head too long")
+    return head

@@ -1,0 +1,24 @@
+"""``polar.launcher``: every deployment it describes carries an API token, since the API refuses to start without
+one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from polar.launcher import new_api_token, pipeline_env
+
+PORTS = {"engine": 1, "api": 2, "proxy": 3}
+
+
+def test_pipeline_env_carries_a_fresh_token_unless_given_one(tmp_path: Path) -> None:
+    first = pipeline_env("sqlite://", "memory://", PORTS, tmp_path, 2)["POLAR_API_TOKEN"]
+    second = pipeline_env("sqlite://", "memory://", PORTS, tmp_path, 2)["POLAR_API_TOKEN"]
+    assert len(first) >= 32 and first != second
+    given = pipeline_env("sqlite://", "memory://", PORTS, tmp_path, 2, api_token="t" * 40)
+    assert given["POLAR_API_TOKEN"] == "t" * 40
+
+
+def test_new_tokens_are_long_and_url_safe() -> None:
+    tokens = {new_api_token() for _ in range(20)}
+    assert len(tokens) == 20
+    assert all(len(t) >= 43 and t.replace("-", "").replace("_", "").isalnum() for t in tokens)

@@ -1,0 +1,145 @@
+"""Batch provenance: what it records, that no secret reaches it, and that engines which are down or silent
+neither fail nor stall a submission (a real reference engine, a closed port and a port that never answers)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from polar.config import Config, load_config
+from polar.launcher import Stack, engine_spec, free_port
+from polar.records.provenance import EngineProbe, config_digest, polar_version, public_config
+from polar.redaction import shown_url
+from polar.storage.models import Batch
+from tests.support import command_task, domain_services, submit_tasks
+
+SECRETS = ("pg-pass-9d1f", "redis-pass-77ab", "engine-pass-c0de", "admin-token-5e5e", "read-token-4f4f")
+
+
+def secret_env() -> dict[str, str]:
+    return {
+        "POLAR_DATABASE_URL": f"postgresql+psycopg://polar:{SECRETS[0]}@db.internal:5432/polar?password={SECRETS[0]}",
+        "POLAR_BROKER_URL": f"redis://:{SECRETS[1]}@redis.internal:6379/0",
+        "POLAR_ENGINE_URLS": f"http://user:{SECRETS[2]}@gpu1:8000,http://gpu2:8000",
+        "POLAR_API_TOKEN": SECRETS[3],
+        "POLAR_API_READ_TOKEN": SECRETS[4],
+        "POLAR_SAMPLING_OVERRIDES": json.dumps({"temperature": 1.0, "api_key": SECRETS[3]}),
+    }
+
+
+def test_no_secret_reaches_the_recorded_configuration(tmp_path: Path) -> None:
+    config = load_config(secret_env(), cwd=tmp_path)
+    # Every field named like a credential, present now or added later, is left out whatever it holds.
+    secret_fields = [f.name for f in dataclasses.fields(Config) if any(w in f.name for w in ("token", "password"))]
+    assert "api_token" in secret_fields
+    config = config.with_overrides(**{name: "field-secret-1a2b" for name in secret_fields})
+    recorded = json.dumps(public_config(config))
+    for secret in (*SECRETS, "field-secret-1a2b"):
+        assert secret not in recorded
+    public = public_config(config)
+    assert public["database_url"] == "postgresql+psycopg://db.internal:5432/polar"
+    assert public["broker_url"] == "redis://redis.internal:6379/0"
+    assert public["engine_urls"] == ["http://gpu1:8000", "http://gpu2:8000"]
+    assert public["sampling_overrides"] == {"temperature": 1.0}
+    assert not set(secret_fields) & set(public)
+
+
+def test_the_digest_follows_the_configuration_but_not_its_secrets(tmp_path: Path) -> None:
+    config = load_config(secret_env(), cwd=tmp_path)
+    assert config_digest(config).startswith("sha256:") and len(config_digest(config)) == 7 + 64
+    assert config_digest(config.with_overrides(api_token="another")) == config_digest(config)
+    assert config_digest(config.with_overrides(sampling_overrides={"temperature": 0.7})) != config_digest(config)
+    assert shown_url("http://[::1]:8000/v1?key=x") == "http://[::1]:8000/v1"
+
+
+@pytest.fixture
+def engine_url(tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    with Stack([engine_spec(port, "scripted")], {}, tmp_path / "logs"):
+        yield f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def silent_url() -> Iterator[str]:
+    """A port that accepts connections and never answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def test_engines_are_asked_once_and_down_ones_recorded(engine_url: str, silent_url: str) -> None:
+    closed = f"http://127.0.0.1:{free_port()}"
+    probe = EngineProbe(timeout_s=0.5, ttl_s=60)
+    started = time.monotonic()
+    live, down, silent = probe.engines([engine_url, closed, silent_url])
+    assert time.monotonic() - started < 2.5  # all asked at once, each bounded
+    assert live["models"] == ["polar-reference"] and live["version"] and live["error"] is None
+    assert down["models"] is None and "ConnectError" in down["error"]
+    assert silent["models"] is None and ("Timeout" in silent["error"] or "no answer" in silent["error"])
+    started = time.monotonic()
+    assert probe.engines([silent_url, engine_url]) == [silent, live]  # cached per process
+    assert time.monotonic() - started < 0.1
+
+
+def test_submission_records_provenance(database_url: str, tmp_path: Path, engine_url: str, silent_url: str) -> None:
+    env_secret = "admin-token-in-provenance-test"
+    services = domain_services(
+        database_url, tmp_path, engine_urls=(engine_url, silent_url), api_token=env_secret,
+        sampling_overrides={"temperature": 1.0},
+    )  # fmt: skip
+    services.engine_probe.timeout_s = 0.5
+    judge = {"name": "test_on_output", "config": {"command": "test -f done"}}
+    started = time.monotonic()
+    batch_id = submit_tasks(
+        services,
+        command_task("a", "touch done", evaluator=judge),
+        command_task("b", "touch done", evaluator=judge),
+        command_task("c", "true"),
+    )
+    assert time.monotonic() - started < 3  # a silent engine costs at most its timeout
+    with services.db.unit() as db:
+        provenance = db.get(Batch, batch_id).provenance
+        # In SQL, as docs/provenance.md shows.
+        version = db.execute(
+            sa.text("SELECT provenance ->> 'polar_version' FROM batches WHERE id = :id"), {"id": batch_id}
+        ).scalar()
+    services.db.dispose()
+    assert version == polar_version() != "unknown"
+    assert provenance["config_digest"] == config_digest(services.config)
+    assert provenance["config"]["sampling_overrides"] == {"temperature": 1.0}
+    assert env_secret not in json.dumps(provenance)
+    assert [e["url"] for e in provenance["engines"]] == [engine_url, silent_url]
+    assert provenance["engines"][0]["models"] == ["polar-reference"] and provenance["engines"][0]["version"]
+    assert provenance["engines"][1]["error"]
+    evaluators = {e["name"]: e for e in provenance["evaluators"]}
+    assert evaluators["test_on_output"]["tasks"] == 2
+    assert evaluators["session_completion"]["tasks"] == 1
+    assert evaluators["test_on_output"]["code"] == f"polar {polar_version()}"
+    assert len(evaluators["test_on_output"]["config_sha256"]) == 64
+
+
+def test_the_api_shows_a_batchs_provenance(database_url: str, broker_url: str, tmp_path: Path, engine_url: str) -> None:
+    from web.api import create_app
+
+    token = "provenance-admin-token-" + "x" * 20
+    env = {"POLAR_DATABASE_URL": database_url, "POLAR_BROKER_URL": broker_url, "POLAR_READY_BUFFER": "0",
+           "POLAR_ENGINE_URLS": engine_url, "POLAR_API_TOKEN": token}  # fmt: skip
+    app = create_app(load_config(env, cwd=tmp_path))
+    client = app.test_client()
+    headers = {"Authorization": f"Bearer {token}"}
+    submitted = client.post("/v1/batches", json={"tasks": [command_task("a", "true")]}, headers=headers).json
+    shown = client.get(f"/v1/batches/{submitted['batch_id']}", headers=headers).json
+    app.extensions["polar"].db.dispose()
+    provenance = shown["provenance"]
+    assert provenance["polar_version"] == polar_version()
+    assert provenance["engines"][0]["models"] == ["polar-reference"]
+    assert provenance["config"]["engine_urls"] == [engine_url]
+    assert token not in json.dumps(shown)

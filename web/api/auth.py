@@ -1,0 +1,104 @@
+"""Who may call the rollout API. The API runs commands on the workers, so it never runs open:
+
+- ``POLAR_API_TOKEN`` (required; the app refuses to be created without it) is the submit/admin token: everything.
+- ``POLAR_API_READ_TOKEN`` (optional) is read-only, for trainers and viewers: the safe methods (GET, HEAD,
+  OPTIONS), i.e. batches, sessions, calls, trajectories, the feed, exports and the engine's state. Every other
+  method starts or changes work (submit, cancel, engine pause/resume) and gets 403, so a route added later is
+  admin-only unless it is a GET.
+- ``/healthz`` answers without a token: load balancers probe it, and it tells only whether the database answers.
+
+A missing or wrong token is 401. Each request that passes carries a ``polar.records.audit.Caller``
+(:func:`caller`) for the views' audit rows; a read-only token refused with 403 leaves a ``denied`` row (a 401
+leaves only a log line, so anyone who can reach the port cannot fill the table).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from dataclasses import dataclass
+
+from flask import Flask, current_app, g, request
+
+from polar.config import Config
+from polar.errors import Forbidden, Unauthorized, ValidationError
+from polar.records.audit import Caller, actor, record_now
+from web.api.requests import services
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/healthz"})
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+MIN_TOKEN_CHARS = 32
+GENERATE = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+ADMIN, READ = "admin", "read"
+
+
+@dataclass(frozen=True)
+class Tokens:
+    admin: str
+    read: str | None
+
+
+def check_tokens(config: Config) -> Tokens:
+    """The tokens of ``config``, or a ValidationError saying how to set them: the admin token is required, both
+    must be at least ``MIN_TOKEN_CHARS`` long, and they must differ."""
+    admin = (config.api_token or "").strip()
+    if not admin:
+        raise ValidationError(
+            "POLAR_API_TOKEN is not set: the rollout API never starts without a token. "
+            f"Generate one with  {GENERATE}  and set POLAR_API_TOKEN to it (clients send "
+            "'Authorization: Bearer <token>'; POLAR_API_READ_TOKEN optionally adds a read-only token)",
+            field="POLAR_API_TOKEN",
+        )
+    read = (config.api_read_token or "").strip() or None
+    for name, token in (("POLAR_API_TOKEN", admin), ("POLAR_API_READ_TOKEN", read)):
+        if token is not None and len(token) < MIN_TOKEN_CHARS:
+            raise ValidationError(
+                f"{name} must be at least {MIN_TOKEN_CHARS} characters (a random secret); generate one with  "
+                f"{GENERATE}",
+                field=name,
+            )
+    if read is not None and hmac.compare_digest(read.encode(), admin.encode()):
+        raise ValidationError(
+            f"POLAR_API_READ_TOKEN must differ from POLAR_API_TOKEN (generate another with  {GENERATE}  )",
+            field="POLAR_API_READ_TOKEN",
+        )
+    return Tokens(admin, read)
+
+
+def require_tokens(app: Flask, config: Config) -> None:
+    """Check ``config``'s tokens (raising when the API would run open) and authenticate every request."""
+    app.extensions["polar.tokens"] = check_tokens(config)
+    app.before_request(_authenticate)
+
+
+def caller() -> Caller:
+    """The authenticated caller of the current request."""
+    return g.polar_caller  # type: ignore[no-any-return]
+
+
+def _role(tokens: Tokens, supplied: str) -> str | None:
+    given = supplied.encode()
+    is_admin = hmac.compare_digest(given, tokens.admin.encode())
+    is_read = tokens.read is not None and hmac.compare_digest(given, tokens.read.encode())
+    return ADMIN if is_admin else READ if is_read else None
+
+
+def _authenticate() -> None:
+    if request.path in OPEN_PATHS:
+        return
+    scheme, _, supplied = request.headers.get("Authorization", "").partition(" ")
+    supplied = supplied.strip()
+    role = _role(current_app.extensions["polar.tokens"], supplied) if scheme.lower() == "bearer" else None
+    if role is None:
+        log.warning("401 %s %s from %s: missing or wrong token", request.method, request.path, request.remote_addr)
+        raise Unauthorized("missing or wrong bearer token (Authorization: Bearer <POLAR_API_TOKEN>)")
+    g.polar_caller = Caller(actor(role, supplied), request.remote_addr)
+    if role == READ and request.method not in READ_METHODS:
+        detail = {"method": request.method, "path": request.path}
+        record_now(services().db, caller(), "denied", request.path, detail)
+        raise Forbidden(
+            f"this token is read-only (POLAR_API_READ_TOKEN): it may read, not {request.method} {request.path}; "
+            "submitting, cancelling and pausing or resuming the engine need the admin token (POLAR_API_TOKEN)"
+        )
