@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 import click
 
-from polar.client import APIError, PolarClient
+from polar import cli_views
+from polar.client import APIError, PolarClient, configured_client
 from polar.config import load_config
 
 
@@ -115,10 +116,7 @@ def gc(older_than: str, keep_trajectories: bool, dry_run: bool) -> None:
 
 
 def _client(api: str | None, token: str | None) -> PolarClient:
-    """A client of ``api`` (default POLAR_API_URL) sending ``token``, else POLAR_API_TOKEN, else the read-only
-    POLAR_API_READ_TOKEN (enough for status and export on a trainer's machine)."""
-    config = load_config()
-    return PolarClient(api or config.api_url, token or config.api_token or config.api_read_token)
+    return configured_client(api, token)
 
 
 def _token_lines(given: str | None, generated: str) -> list[str]:
@@ -277,18 +275,6 @@ def generate_command(
     click.echo(result.table())
 
 
-@main.command()
-@click.argument("batch_id")
-@click.option("--api", default=None)
-@click.option("--token", default=None)
-def status(batch_id: str, api: str | None, token: str | None) -> None:
-    """Show a batch's state counts."""
-    try:
-        click.echo(json.dumps(_client(api, token).batch(batch_id), indent=2))
-    except APIError as exc:
-        raise click.ClickException(str(exc)) from exc
-
-
 @main.command("export")
 @click.argument("batch_id")
 @click.option("--kind", type=click.Choice(["rl", "sft"]), default="rl", show_default=True)
@@ -320,6 +306,7 @@ def export_batch(
 def up(state_dir: Path, run_concurrency: int) -> None:
     """Run everything on embedded defaults and stay up (Ctrl-C stops)."""
     from polar.embedded import embedded_stack
+    from polar.launcher import metrics_urls
 
     given = load_config().api_token
     deployment, stack = embedded_stack(state_dir, run_concurrency, api_token=given)
@@ -328,6 +315,8 @@ def up(state_dir: Path, run_concurrency: int) -> None:
     lines = [
         f"Polar is up: API {deployment.api_url}  proxy http://127.0.0.1:{deployment.ports['proxy']}",
         f"  engine http://127.0.0.1:{deployment.ports['engine']}  logs {stack.log_dir}",
+        f"  metrics (docs/metrics.md): {deployment.api_url}/metrics (token)  proxy /metrics  workers "
+        + " ".join(metrics_urls(list(stack.specs.values())).values()),
         f"  export POLAR_API_URL={deployment.api_url}",
         *_token_lines(given, deployment.api_token),
     ]
@@ -407,3 +396,7 @@ def harness_install(names: tuple[str, ...], show: bool) -> None:
         raise click.ClickException(str(exc)) from exc
     for name, version in versions.items():
         click.echo(f"{name:12} {version}")
+
+
+for _command in (cli_views.status, cli_views.logs, cli_views.open_console):  # polar status / logs / open
+    main.add_command(_command)

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from polar.config import load_config
 from polar.errors import PolarError
 
 
@@ -41,10 +42,19 @@ class PolarClient:
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise APIError(0, f"cannot reach {self._http.base_url}: {exc}") from exc
+        # A read is retried once when the connection fails: a kept-alive connection the server closed just then
+        # (gunicorn drops idle ones after 2 s, the interval a watcher polls at) is no reason to fail.
+        attempts = 2 if method == "GET" else 1
+        for attempt in range(attempts):
+            try:
+                response = self._http.request(method, path, **kwargs)
+                break
+            except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:  # not timeouts: those would double
+                if attempt + 1 < attempts:
+                    continue
+                raise APIError(0, f"cannot reach {self._http.base_url}: {exc}") from exc
+            except httpx.HTTPError as exc:
+                raise APIError(0, f"cannot reach {self._http.base_url}: {exc}") from exc
         if response.status_code >= 400:
             raise APIError(response.status_code, _error_message(response))
         return response.json()
@@ -72,6 +82,12 @@ class PolarClient:
 
     def calls(self, session_id: str) -> list[dict[str, Any]]:
         return self._call("GET", f"/v1/sessions/{session_id}/calls")["items"]  # type: ignore[no-any-return]
+
+    def events(self, session_id: str) -> dict[str, Any]:
+        """The session's state changes, each with the time spent in the state it entered:
+        ``{"items": [{"at", "from_state", "to_state", "node", "worker", "detail", "duration_s"}], "seconds_in",
+        "total_s"}``."""
+        return self._call("GET", f"/v1/sessions/{session_id}/events")  # type: ignore[no-any-return]
 
     def trajectories(self, session_id: str) -> list[dict[str, Any]]:
         return self._call("GET", f"/v1/sessions/{session_id}/trajectories")["items"]  # type: ignore[no-any-return]
@@ -167,3 +183,10 @@ class PolarClient:
 
     def close(self) -> None:
         self._http.close()
+
+
+def configured_client(api: str | None = None, token: str | None = None) -> PolarClient:
+    """A client of ``api`` (default POLAR_API_URL) sending ``token``, else POLAR_API_TOKEN, else the read-only
+    POLAR_API_READ_TOKEN (enough for status, logs and export on a trainer's machine)."""
+    config = load_config()
+    return PolarClient(api or config.api_url, token or config.api_token or config.api_read_token)

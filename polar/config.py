@@ -91,10 +91,19 @@ class Config:
     sandbox_cpus: float = 2.0
     sandbox_memory_mb: int = 4096
     sandbox_pids: int = 1024
+    # Prometheus metrics (docs/metrics.md): where each process group keeps its values (default <state_dir>/metrics;
+    # local to the machine), whether the API's /metrics answers without a token, and the port (0: none) and address
+    # a Celery worker serves its own /metrics on.
+    metrics_dir: str = ""
+    metrics_public: bool = False
+    worker_metrics_port: int = 0
+    worker_metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if not self.work_root:
             object.__setattr__(self, "work_root", str(default_work_root(self.deployment)))
+        if not self.metrics_dir:
+            object.__setattr__(self, "metrics_dir", str(Path(self.state_dir) / "metrics"))
 
     @property
     def deployment(self) -> str:
@@ -161,6 +170,26 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     if value < 1:
         raise ValidationError(f"{name} must be at least 1, got {value}", field=name)
     return value
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
+    raw = (env.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw in {"1", "true", "yes", "on"}:
+        return True
+    if raw in {"0", "false", "no", "off"}:
+        return False
+    raise ValidationError(f"{name} must be true or false, got {env.get(name)!r}", field=name)
+
+
+def _port(env: Mapping[str, str], name: str) -> int:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return 0
+    if not raw.isdigit() or int(raw) > 65535:
+        raise ValidationError(f"{name} must be a TCP port (0-65535; 0: off), got {raw!r}", field=name)
+    return int(raw)
 
 
 def _names(env: Mapping[str, str], name: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -274,4 +303,8 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         sandbox_cpus=_number(env, "POLAR_SANDBOX_CPUS", base.sandbox_cpus),
         sandbox_memory_mb=int(_number(env, "POLAR_SANDBOX_MEMORY_MB", base.sandbox_memory_mb)),
         sandbox_pids=int(_number(env, "POLAR_SANDBOX_PIDS", base.sandbox_pids)),
+        metrics_dir=env.get("POLAR_METRICS_DIR") or "",
+        metrics_public=_flag(env, "POLAR_METRICS_PUBLIC"),
+        worker_metrics_port=_port(env, "POLAR_WORKER_METRICS_PORT"),
+        worker_metrics_host=env.get("POLAR_WORKER_METRICS_HOST") or base.worker_metrics_host,
     )

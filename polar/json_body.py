@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from polar.errors import ValidationError
+
+MAX_DEPTH = 100  # levels of objects and arrays a stored body may nest
 
 
 def _refuse(name: str) -> Any:
@@ -19,3 +22,38 @@ def parse_json(raw: bytes | str) -> Any:
         return json.loads(raw, parse_constant=_refuse)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValidationError(f"request body is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise ValidationError("request body is nested too deeply") from None
+
+
+def check_storable(value: Any) -> None:
+    """Refuse what JSON can carry but Postgres cannot store, naming where it is (``tasks[0].instruction``): a NUL
+    character or a lone surrogate in a string or key (text and jsonb hold neither), or a number too large for a
+    float (``1e999`` decodes to infinity). Checked before anything is written, so the caller gets a 400, not a
+    500 from the database. Nesting is bounded too (``MAX_DEPTH``): what the parser accepts at the bottom of a request's
+    stack, encoding it again for the database deeper down could not."""
+    pending: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while pending:
+        item, path, depth = pending.pop()
+        where = path or "request body"
+        if depth > MAX_DEPTH:
+            raise ValidationError(f"{where}: nested deeper than {MAX_DEPTH} levels", field=path or None)
+        if isinstance(item, str):
+            _check_text(item, where, path or None)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise ValidationError(f"{where}: number out of range", field=path or None)
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                _check_text(key, f"{where}: key {key!r}", path or None)
+                pending.append((child, f"{path}.{key}" if path else key, depth + 1))
+        elif isinstance(item, list):
+            pending.extend((child, f"{path}[{index}]", depth + 1) for index, child in enumerate(item))
+
+
+def _check_text(text: str, where: str, field: str | None) -> None:
+    if "\x00" in text:
+        raise ValidationError(f"{where}: must not contain a NUL character (\\u0000)", field=field)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError(f"{where}: must not contain a lone UTF-16 surrogate", field=field) from None

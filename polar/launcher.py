@@ -52,9 +52,11 @@ def engine_spec(port: int, policy: str = "arithmetic", extra: Sequence[str] = ()
 
 
 def gunicorn_spec(name: str, app: str, port: int, workers: int = 2, threads: int = 16) -> ProcessSpec:
+    """``app`` under gunicorn, with Polar's gunicorn settings (``web/gunicorn_conf.py``: metrics of all workers)."""
     argv = [
-        PYTHON, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
-        "--worker-class", "gthread", "--threads", str(threads), "--graceful-timeout", "5", app,
+        PYTHON, "-m", "gunicorn", "--config", "python:web.gunicorn_conf", "--bind", f"127.0.0.1:{port}",
+        "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads), "--graceful-timeout", "5",
+        app,
     ]  # fmt: skip
     return ProcessSpec(name, argv, f"http://127.0.0.1:{port}/healthz")
 
@@ -74,9 +76,16 @@ class NodeSpec:
         return env
 
 
-def worker_spec(stage: Stage, concurrency: int, pool: str = "threads", node: NodeSpec | None = None) -> ProcessSpec:
+def worker_spec(
+    stage: Stage,
+    concurrency: int,
+    pool: str = "threads",
+    node: NodeSpec | None = None,
+    metrics_port: int | None = None,
+) -> ProcessSpec:
     """A Celery worker consuming ``stage``'s queue (and, with ``node``, that node's own queue of the stage; the
-    worker subscribes to it by itself). Named ``worker-<stage>``, or ``<node>-worker-<stage>``."""
+    worker subscribes to it by itself). Named ``worker-<stage>``, or ``<node>-worker-<stage>``. With
+    ``metrics_port`` it serves its stage metrics on ``http://127.0.0.1:<port>/metrics``."""
     hostname = f"{stage.value}@{node.name}" if node else f"{stage.value}@%h"
     argv = [
         PYTHON, "-m", "celery", "-A", "workers", "worker", "--queues", stage.value, "--pool", pool,
@@ -84,17 +93,29 @@ def worker_spec(stage: Stage, concurrency: int, pool: str = "threads", node: Nod
         "--without-gossip", "--without-mingle", "--loglevel", "INFO",
     ]  # fmt: skip
     name = f"{node.name}-worker-{stage.value}" if node else f"worker-{stage.value}"
-    return ProcessSpec(name, argv, ready_line=" ready.", env=node.env if node else {})
+    env = dict(node.env) if node else {}
+    if metrics_port:
+        env["POLAR_WORKER_METRICS_PORT"] = str(metrics_port)
+    return ProcessSpec(name, argv, ready_line=" ready.", env=env)
 
 
-def stage_workers(run_concurrency: int, node: NodeSpec | None = None) -> list[ProcessSpec]:
-    """One worker pool per stage queue (of ``node``, when given)."""
+def stage_workers(run_concurrency: int, node: NodeSpec | None = None, metrics: bool = True) -> list[ProcessSpec]:
+    """One worker pool per stage queue (of ``node``, when given), each serving its metrics on a free port of its
+    own (``metrics_urls``) unless ``metrics`` is False."""
+    pools = {Stage.INIT: max(2, run_concurrency), Stage.READY: 2, Stage.RUN: run_concurrency, Stage.POSTRUN: 2}
     return [
-        worker_spec(Stage.INIT, max(2, run_concurrency), node=node),
-        worker_spec(Stage.READY, 2, node=node),
-        worker_spec(Stage.RUN, run_concurrency, node=node),
-        worker_spec(Stage.POSTRUN, 2, node=node),
+        worker_spec(stage, size, node=node, metrics_port=free_port() if metrics else None)
+        for stage, size in pools.items()
     ]
+
+
+def metrics_urls(specs: Sequence[ProcessSpec]) -> dict[str, str]:
+    """Where each stage worker of ``specs`` serves its metrics, by process name."""
+    return {
+        spec.name: f"http://127.0.0.1:{spec.env['POLAR_WORKER_METRICS_PORT']}/metrics"
+        for spec in specs
+        if spec.env.get("POLAR_WORKER_METRICS_PORT")
+    }
 
 
 def pipeline_env(

@@ -1,12 +1,167 @@
-"""Rows to the JSON the rollout API returns (DESIGN.md §5 field names)."""
+"""Rows to the JSON the rollout API returns (DESIGN.md §5 field names).
+
+The ``...JSON`` TypedDicts are that JSON's contract: the functions here are typed with them, and
+``web.api.openapi`` turns them into the response schemas of ``/openapi.json`` (closed objects: a key added here
+and not there fails the schemathesis run, and the type check catches the reverse).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
+
+from pydantic import ConfigDict, WithJsonSchema, with_config
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from typing_extensions on Python < 3.12
 
 from polar.clock import as_utc, iso
 from polar.storage.models import Batch, ModelCall, Session, Trajectory
+
+if TYPE_CHECKING:  # polar.inspection reads through this module; importing it here would be a cycle
+    from polar.inspection.timeline import Timeline
+
+UUIDString = Annotated[str, WithJsonSchema({"type": "string", "format": "uuid"})]
+Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+_CLOSED = ConfigDict(extra="forbid")
+BatchStatus = Literal["pending", "running", "finished"]
+
+
+@with_config(_CLOSED)
+class AttemptsJSON(TypedDict):
+    retried: int  # attempts the infrastructure lost that were retried
+    out_of_attempts: int  # samples whose last attempt the infrastructure lost
+
+
+@with_config(_CLOSED)
+class BatchJSON(TypedDict):
+    batch_id: UUIDString
+    name: str | None
+    status: BatchStatus
+    num_sessions: int
+    counts: dict[str, int]  # state -> samples, each by its latest attempt
+    attempts: AttemptsJSON
+    created_at: Timestamp
+    finished_at: Timestamp | None
+    provenance: dict[str, Any] | None
+
+
+@with_config(_CLOSED)
+class TimingsJSON(TypedDict):
+    pending_s: float | None
+    init_s: float | None
+    ready_s: float | None
+    run_s: float | None
+    postrun_s: float | None
+    total_s: float | None
+
+
+@with_config(_CLOSED)
+class SessionJSON(TypedDict):
+    session_id: UUIDString
+    batch_id: UUIDString
+    task_id: str
+    sample_index: int
+    attempt: int
+    max_attempts: int | None
+    state: str
+    outcome: str | None
+    outcome_class: str | None
+    retry_of: UUIDString | None
+    retried_as: UUIDString | None
+    reward: float | None
+    exit_code: int | None
+    error: str | None
+    evaluation: dict[str, Any] | None
+    num_calls: int
+    worker: str | None
+    node: str | None
+    created_at: Timestamp
+    finished_at: Timestamp | None
+    timings: TimingsJSON
+
+
+@with_config(_CLOSED)
+class SessionPageJSON(TypedDict):
+    items: list[SessionJSON]
+    total: int
+    next_offset: int | None  # None on the last page
+
+
+@with_config(_CLOSED)
+class CallJSON(TypedDict):
+    call_id: UUIDString
+    session_id: UUIDString
+    seq: int
+    agent: str | None
+    provider: str
+    model: str | None
+    stream: bool
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str | None
+    status_code: int
+    latency_ms: float
+    engine_latency_ms: float | None
+    policy_version: str | None
+    request: dict[str, Any]
+    normalized_request: dict[str, Any]
+    response: dict[str, Any]
+    created_at: Timestamp
+    prompt_parent_id: UUIDString | None
+    prompt_prefix_len: int
+
+
+@with_config(_CLOSED)
+class TrajectoryJSON(TypedDict):
+    trajectory_id: UUIDString
+    session_id: UUIDString
+    agent: str | None
+    reconstruction: str
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    call_ids: list[str]
+    reward: float | None
+    stats: dict[str, Any]
+
+
+@with_config(_CLOSED)
+class EventJSON(TypedDict):
+    at: Timestamp
+    from_state: str | None  # None for the first event (submission)
+    to_state: str
+    node: str
+    worker: str | None
+    detail: str | None
+    duration_s: float | None  # time in ``to_state``, until the next event; None for the latest
+
+
+@with_config(_CLOSED)
+class SessionEventsJSON(TypedDict):
+    session_id: UUIDString
+    items: list[EventJSON]
+    seconds_in: dict[str, float]  # state -> seconds spent in it, over every entry into it
+    total_s: float | None  # first event to latest
+
+
+class FeedItemJSON(TrajectoryJSON):
+    """A trajectory in the trainers' feed, with its session's place (``polar.training.feed``)."""
+
+    batch_id: UUIDString
+    task_id: str
+    sample_index: int
+    attempt: int
+    group_id: str
+    group_size: int
+    state: str
+    feed_position: int
+
+
+def _stamp(moment: datetime) -> str:
+    stamped = iso(moment)
+    assert stamped is not None  # a NOT NULL column
+    return stamped
 
 
 def _seconds(start: Any, end: Any) -> float | None:
@@ -14,26 +169,27 @@ def _seconds(start: Any, end: Any) -> float | None:
     return round((end - start).total_seconds(), 3) if start and end else None
 
 
-def batch_json(
-    batch: Batch, status: str, counts: dict[str, int], attempts: dict[str, int] | None = None
-) -> dict[str, Any]:
+def batch_json(batch: Batch, status: str, counts: dict[str, int], attempts: dict[str, int] | None = None) -> BatchJSON:
     """``counts``: sessions per state, each sample once (its latest attempt); ``attempts``: how many attempts the
     infrastructure lost (``retried``) and how many samples ran out of attempts (``out_of_attempts``)."""
     return {
         "batch_id": str(batch.id),
         "name": batch.name,
-        "status": status,
+        "status": cast(BatchStatus, status),  # polar.lifecycle.batches.overall_status says which
         "num_sessions": batch.num_sessions,
         "counts": counts,
-        "attempts": attempts or {"retried": 0, "out_of_attempts": 0},
-        "created_at": iso(batch.created_at),
+        "attempts": {
+            "retried": (attempts or {}).get("retried", 0),
+            "out_of_attempts": (attempts or {}).get("out_of_attempts", 0),
+        },
+        "created_at": _stamp(batch.created_at),
         "finished_at": iso(batch.finished_at),
         # What produced the results (polar.records.provenance): Polar's version, configuration digest, engines.
         "provenance": batch.provenance,
     }
 
 
-def session_json(session: Session, max_attempts: int | None = None) -> dict[str, Any]:
+def session_json(session: Session, max_attempts: int | None = None) -> SessionJSON:
     """``max_attempts``: the task's bound on attempts per sample, when the caller read the task."""
     return {
         "session_id": str(session.id),
@@ -54,7 +210,7 @@ def session_json(session: Session, max_attempts: int | None = None) -> dict[str,
         "num_calls": session.num_calls,
         "worker": session.worker,
         "node": session.node,
-        "created_at": iso(session.created_at),
+        "created_at": _stamp(session.created_at),
         "finished_at": iso(session.finished_at),
         "timings": {
             "pending_s": _seconds(session.created_at, session.init_started_at),
@@ -67,7 +223,7 @@ def session_json(session: Session, max_attempts: int | None = None) -> dict[str,
     }
 
 
-def call_json(call: ModelCall, prompt_token_ids: Sequence[int]) -> dict[str, Any]:
+def call_json(call: ModelCall, prompt_token_ids: Sequence[int]) -> CallJSON:
     """``prompt_token_ids`` is the call's full prompt (``polar.storage.prompts.full_prompts``); the row stores
     only the tokens after ``prompt_prefix_len``, taken from ``prompt_parent_id``."""
     return {
@@ -89,13 +245,13 @@ def call_json(call: ModelCall, prompt_token_ids: Sequence[int]) -> dict[str, Any
         "request": call.request,
         "normalized_request": call.normalized_request,
         "response": call.response,
-        "created_at": iso(call.created_at),
+        "created_at": _stamp(call.created_at),
         "prompt_parent_id": str(call.prompt_parent_id) if call.prompt_parent_id else None,
         "prompt_prefix_len": call.prompt_prefix_len,
     }
 
 
-def trajectory_json(trajectory: Trajectory) -> dict[str, Any]:
+def trajectory_json(trajectory: Trajectory) -> TrajectoryJSON:
     return {
         "trajectory_id": str(trajectory.id),
         "session_id": str(trajectory.session_id),
@@ -108,3 +264,23 @@ def trajectory_json(trajectory: Trajectory) -> dict[str, Any]:
         "reward": trajectory.reward,
         "stats": trajectory.stats,
     }
+
+
+def events_json(session_id: object, line: Timeline) -> SessionEventsJSON:
+    """A session's ``session_events`` (``polar.inspection.timeline``) with the time spent in each state."""
+    items: list[EventJSON] = [
+        {
+            "at": _stamp(event.at),
+            "from_state": event.from_state,
+            "to_state": event.to_state,
+            "node": event.node,
+            "worker": event.worker,
+            "detail": event.detail,
+            "duration_s": None if event.duration_s is None else round(event.duration_s, 3),
+        }
+        for event in line.events
+    ]
+    seconds_in = {state: round(seconds, 3) for state, seconds in line.seconds_in.items()}
+    total = line.total_s
+    return {"session_id": str(session_id), "items": items, "seconds_in": seconds_in,
+            "total_s": None if total is None else round(total, 3)}  # fmt: skip

@@ -43,6 +43,13 @@ if ! command -v bwrap >/dev/null; then
     || echo "WARNING: could not install bubblewrap; the bwrap runtime tests will fail" >&2
 fi
 
+# Chromium (headless) for the web console's browser tests (tests/e2e/test_console.py).
+if ! command -v chromium >/dev/null; then
+  echo "installing chromium ..."
+  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+    || echo "WARNING: could not install chromium; the console's browser tests will fail" >&2
+fi
+
 # docker-compose (v1, Debian's) for the check that compose.yaml refuses to come up without its secrets.
 if ! command -v docker-compose >/dev/null && ! docker compose version >/dev/null 2>&1; then
   echo "installing docker-compose ..."

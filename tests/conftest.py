@@ -89,3 +89,10 @@ def module_database_url(template_database: str) -> Iterator[str]:
     """A fresh, migrated database shared by one test module (for expensive module-scoped stacks)."""
     with _fresh_database("polar_module", template_database) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def module_broker_url() -> Iterator[str]:
+    """A Redis database of its own (:func:`redis_database`) shared by one test module's stack."""
+    with redis_database() as url:
+        yield url

@@ -1,4 +1,4 @@
-"""One thin task per stage: an id in, one call into ``polar.stages``."""
+"""One thin task per stage: an id in, one call into ``polar.stages``, timed and counted (``workers.metrics``)."""
 
 from __future__ import annotations
 
@@ -13,23 +13,32 @@ from polar.stages.ready import ready_session
 from polar.stages.run import run_session
 from workers.app import TASK_NAMES, celery_app
 from workers.context import services_for
+from workers.metrics import observed
 
 
 @celery_app.task(name=TASK_NAMES[Stage.INIT], bind=True)
 def init(self: Task, session_id: str) -> None:
-    init_session(services_for(self.request.hostname), uuid.UUID(session_id))
+    services = services_for(self.request.hostname)
+    with observed(services, Stage.INIT):
+        init_session(services, uuid.UUID(session_id))
 
 
 @celery_app.task(name=TASK_NAMES[Stage.READY], bind=True)
 def ready(self: Task, session_id: str) -> None:
-    ready_session(services_for(self.request.hostname), uuid.UUID(session_id))
+    services = services_for(self.request.hostname)
+    with observed(services, Stage.READY):
+        ready_session(services, uuid.UUID(session_id))
 
 
 @celery_app.task(name=TASK_NAMES[Stage.RUN], bind=True)
 def run(self: Task, session_id: str) -> None:
-    run_session(services_for(self.request.hostname), uuid.UUID(session_id))
+    services = services_for(self.request.hostname)
+    with observed(services, Stage.RUN):
+        run_session(services, uuid.UUID(session_id))
 
 
 @celery_app.task(name=TASK_NAMES[Stage.POSTRUN], bind=True)
 def postrun(self: Task, session_id: str) -> None:
-    postrun_session(services_for(self.request.hostname), uuid.UUID(session_id))
+    services = services_for(self.request.hostname)
+    with observed(services, Stage.POSTRUN):
+        postrun_session(services, uuid.UUID(session_id))

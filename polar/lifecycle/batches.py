@@ -203,14 +203,18 @@ def batch_status(services: Services, batch_id: uuid.UUID) -> dict[str, Any]:
             raise NotFound(f"batch {batch_id} not found")
         counts = _state_counts(db, batch_id)
         attempts = _attempt_counts(db, batch_id)
-    finished = sum(n for state, n in counts.items() if State(state) in TERMINAL)
-    if finished == batch.num_sessions:
-        status = "finished"
-    elif counts.get(State.PENDING.value, 0) == batch.num_sessions and not attempts["retried"]:
-        status = "pending"
-    else:
-        status = "running"
+    status = overall_status(batch.num_sessions, counts, attempts["retried"])
     return {"batch": batch, "status": status, "counts": counts, "attempts": attempts}
+
+
+def overall_status(num_sessions: int, counts: dict[str, int], retried: int) -> str:
+    """``finished`` once every sample is terminal, ``pending`` while all wait untouched, else ``running``."""
+    finished = sum(n for state, n in counts.items() if State(state) in TERMINAL)
+    if finished == num_sessions:
+        return "finished"
+    if counts.get(State.PENDING.value, 0) == num_sessions and not retried:
+        return "pending"
+    return "running"
 
 
 def mark_batch_finished(db: Any, batch_id: uuid.UUID) -> bool:

@@ -8,6 +8,7 @@ on to the next engine. Timeouts and engine 5xx are not retried: the engine may h
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
@@ -19,6 +20,7 @@ from typing import Any
 import httpx
 
 from polar.errors import EngineError, EngineTimeout
+from polar.observability.metrics import ProxyMetrics
 from polar.redaction import shown_url
 
 
@@ -46,13 +48,23 @@ def _error_body(response: httpx.Response) -> dict[str, Any]:
 
 
 class EnginePool:
+    """The engines, with each request in flight shown on ``metrics`` (``polar_engine_inflight_calls``)."""
+
     def __init__(
-        self, urls: Sequence[str], timeout_s: float, max_connections: int = 256, cooldown_s: float = 5.0
+        self,
+        urls: Sequence[str],
+        timeout_s: float,
+        max_connections: int = 256,
+        cooldown_s: float = 5.0,
+        metrics: ProxyMetrics | None = None,
     ) -> None:
         if not urls:
             raise ValueError("at least one engine URL is needed")
         self.urls = tuple(urls)
         self.cooldown_s = cooldown_s
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.engines(tuple(shown_url(url) for url in self.urls))
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=5.0), limits=limits)
         self._served: dict[str, str] = {}
@@ -90,7 +102,8 @@ class EnginePool:
             started = time.perf_counter()
             try:
                 body["model"] = model or self.served_model(url)
-                response = self._client.post(url + path, json=body)
+                with self._in_flight(url):
+                    response = self._client.post(url + path, json=body)
             except httpx.ConnectError as exc:
                 self._mark_down(url)
                 failures.append(f"{shown_url(url)}: {exc}")
@@ -112,6 +125,9 @@ class EnginePool:
             except ValueError as exc:
                 raise EngineError("engine answered with invalid JSON", status_code=502) from exc
         raise EngineError(f"no engine reachable: {'; '.join(failures)}", status_code=502)
+
+    def _in_flight(self, url: str) -> contextlib.AbstractContextManager[None]:
+        return self.metrics.engine_call(shown_url(url)) if self.metrics is not None else contextlib.nullcontext()
 
     def get(self, path: str) -> dict[str, Any]:
         for url in self.urls:

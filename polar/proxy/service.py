@@ -39,6 +39,7 @@ from polar.errors import (
 )
 from polar.json_body import parse_json
 from polar.lifecycle.states import State
+from polar.observability.metrics import MAX_CALLS, MAX_CONCURRENT_CALLS, PAUSED, ProxyMetrics
 from polar.protocols import ClientRequest, Detected, EngineAnswer, RequestContext
 from polar.proxy import tito
 from polar.proxy.capture import CallRecord, record_call, session_state_for_key
@@ -129,12 +130,29 @@ def _guarded(protocol: ModuleType, events: Iterator[bytes]) -> Iterator[bytes]:
         yield protocol.render_stream_error(500, f"stream failed: {type(exc).__name__}: {exc}")
 
 
+def _refusal(exc: PolarError) -> str | None:
+    """Why a call was refused before reaching the engine (a metrics label), or None for other errors."""
+    if isinstance(exc, EnginePaused):
+        return PAUSED
+    if isinstance(exc, TooManyCalls):
+        return MAX_CONCURRENT_CALLS if exc.retry_after_s is not None else MAX_CALLS
+    return None
+
+
 class ProxyService:
-    def __init__(self, config: Config, db: Database, engines: EnginePool, limiter: CallLimiter | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        db: Database,
+        engines: EnginePool,
+        limiter: CallLimiter | None = None,
+        metrics: ProxyMetrics | None = None,
+    ) -> None:
         self.config = config
         self.db = db
         self.engines = engines
         self.limiter = limiter or call_limiter(config)
+        self.metrics = metrics or ProxyMetrics()
         self._keys: dict[str, tuple[uuid.UUID, CallLimits, float]] = {}
         self.control = ControlView(db, config.pause_max_waiters)
         check_setting(config.chat_template_kwargs)
@@ -189,6 +207,12 @@ class ProxyService:
         return state
 
     def handle(self, detected: Detected, key: str | None, agent: str | None, raw: bytes) -> ProxyAnswer:
+        """Answer one request; every answer is counted by protocol, operation and status."""
+        answer = self._handle(detected, key, agent, raw)
+        self.metrics.answered(detected.protocol.PROVIDER, detected.operation, answer.status)
+        return answer
+
+    def _handle(self, detected: Detected, key: str | None, agent: str | None, raw: bytes) -> ProxyAnswer:
         protocol, context = detected.protocol, detected.context
         try:
             if detected.operation == "head":
@@ -202,6 +226,8 @@ class ProxyService:
                     return self._count_tokens(protocol, context, session_id, body)
             return self._generate(protocol, context, session_id, limits, agent, body)
         except PolarError as exc:
+            if (reason := _refusal(exc)) is not None:
+                self.metrics.refused(protocol.PROVIDER, reason)
             return self.error(protocol, exc)
 
     def _model_names(self) -> list[str]:
@@ -283,16 +309,18 @@ class ProxyService:
             raise
         captured = time.perf_counter()
         self._capture(call, engine_body, reply)
+        capture_s, total_s = time.perf_counter() - captured, time.perf_counter() - started
+        self.metrics.timed(protocol.PROVIDER, reply.latency_ms / 1000, capture_s, total_s)
         # Where the proxy's time went, for clients and benchmarks (W3C Server-Timing).
         timing = {
-            "Server-Timing": f"engine;dur={reply.latency_ms:.2f}, "
-            f"capture;dur={(time.perf_counter() - captured) * 1000:.2f}, "
-            f"proxy;dur={(time.perf_counter() - started) * 1000:.2f}"
+            "Server-Timing": f"engine;dur={reply.latency_ms:.2f}, capture;dur={capture_s * 1000:.2f}, "
+            f"proxy;dur={total_s * 1000:.2f}"
         }
         if reply.status_code != 200:
             error = protocol.render_error(reply.status_code, reply.error_message)
             return ProxyAnswer(reply.status_code, error, headers=timing)
         answer = EngineAnswer(reply.body)
+        self.metrics.tokens(protocol.PROVIDER, len(answer.prompt_token_ids), len(answer.completion_token_ids))
         if request.stream:
             media_type = request.options.get("stream_media_type", "text/event-stream")
             stream = _guarded(protocol, protocol.render_stream(request, answer))

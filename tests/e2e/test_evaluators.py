@@ -19,7 +19,6 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import redis_database
 from tests.support import RunningStack, command_task, running_stack, session_dirs, wait_until
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -146,12 +145,6 @@ def install_plugin(site: Path) -> Path:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: polar-plugin-demo\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[polar.evaluators]\nmentions = polar_plugin_demo:Mentions\n")
     return site
-
-
-@pytest.fixture(scope="module")
-def module_broker_url() -> Iterator[str]:
-    with redis_database() as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

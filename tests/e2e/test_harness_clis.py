@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from polar.harnesses.install import PACKAGES, install
-from tests.conftest import redis_database
 from tests.support import RunningStack, running_stack
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -36,12 +35,6 @@ def content_for(cli: str) -> str:
 def cli_versions() -> dict[str, str]:
     """All six CLIs installed in the harness cache (one npm call; nothing when cached)."""
     return install(PACKAGES)
-
-
-@pytest.fixture(scope="module")
-def module_broker_url() -> Iterator[str]:
-    with redis_database() as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

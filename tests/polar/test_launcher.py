@@ -22,3 +22,16 @@ def test_new_tokens_are_long_and_url_safe() -> None:
     tokens = {new_api_token() for _ in range(20)}
     assert len(tokens) == 20
     assert all(len(t) >= 43 and t.replace("-", "").replace("_", "").isalnum() for t in tokens)
+
+
+def test_every_stage_worker_serves_its_metrics_on_a_port_of_its_own() -> None:
+    from polar.launcher import NodeSpec, gunicorn_spec, metrics_urls, pipeline_specs, stage_workers
+
+    specs = pipeline_specs(PORTS, "echo", (), 2, nodes=[NodeSpec("a"), NodeSpec("b")])
+    urls = metrics_urls(specs)
+    assert set(urls) == {f"{node}-worker-{stage}" for node in "ab" for stage in ("init", "ready", "run", "postrun")}
+    assert len(set(urls.values())) == 8 and all(url.endswith("/metrics") for url in urls.values())
+    assert specs[-1].env["POLAR_NODE"] == "b"  # the node's own settings are kept beside the port
+    assert metrics_urls(stage_workers(2, metrics=False)) == {}
+    # gunicorn with Polar's settings, so /metrics adds up every worker process.
+    assert "python:web.gunicorn_conf" in gunicorn_spec("api", "web.api:create_app()", 1).argv

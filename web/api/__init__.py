@@ -1,7 +1,7 @@
 """The rollout API (DESIGN.md §3): ``gunicorn 'web.api:create_app()'``.
 
 One blueprint per resource; views parse, call ``polar``, serialise. ``web.api.auth`` says who may call what; the
-app is never created without ``POLAR_API_TOKEN``.
+app is never created without ``POLAR_API_TOKEN``. The web console (``web.console``) is served under ``/ui/``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from flask import Flask
 
 from polar.config import Config, load_config
-from web.api import batches, engine, exports, health, sessions, trajectories
+from web.api import batches, engine, exports, health, metrics, openapi, sessions, trajectories
 from web.api.auth import require_tokens
 from web.errors import register_error_handlers
 from web.services import web_services
@@ -34,4 +34,9 @@ def create_app(config: Config | None = None) -> Flask:
         engine.blueprint,
     ):
         app.register_blueprint(blueprint)
+    from web.console import register_console  # here: web.console imports web.api.auth
+
+    register_console(app)  # the web console at /ui/ (docs/console.md)
+    metrics.install(app, config)  # /metrics, and every request counted
+    openapi.install(app)  # /openapi.json, without a token (docs/api.md)
     return app

@@ -6,6 +6,9 @@
   method starts or changes work (submit, cancel, engine pause/resume) and gets 403, so a route added later is
   admin-only unless it is a GET.
 - ``/healthz`` answers without a token: load balancers probe it, and it tells only whether the database answers.
+- A blueprint registered with :func:`authenticates_itself` checks its own requests with :func:`token_role`: the
+  web console (``web.console``) takes the same tokens, or the signed session cookie a browser gets by logging in
+  with one.
 
 A missing or wrong token is 401. Each request that passes carries a ``polar.records.audit.Caller``
 (:func:`caller`) for the views' audit rows; a read-only token refused with 403 leaves a ``denied`` row (a 401
@@ -28,6 +31,7 @@ from web.api.requests import services
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/healthz"})
+SELF_AUTHENTICATING = "polar.self_authenticating"  # app.extensions key: names of blueprints that check callers
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 MIN_TOKEN_CHARS = 32
 GENERATE = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
@@ -73,6 +77,22 @@ def require_tokens(app: Flask, config: Config) -> None:
     app.before_request(_authenticate)
 
 
+def authenticates_itself(app: Flask, blueprint: str) -> None:
+    """Leave the requests of ``blueprint`` to its own check (which must use :func:`token_role`)."""
+    app.extensions.setdefault(SELF_AUTHENTICATING, set()).add(blueprint)
+
+
+def app_tokens(app: Flask) -> Tokens:
+    """The tokens ``app`` was created with (checked by :func:`require_tokens`)."""
+    return app.extensions["polar.tokens"]  # type: ignore[no-any-return]
+
+
+def token_role(supplied: str) -> str | None:
+    """``ADMIN`` or ``READ`` for a token of the current app, None for any other string (compared in constant
+    time)."""
+    return _role(app_tokens(current_app), supplied.strip()) if supplied.strip() else None
+
+
 def caller() -> Caller:
     """The authenticated caller of the current request."""
     return g.polar_caller  # type: ignore[no-any-return]
@@ -86,7 +106,7 @@ def _role(tokens: Tokens, supplied: str) -> str | None:
 
 
 def _authenticate() -> None:
-    if request.path in OPEN_PATHS:
+    if request.path in OPEN_PATHS or request.blueprint in current_app.extensions.get(SELF_AUTHENTICATING, ()):
         return
     scheme, _, supplied = request.headers.get("Authorization", "").partition(" ")
     supplied = supplied.strip()
@@ -96,8 +116,9 @@ def _authenticate() -> None:
         raise Unauthorized("missing or wrong bearer token (Authorization: Bearer <POLAR_API_TOKEN>)")
     g.polar_caller = Caller(actor(role, supplied), request.remote_addr)
     if role == READ and request.method not in READ_METHODS:
-        detail = {"method": request.method, "path": request.path}
-        record_now(services().db, caller(), "denied", request.path, detail)
+        path = request.path.replace("\x00", "\\x00")  # %00 decodes to a NUL, which Postgres text cannot hold
+        detail = {"method": request.method, "path": path}
+        record_now(services().db, caller(), "denied", path, detail)
         raise Forbidden(
             f"this token is read-only (POLAR_API_READ_TOKEN): it may read, not {request.method} {request.path}; "
             "submitting, cancelling and pausing or resuming the engine need the admin token (POLAR_API_TOKEN)"

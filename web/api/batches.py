@@ -12,18 +12,24 @@ from polar.records.audit import record_now
 from polar.serialization import batch_json
 from polar.task_request import parse_batch_request
 from web.api.auth import caller
-from web.api.requests import int_arg, json_body, parse_id, services
+from web.api.requests import IntArg, json_body, parse_id, services
 
 blueprint = Blueprint("batches", __name__, url_prefix="/v1/batches")
+
+SESSIONS_LIMIT = IntArg("limit", 100, 1, 1000)
+SESSIONS_OFFSET = IntArg("offset", 0, 0, 10**9)
+MAX_IDEMPOTENCY_KEY = 255
 
 
 @blueprint.post("")
 def create() -> tuple[Response, int]:
     body = json_body()
     batch_request = parse_batch_request(body)
-    key = request.headers.get("Idempotency-Key") or None
-    if key is not None and not 0 < len(key) <= 255:
-        raise ValidationError("Idempotency-Key: must be 1 to 255 characters", field="Idempotency-Key")
+    key = request.headers.get("Idempotency-Key")  # an empty one is a mistake, not "no key"
+    if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
+        raise ValidationError(
+            f"Idempotency-Key: must be 1 to {MAX_IDEMPOTENCY_KEY} characters", field="Idempotency-Key"
+        )
     submitted = submit_batch(services(), batch_request, request_hash(body), key, caller=caller())
     payload = {"batch_id": str(submitted.batch_id), "num_sessions": submitted.num_sessions}
     return jsonify(payload), 201 if submitted.created else 200
@@ -40,8 +46,8 @@ def sessions(batch_id: str) -> Response:
     page = list_sessions(
         services(),
         parse_id(batch_id, "batch"),
-        limit=int_arg("limit", 100, 1, 1000),
-        offset=int_arg("offset", 0, 0, 10**9),
+        limit=SESSIONS_LIMIT.read(),
+        offset=SESSIONS_OFFSET.read(),
     )
     return jsonify(page)
 

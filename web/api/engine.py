@@ -3,31 +3,58 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Annotated, Literal, TypeVar
 
+import pydantic
 from flask import Blueprint, Response, jsonify, request
+from pydantic import BaseModel, ConfigDict, Field
 
 from polar.errors import ValidationError
-from polar.json_body import parse_json
 from polar.records.audit import record_now
+from polar.task_request import first_error
 from polar.training.engine_control import read_state, set_state
 from web.api.auth import caller
-from web.api.requests import services
+from web.api.requests import json_body, services
 
 blueprint = Blueprint("engine", __name__, url_prefix="/v1/engine")
+NO_NUL = r"^[^\x00]*$"  # Postgres text holds no NUL character
 
 
-def _options() -> tuple[str, str | None]:
-    body = parse_json(request.get_data(cache=True)) if request.content_length else {}
+class ResumeRequest(BaseModel):
+    """``POST /v1/engine/resume``'s optional body (also the schema ``/openapi.json`` shows)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # Stamped on every call captured from now on; omitted: the current version stays.
+    policy_version: Annotated[str, Field(pattern=NO_NUL)] | int | None = None
+
+
+class PauseRequest(ResumeRequest):
+    """``POST /v1/engine/pause``'s optional body."""
+
+    # reject: new calls get 429 + Retry-After; wait: they are held until resume (up to POLAR_PAUSE_MAX_WAITERS).
+    mode: Literal["reject", "wait"] = "reject"
+
+
+_Options = TypeVar("_Options", bound=ResumeRequest)
+
+
+def _options(model: type[_Options]) -> _Options:
+    body = json_body() if request.content_length else {}
     if not isinstance(body, dict):
         raise ValidationError("request body must be a JSON object")
-    unknown = set(body) - {"mode", "policy_version"}
-    if unknown:
-        raise ValidationError(f"{sorted(unknown)[0]}: unknown field", field=sorted(unknown)[0])
-    version = body.get("policy_version")
-    if version is not None and not isinstance(version, str | int):
-        raise ValidationError("policy_version: must be a string or an integer", field="policy_version")
-    mode = body.get("mode", "reject")
-    return str(mode), None if version is None else str(version)
+    try:
+        return model.model_validate(body)
+    except pydantic.ValidationError as exc:
+        if any(error["loc"][:1] == ("policy_version",) for error in exc.errors()):
+            # pydantic names the union member it tried last; the caller only wrote policy_version
+            raise ValidationError(
+                "policy_version: must be a string (without NUL characters) or an integer", field="policy_version"
+            ) from exc
+        raise first_error(exc) from exc
+
+
+def _version(options: ResumeRequest) -> str | None:
+    return None if options.policy_version is None else str(options.policy_version)
 
 
 @blueprint.get("")
@@ -37,15 +64,15 @@ def show() -> Response:
 
 @blueprint.post("/pause")
 def pause() -> Response:
-    mode, version = _options()
-    state = dataclasses.asdict(set_state(services().db, True, mode, version))
+    options = _options(PauseRequest)
+    state = dataclasses.asdict(set_state(services().db, True, options.mode, _version(options)))
     record_now(services().db, caller(), "pause", "engine", state)
     return jsonify(state)
 
 
 @blueprint.post("/resume")
 def resume() -> Response:
-    _mode, version = _options()
-    state = dataclasses.asdict(set_state(services().db, False, "reject", version))
+    options = _options(ResumeRequest)
+    state = dataclasses.asdict(set_state(services().db, False, "reject", _version(options)))
     record_now(services().db, caller(), "resume", "engine", state)
     return jsonify(state)

@@ -11,22 +11,22 @@ import os
 import tempfile
 from pathlib import Path
 
-from flask import Blueprint, Response, request, send_file, stream_with_context
+from flask import Blueprint, Response, send_file, stream_with_context
 
 from polar.errors import ValidationError
 from polar.records.audit import record_now
 from polar.training.export_formats import MEDIA_TYPES, check_format, jsonl_chunks, write_parquet
 from polar.training.exports import ExportSummary, check_kind, export_rows, export_summary
 from web.api.auth import caller
-from web.api.requests import parse_id, services
+from web.api.requests import parse_id, query_arg, services
 
 blueprint = Blueprint("exports", __name__, url_prefix="/v1/batches")
 
 
 def _min_reward() -> float | None:
-    raw = request.args.get("min_reward", "").strip()
-    if not raw:
-        return None
+    raw = query_arg("min_reward")
+    if raw is None:
+        return None  # given but empty is a mistake (a 400 below), not "no threshold"
     try:
         value = float(raw)
     except ValueError:
@@ -48,8 +48,8 @@ def _headers(summary: ExportSummary) -> dict[str, str]:
 
 @blueprint.get("/<batch_id>/export")
 def export(batch_id: str) -> Response:
-    kind = check_kind(request.args.get("kind", "rl"))
-    fmt = check_format(request.args.get("format", "jsonl"))
+    kind = check_kind(query_arg("kind", "rl") or "")
+    fmt = check_format(query_arg("format", "jsonl") or "")
     min_reward = _min_reward()
     batch = parse_id(batch_id, "batch")
     summary = export_summary(services(), batch, kind, min_reward)

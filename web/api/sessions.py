@@ -1,10 +1,12 @@
-"""``/v1/sessions/<id>``: one session, its captured calls, its trajectories."""
+"""``/v1/sessions/<id>``: one session, its state changes, its captured calls, its trajectories."""
 
 from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
+from polar.inspection.timeline import session_timeline
 from polar.lifecycle.sessions import get_session, session_calls, session_trajectories
+from polar.serialization import events_json
 from web.api.requests import parse_id, services
 
 blueprint = Blueprint("sessions", __name__, url_prefix="/v1/sessions")
@@ -13,6 +15,12 @@ blueprint = Blueprint("sessions", __name__, url_prefix="/v1/sessions")
 @blueprint.get("/<session_id>")
 def show(session_id: str) -> Response:
     return jsonify(get_session(services(), parse_id(session_id, "session")))
+
+
+@blueprint.get("/<session_id>/events")
+def events(session_id: str) -> Response:
+    session = parse_id(session_id, "session")
+    return jsonify(events_json(session, session_timeline(services(), session)))
 
 
 @blueprint.get("/<session_id>/calls")

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, current_app, jsonify
 
 from polar.errors import ValidationError
 from polar.training.feed import wait_for_feed
 from polar.training.wait_slots import WaitSlots
-from web.api.requests import int_arg, parse_id, services
+from web.api.requests import IntArg, parse_id, query_arg, services
 
 blueprint = Blueprint("trajectories", __name__, url_prefix="/v1/trajectories")
 
 MAX_WAIT_S = 60.0
+FEED_AFTER = IntArg("after", 0, 0, 2**62)
+FEED_LIMIT = IntArg("limit", 100, 1, 1000)
+GROUPS_VALUES = frozenset({"true", "false", "1", "0"})  # compared lower-cased
 
 
 def _wait() -> float:
-    raw = request.args.get("wait", "0")
+    raw = query_arg("wait", "0") or ""
     try:
         wait = float(raw)
     except ValueError:
@@ -26,8 +29,8 @@ def _wait() -> float:
 
 
 def _groups() -> bool:
-    raw = request.args.get("groups", "false").lower()
-    if raw not in {"true", "false", "1", "0"}:
+    raw = (query_arg("groups", "false") or "").lower()
+    if raw not in GROUPS_VALUES:
         raise ValidationError("groups: must be true or false", field="groups")
     return raw in {"true", "1"}
 
@@ -40,12 +43,12 @@ def _slots() -> WaitSlots:
 
 @blueprint.get("")
 def feed() -> Response:
-    batch = request.args.get("batch_id")
+    batch = query_arg("batch_id")
     page = wait_for_feed(
         services(),
-        parse_id(batch, "batch") if batch else None,
-        after=int_arg("after", 0, 0, 2**62),
-        limit=int_arg("limit", 100, 1, 1000),
+        None if batch is None else parse_id(batch, "batch"),  # an empty batch_id is no batch, not "every batch"
+        after=FEED_AFTER.read(),
+        limit=FEED_LIMIT.read(),
         groups=_groups(),
         wait_s=_wait(),
         slots=_slots(),

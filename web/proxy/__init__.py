@@ -12,6 +12,7 @@ from flask import Flask, Response, current_app, jsonify, request, stream_with_co
 from werkzeug.exceptions import HTTPException
 
 from polar.config import Config, load_config
+from polar.observability import ProxyMetrics, exposition
 from polar.protocols import detect, openai_chat, protocol_for_errors
 from polar.proxy import EnginePool, ProxyAnswer, ProxyService
 from polar.storage.database import open_database
@@ -59,6 +60,7 @@ def _handle(key: str | None, agent: str | None, path: str) -> Response:
     if found is None:
         protocol = protocol_for_errors(path, headers)
         body = protocol.render_error(404, f"no such route: {request.method} /{path.strip('/')}")
+        _service().metrics.answered(protocol.PROVIDER, "unknown", 404)
         return _respond(ProxyAnswer(404, body))
     return _respond(_service().handle(found, key or _key_from_request(), agent, raw))
 
@@ -67,12 +69,19 @@ def create_app(config: Config | None = None) -> Flask:
     config = config or load_config()
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
-    engines = EnginePool(config.engine_urls, config.engine_timeout_s)
-    app.extensions["polar_proxy"] = ProxyService(config, open_database(config, "proxy"), engines)
+    metrics = ProxyMetrics()
+    engines = EnginePool(config.engine_urls, config.engine_timeout_s, metrics=metrics)
+    app.extensions["polar_proxy"] = ProxyService(config, open_database(config, "proxy"), engines, metrics=metrics)
 
     @app.get("/healthz")
     def healthz() -> Response:
         return jsonify({"status": "ok"})
+
+    @app.get("/metrics")
+    def prometheus() -> Response:
+        # Open, like the engines' own /metrics: aggregates only (docs/metrics.md).
+        body, content_type = exposition(metrics.registry)
+        return Response(body, content_type=content_type)
 
     methods = ["GET", "POST", "HEAD"]
 
@@ -96,11 +105,13 @@ def create_app(config: Config | None = None) -> Flask:
         status = exc.code or 500
         headers = {name.lower(): value for name, value in request.headers.items()}
         protocol = protocol_for_errors(request.path, headers)
+        metrics.answered(protocol.PROVIDER, "unknown", status)
         return jsonify(protocol.render_error(status, exc.description or exc.name)), status
 
     @app.errorhandler(Exception)
     def unexpected(exc: Exception) -> tuple[Response, int]:
         app.logger.exception("unhandled proxy error")
+        metrics.answered("unknown", "unknown", 500)
         return jsonify(openai_chat.render_error(500, f"internal proxy error: {type(exc).__name__}")), 500
 
     return app

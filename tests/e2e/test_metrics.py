@@ -1,0 +1,137 @@
+"""Prometheus metrics end to end: the API's and the proxy's ``/metrics`` (gunicorn, two proxy workers whose
+numbers must add up) and each stage worker's own endpoint scrape cleanly with ``prometheus_client``'s parser
+before and after a batch, and the series move by exactly what the batch did: the proxy's calls, phases and tokens
+match the captured calls, the call-limit refusal is counted, all four stages counted their tasks, the sessions
+are shown completed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from polar.launcher import metrics_urls
+from tests.conftest import redis_database
+from tests.prometheus import Scrape, scrape
+from tests.support import RunningStack, running_stack, wait_until
+
+REPO = str(Path(__file__).resolve().parents[2])
+STAGES = ("init", "ready", "run", "postrun")
+
+
+@pytest.fixture(scope="module")
+def stack(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    tmp = tmp_path_factory.mktemp("metrics")
+    with (
+        redis_database() as broker,
+        running_stack(module_database_url, broker, tmp, env={"POLAR_PLUGIN_MODULES": "tests.e2e"}) as running,
+    ):
+        yield running
+
+
+def calculator(samples: int) -> dict:
+    return {"task_id": "calc", "instruction": "What is 17 * 23?", "num_samples": samples, "timeout_seconds": 120,
+            "harness": {"name": "python", "command": "polar.agents.calculator:run"}}  # fmt: skip
+
+
+def runaway() -> dict:
+    """Asks three times, allowed one call: the second is refused with a 429 (and the harness exits 0)."""
+    env = {"PYTHONPATH": REPO, "LOOP_CALLS": "3", "LOOP_EXPECT_ANSWERS": "1"}
+    return {"task_id": "runaway", "instruction": "Say something.", "timeout_seconds": 120, "max_calls": 1,
+            "harness": {"name": "python", "command": "tests.e2e.agents.looping:run", "env": env}}  # fmt: skip
+
+
+def scrape_all(stack: RunningStack) -> dict[str, Scrape]:
+    """Every endpoint, by process name; each must parse, and every series is Polar's."""
+    urls = {"api": f"{stack.api_url}/metrics", "proxy": f"{stack.proxy_url}/metrics",
+            **metrics_urls(list(stack.stack.specs.values()))}  # fmt: skip
+    scrapes = {name: scrape(url, stack.api_headers if name == "api" else None) for name, url in urls.items()}
+    for name, found in scrapes.items():
+        assert all(family.startswith("polar_") for family in found.families), (name, sorted(found.families))
+    return scrapes
+
+
+def test_every_endpoint_scrapes_and_the_series_move_with_a_batch(stack: RunningStack) -> None:
+    assert httpx.get(f"{stack.api_url}/metrics").status_code == 401  # the API's takes a token
+    before = scrape_all(stack)
+    assert set(before) == {"api", "proxy", *(f"worker-{stage}" for stage in STAGES)}
+    assert before["proxy"].value("polar_proxy_requests_total") == 0
+    assert before["proxy"].has("polar_engine_inflight_calls", engine=stack.engine_url)
+    assert before["api"].value("polar_database_up") == 1 and before["api"].value("polar_broker_up") == 1
+    assert before["api"].value("polar_sessions") == 0
+
+    submitted = stack.client.submit({"name": "metrics", "tasks": [calculator(2), runaway()]})
+    final = stack.wait(submitted["batch_id"])
+    sessions = list(stack.client.sessions(submitted["batch_id"]))
+    assert final["counts"] == {"completed": 3}, [s["error"] for s in sessions]
+    calls = [call for s in sessions for call in stack.client.calls(s["session_id"])]
+    answered = [call for call in calls if call["status_code"] == 200]
+    assert len(answered) >= 3
+
+    # The proxy: two gunicorn workers, one sum. Every answered call counted, timed in each phase, its tokens added.
+    proxy = scrape_all(stack)["proxy"]
+    assert proxy.value("polar_proxy_requests_total", protocol="openai_chat", operation="generate", status="200") == (
+        len(answered)
+    )
+    assert proxy.value("polar_proxy_requests_total", status="429") == 1
+    assert proxy.value("polar_proxy_rejected_calls_total", protocol="openai_chat", reason="max_calls") == 1
+    for phase in ("engine", "capture", "proxy", "total"):
+        count = proxy.value("polar_proxy_request_duration_seconds_count", protocol="openai_chat", phase=phase)
+        assert count == len(answered), phase
+    assert proxy.value("polar_proxy_request_duration_seconds_sum", phase="total") > 0
+    assert proxy.value("polar_proxy_prompt_tokens_total") == sum(len(c["prompt_token_ids"]) for c in answered)
+    assert proxy.value("polar_proxy_completion_tokens_total") == sum(len(c["completion_token_ids"]) for c in answered)
+    assert proxy.value("polar_engine_inflight_calls", engine=stack.engine_url) == 0
+
+    # The API's view of the deployment (read again once its short cache has expired).
+    def completed() -> Scrape | None:
+        api = scrape_all(stack)["api"]
+        return api if api.value("polar_sessions", state="completed") == 3 else None
+
+    api = wait_until(completed, timeout_s=15, message="the API's metrics to show 3 completed sessions")
+    assert api.value("polar_sessions") == 3
+    (node,) = api.labels("polar_node_up", "node")
+    assert api.value("polar_node_up", node=node) == 1
+    assert api.value("polar_ready_buffer_capacity", node=node) == 4  # twice the run concurrency
+    assert api.value("polar_ready_buffer_sessions", node=node) == 0
+    assert api.value("polar_queue_messages", queue="init") == 0 and api.has("polar_queue_messages", queue=f"run.{node}")
+    assert api.value("polar_api_requests_total", endpoint="batches.create", method="POST", status="201") == 1
+
+    # Each stage's worker: every session went through its stage, on this node, none raised.
+    def stages_done() -> dict[str, Scrape] | None:
+        found = scrape_all(stack)
+        settled = all(
+            found[f"worker-{stage}"].value("polar_stage_tasks_in_progress") == 0
+            and found[f"worker-{stage}"].value("polar_stage_tasks_total", stage=stage, outcome="ok") >= 3
+            for stage in STAGES
+        )
+        return found if settled else None
+
+    workers = wait_until(stages_done, timeout_s=15, message="every stage worker to count its tasks")
+    for stage in STAGES:
+        found = workers[f"worker-{stage}"]
+        assert found.labels("polar_stage_tasks_total", "node") == {node}, stage
+        assert found.value("polar_stage_tasks_total", stage=stage, outcome="error") == 0, stage
+        assert found.value("polar_stage_duration_seconds_count", stage=stage) == found.value(
+            "polar_stage_tasks_total", stage=stage
+        )
+        assert found.labels("polar_stage_tasks_total", "stage") == {stage}  # one endpoint per worker
+
+    # Each process group wrote to its own directory under the state directory.
+    groups = {path.name.split("-")[0] for path in (Path(stack.env["POLAR_STATE_DIR"]) / "metrics").iterdir()}
+    assert groups == {"api", "proxy", "worker"}
+
+
+def test_the_docs_scrape_commands_work(stack: RunningStack) -> None:
+    (block,) = re.findall(r"```sh\n(.*?)```", (Path(REPO) / "docs" / "metrics.md").read_text(), flags=re.S)
+    httpx.get(f"{stack.proxy_url}/v1/nothing-here")  # at least one request the proxy has counted
+    env = {**os.environ, "POLAR_API_URL": stack.api_url, "POLAR_PROXY_URL": stack.proxy_url,
+           "POLAR_API_TOKEN": stack.api_token}  # fmt: skip
+    for line in block.strip().splitlines():
+        ran = subprocess.run(["bash", "-c", f"set -o pipefail; {line}"], env=env, capture_output=True, text=True)
+        assert ran.returncode == 0 and ran.stdout.strip(), (line, ran.stderr)

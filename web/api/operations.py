@@ -1,0 +1,252 @@
+"""What each route of the rollout API takes and returns: the table ``web.api.openapi`` turns into ``/openapi.json``.
+
+Keyed by Flask endpoint (``blueprint.view``); the paths and methods come from the app's own url_map, the bodies'
+and responses' schemas from the pydantic models that validate requests (``polar.task_request``,
+``web.api.engine``) and the TypedDicts the serializers are typed with (``polar.serialization``, and the envelopes
+below). A route without an entry here, or an entry without a route, fails ``tests/web/api/test_openapi.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, NotRequired
+
+from pydantic import ConfigDict, with_config
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from typing_extensions on Python < 3.12
+
+from polar.serialization import (
+    BatchJSON,
+    CallJSON,
+    FeedItemJSON,
+    SessionEventsJSON,
+    SessionJSON,
+    SessionPageJSON,
+    TrajectoryJSON,
+    UUIDString,
+)
+from polar.task_request import BatchRequest
+from polar.training.export_formats import FORMATS, MEDIA_TYPES
+from polar.training.exports import KINDS
+from web.api.batches import MAX_IDEMPOTENCY_KEY, SESSIONS_LIMIT, SESSIONS_OFFSET
+from web.api.engine import PauseRequest, ResumeRequest
+from web.api.trajectories import FEED_AFTER, FEED_LIMIT, MAX_WAIT_S
+
+Role = Literal["admin", "read", "open"]
+_CLOSED = ConfigDict(extra="forbid")
+
+
+@with_config(_CLOSED)
+class SubmittedJSON(TypedDict):
+    batch_id: UUIDString
+    num_sessions: int
+
+
+@with_config(_CLOSED)
+class CancelledJSON(TypedDict):
+    batch_id: UUIDString
+    cancelled: int  # sessions that had not started: ended at once
+    stopping: int  # sessions prepared or running: going through postrun
+
+
+@with_config(_CLOSED)
+class CallsJSON(TypedDict):
+    items: list[CallJSON]
+
+
+@with_config(_CLOSED)
+class TrajectoriesJSON(TypedDict):
+    items: list[TrajectoryJSON]
+
+
+@with_config(_CLOSED)
+class FeedPageJSON(TypedDict):
+    items: list[FeedItemJSON]
+    next_cursor: int  # pass as ``after`` next time
+
+
+@with_config(_CLOSED)
+class EngineStateJSON(TypedDict):
+    paused: bool
+    mode: Literal["reject", "wait"]
+    policy_version: str | None
+
+
+@with_config(_CLOSED)
+class HealthJSON(TypedDict):
+    status: Literal["ok", "unavailable"]
+    database: NotRequired[str]  # only when unavailable: the kind of database error
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    where: Literal["query", "header"]
+    schema: dict[str, Any]
+    description: str
+
+
+@dataclass(frozen=True)
+class Reply:
+    description: str
+    body: Any = None  # a type pydantic describes (TypedDict, model), answered as application/json
+    content: dict[str, dict[str, Any]] | None = None  # other media types: media type -> schema
+    headers: dict[str, dict[str, Any]] = field(default_factory=dict)  # header -> schema
+
+
+@dataclass(frozen=True)
+class Operation:
+    summary: str
+    tag: str
+    role: Role  # admin: the admin token only; read: either token; open: no token
+    replies: dict[int, Reply]
+    description: str = ""
+    params: tuple[Param, ...] = ()
+    body: type | None = None  # a pydantic model: the JSON body it validates
+    body_required: bool = False
+    errors: dict[int, str] = field(default_factory=dict)  # beyond those every operation of its kind has
+
+
+_EXPORT_HEADERS: dict[str, dict[str, Any]] = {
+    "X-Polar-Sessions": {"type": "integer", "minimum": 0},
+    "X-Polar-Accepted": {"type": "integer", "minimum": 0},
+    "X-Polar-Acceptance-Rate": {"type": "number", "minimum": 0, "maximum": 1},
+    "X-Polar-Rows": {"type": "integer", "minimum": 0},
+    "X-Polar-Tokens": {"type": "integer", "minimum": 0},
+    "Content-Disposition": {"type": "string"},
+}
+_PAGE = (
+    Param("limit", "query", SESSIONS_LIMIT.schema(), "Sessions per page."),
+    Param("offset", "query", SESSIONS_OFFSET.schema(), "Sessions to skip (a page's ``next_offset``)."),
+)
+_FEED = (
+    Param("batch_id", "query", {"type": "string", "format": "uuid"}, "Only this batch's trajectories."),
+    Param("after", "query", FEED_AFTER.schema(), "The cursor: the ``next_cursor`` of the previous page."),
+    Param("limit", "query", FEED_LIMIT.schema(), "Sessions (or groups) per page."),
+    Param("wait", "query", {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S, "default": 0},
+          "Seconds to long-poll while nothing is past the cursor."),
+    Param("groups", "query", {"type": "string", "pattern": "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee]|1|0)$",
+                              "default": "false"},
+          "true: only whole groups (all samples of a task settled), in the order they completed."),
+)  # fmt: skip
+_IDEMPOTENCY_KEY = Param(
+    "Idempotency-Key", "header", {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY},
+    "Replaying the same key with the same body returns the first batch instead of a new one.",
+)  # fmt: skip
+_EXPORT = (
+    Param("kind", "query", {"type": "string", "enum": list(KINDS), "default": "rl"},
+          "rl: one row per trajectory; sft: one conversation per accepted session."),
+    Param("format", "query", {"type": "string", "enum": list(FORMATS), "default": "jsonl"}, "The file format."),
+    Param("min_reward", "query", {"type": "number"}, "Keep sessions with reward >= this."),
+)  # fmt: skip
+
+OPERATIONS: dict[str, Operation] = {
+    "batches.create": Operation(
+        "Submit a batch",
+        "batches",
+        "admin",
+        {
+            201: Reply("Created: every task's ``num_samples`` sessions are pending.", SubmittedJSON),
+            200: Reply("A replay of an ``Idempotency-Key``: the batch the first request created.", SubmittedJSON),
+        },
+        description="Validated whole before anything is written; a 400 names the first bad field, e.g. "
+        "``tasks[0].harness.name``. ``defaults`` (any TaskRequest fields) are merged under every task.",
+        params=(_IDEMPOTENCY_KEY,),
+        body=BatchRequest,
+        body_required=True,
+        errors={409: "The Idempotency-Key was already used with a different body."},
+    ),
+    "batches.show": Operation(
+        "A batch's progress", "batches", "read", {200: Reply("Counts per state, each sample once.", BatchJSON)}
+    ),
+    "batches.sessions": Operation(
+        "A batch's sessions, a page at a time",
+        "batches",
+        "read",
+        {200: Reply("In task order, then sample, then attempt.", SessionPageJSON)},
+        params=_PAGE,
+    ),
+    "batches.cancel": Operation(
+        "Cancel a batch",
+        "batches",
+        "admin",
+        {202: Reply("Unstarted sessions end cancelled; started ones go through postrun.", CancelledJSON)},
+    ),
+    "exports.export": Operation(
+        "Download a batch as training data",
+        "batches",
+        "read",
+        {
+            200: Reply(
+                "The file, streamed; its counts in X-Polar-* headers.",
+                content={
+                    MEDIA_TYPES["jsonl"]: {"type": "string"},
+                    MEDIA_TYPES["parquet"]: {"type": "string", "contentEncoding": "binary"},
+                },
+                headers=_EXPORT_HEADERS,
+            )
+        },
+        params=_EXPORT,
+    ),
+    "sessions.show": Operation("One session", "sessions", "read", {200: Reply("The session.", SessionJSON)}),
+    "sessions.events": Operation(
+        "A session's state changes",
+        "sessions",
+        "read",
+        {200: Reply("Every state change, with the time spent in the state it entered.", SessionEventsJSON)},
+    ),
+    "sessions.calls": Operation(
+        "A session's captured model calls", "sessions", "read", {200: Reply("In order.", CallsJSON)}
+    ),
+    "sessions.trajectories": Operation(
+        "A session's reconstructed trajectories", "sessions", "read", {200: Reply("In order.", TrajectoriesJSON)}
+    ),
+    "trajectories.feed": Operation(
+        "The trainers' feed",
+        "feed",
+        "read",
+        {200: Reply("Trajectories of sessions that finished after the cursor.", FeedPageJSON)},
+        description="Long-polls up to ``wait`` seconds until finished sessions (or whole groups) exist past "
+        "``after``; an empty page keeps the cursor.",
+        params=_FEED,
+        errors={
+            404: "``batch_id`` is not a batch id.",
+            429: "This API process already holds as many long-polls as it may (POLAR_FEED_MAX_WAITERS).",
+        },
+    ),
+    "engine.show": Operation("The engine's pause state", "engine", "read", {200: Reply("", EngineStateJSON)}),
+    "engine.pause": Operation(
+        "Hold new model calls",
+        "engine",
+        "admin",
+        {200: Reply("Paused; returned once every proxy has seen it.", EngineStateJSON)},
+        description="While a trainer syncs weights: new calls get 429 + Retry-After (``reject``) or wait "
+        "(``wait``); calls in flight finish.",
+        body=PauseRequest,
+    ),
+    "engine.resume": Operation(
+        "Let model calls through again",
+        "engine",
+        "admin",
+        {200: Reply("Resumed.", EngineStateJSON)},
+        body=ResumeRequest,
+    ),
+    "health.healthz": Operation(
+        "Liveness",
+        "service",
+        "open",
+        {200: Reply("The database answers.", HealthJSON), 503: Reply("The database does not answer.", HealthJSON)},
+    ),
+    "metrics.prometheus": Operation(
+        "Prometheus metrics",
+        "service",
+        "read",
+        {200: Reply("The text exposition format (docs/metrics.md).", content={"text/plain": {"type": "string"}})},
+        description="Open without a token when POLAR_METRICS_PUBLIC=true.",
+    ),
+    "openapi.document": Operation(
+        "This description",
+        "service",
+        "open",
+        {200: Reply("OpenAPI 3.1.", content={"application/json": {"type": "object"}})},
+    ),
+}
