@@ -163,13 +163,16 @@ class PolarClient:
         """Yield each group (all samples of a task) of a batch as soon as it has finished, until the batch has."""
         cursor = 0
         while True:
-            page = self.feed(batch_id, after=cursor, wait_s=wait_s, groups=True)
+            # Read before the page: once the batch has finished, every group is committed, so the pages need no
+            # long-poll and the first empty one is the end (no wait_s spent after the last group).
+            finished = self.batch(batch_id)["status"] == "finished"
+            page = self.feed(batch_id, after=cursor, wait_s=0 if finished else wait_s, groups=True)
             groups: dict[str, list[dict[str, Any]]] = {}
             for item in page["items"]:
                 groups.setdefault(item["group_id"], []).append(item)
             yield from groups.values()
             cursor = page["next_cursor"]
-            if not page["items"] and self.batch(batch_id)["status"] == "finished":
+            if finished and not page["items"]:
                 return
 
     def pause(self, policy_version: str | None = None, mode: str = "reject") -> dict[str, Any]:
