@@ -1,5 +1,5 @@
-"""``compose.yaml`` runs every service DESIGN.md §1 lists, with the commands the README documents, and never runs
-open: no API token or Flower password, no deployment; Flower only on loopback."""
+"""``compose.yaml`` runs every service DESIGN.md §1 lists, with the commands docs/operations.md documents, and
+never runs open: no API token or Flower password, no deployment; Flower only on loopback."""
 
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ SERVICES = {
 }  # fmt: skip
 
 
-def test_compose_has_every_service_with_the_readme_commands() -> None:
+def test_compose_has_every_service_with_the_documented_commands() -> None:
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "operations.md").read_text()
     assert set(compose) >= SERVICES
     assert compose["vllm"]["profiles"] == ["gpu"]
     for name, service in compose.items():
         command = service.get("command")
         if isinstance(command, str) and name != "vllm":
-            assert f"`{command}`" in readme, f"{name}: {command!r} is not in the README"
+            assert f"`{command}`" in readme, f"{name}: {command!r} is not in docs/operations.md"
     for stage in ("init", "ready", "run", "postrun"):
         assert f"--queues {stage} " in compose[f"worker-{stage}"]["command"]
 

@@ -1,0 +1,186 @@
+"""Every shell and Python block of the README and docs/ runs here, as a reader would paste it, against one real
+stack (``tests/docs/test_doc_blocks.py`` checks the rest: JSON task requests validate, YAML and TOML parse;
+``test_sql_doc.py`` runs the SQL).
+
+A block runs with ``bash -euo pipefail`` in a scratch directory that holds ``batch.json`` (the request of
+docs/running-a-batch.md) and links to the checkout's ``.venv`` and ``polar/`` (for ``polar/datasets``). The
+reader's placeholders are filled in the way the docs say: a line ``export NAME=...`` means "set NAME yourself",
+and the test sets it (the stack's URLs and tokens, and ``BATCH_ID`` / ``SESSION_ID`` of a finished batch);
+the example host path ``/data`` becomes a directory of the test's. A block that cannot run here is listed in
+``NOT_RUN`` with the test that covers it instead."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from tests.conftest import redis_database
+from tests.doc_blocks import ROOT, Block, blocks
+from tests.support import RunningStack, running_stack
+
+T = TypeVar("T")
+READ_TOKEN = "doc-reader-" + "d" * 32
+PLACEHOLDER = re.compile(r"^export (\w+)=(?:\.\.\.|…)\s*(?:#.*)?$", re.M)
+# (page, text the block starts with) -> why it is not run here, and what runs it instead.
+NOT_RUN = {
+    ("README.md", "make demo"): "CI runs `make test` itself (.ci/run); tests/test_demo.py runs `polar demo`",
+    ("README.md", ".venv/bin/polar up"): "the stack this module starts stands in for it; tests/test_demo.py "
+    "runs `polar up` and checks what it prints",
+    ("docs/operations.md", "# on a second machine"): "starts a second machine's workers; tests/e2e/test_two_nodes.py "
+    "runs that layout",
+    ("docs/evaluators.md", "polar submit swe.jsonl"): "needs SWE-bench images and a Claude Code login; "
+    "tests/e2e/test_swebench.py submits SWE-bench rows the same way",
+}
+
+
+@dataclass
+class Reader:
+    """What a reader has in front of them: a shell in ``workdir`` with these variables set."""
+
+    stack: RunningStack
+    workdir: Path
+    env: dict[str, str]
+
+
+def runnable() -> list[Block]:
+    return [b for b in blocks("bash", "sh", "python") if _not_run_reason(b) is None]
+
+
+def _entry(table: dict[tuple[str, str], T], block: Block) -> T | None:
+    """The entry of ``table`` for ``block``: keys are (page, text the block starts with)."""
+    page = str(block.path.relative_to(ROOT))
+    return next((value for (where, start), value in table.items() if where == page and block.body.startswith(start)),
+                None)  # fmt: skip
+
+
+def _not_run_reason(block: Block) -> str | None:
+    return _entry(NOT_RUN, block)
+
+
+@pytest.fixture(scope="module")
+def reader(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reader]:
+    tmp = tmp_path_factory.mktemp("doc-commands")
+    data = tmp / "data"
+    (data / "repo").mkdir(parents=True)
+    (data / "repo" / "README").write_text("copied in by a prepare step\n")
+    workdir = tmp / "reader"
+    workdir.mkdir()
+    for name in (".venv", "polar"):
+        (workdir / name).symlink_to(ROOT / name)
+    [request] = [b for b in blocks("json") if b.path.name == "running-a-batch.md" and '"tasks"' in b.body]
+    (workdir / "batch.json").write_text(request.body.replace('"/data/', f'"{data}/'))
+    env = {"POLAR_API_READ_TOKEN": READ_TOKEN, "POLAR_COPY_ROOTS": str(data)}
+    with (
+        redis_database() as broker_url,
+        running_stack(module_database_url, broker_url, tmp, run_concurrency=4, env=env) as stack,
+    ):
+        batch_id = stack.client.submit(json.loads((workdir / "batch.json").read_text()))["batch_id"]
+        final = stack.wait(batch_id)
+        assert final["counts"] == {"completed": 4}, final
+        session_id = next(stack.client.sessions(batch_id))["session_id"]
+        shell = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("POLAR_")},
+            **{k: v for k, v in stack.env.items() if k.startswith("POLAR_")},
+            "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+            "POLAR_API_READ_TOKEN": READ_TOKEN,
+            "BATCH_ID": batch_id,
+            "SESSION_ID": session_id,
+        }
+        yield Reader(stack, workdir, shell)
+
+
+def run_shell(block: Block, reader: Reader) -> subprocess.CompletedProcess[str]:
+    supplied = PLACEHOLDER.findall(block.body)
+    assert set(supplied) <= set(reader.env), f"{block.where} asks the reader for {supplied}"
+    script = PLACEHOLDER.sub("", block.body)
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=reader.workdir, env=reader.env,
+                          capture_output=True, text=True, timeout=240)  # fmt: skip
+
+
+def run_python(block: Block, reader: Reader, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Run a Python block in the reader's directory; the names it leaves to the reader (a trainer's step) are
+    recorders."""
+    monkeypatch.chdir(reader.workdir)
+    for name in ("POLAR_API_URL", "POLAR_API_TOKEN"):
+        monkeypatch.setenv(name, reader.env[name])
+    seen: dict[str, list[Any]] = {"train_on": [], "sync_weights": []}
+    namespace: dict[str, Any] = {
+        "train_on": lambda group: seen["train_on"].append(group),
+        "sync_weights": lambda: seen["sync_weights"].append(None),
+    }
+    exec(compile(block.body, block.where, "exec"), namespace)  # the block is the repository's own doc
+    return {**namespace, "seen": seen}
+
+
+# What some blocks must print or leave behind, beyond exiting 0.
+Check = Callable[[subprocess.CompletedProcess[str], Reader], None]
+
+
+def _cli_page(ran: subprocess.CompletedProcess[str], reader: Reader) -> None:
+    batch_id = reader.env["BATCH_ID"]
+    assert ran.stdout.count(f"batch {batch_id}  demo: finished") == 2
+    assert f"session {reader.env['SESSION_ID']}" in ran.stdout
+    assert ran.stdout.endswith(f"{reader.stack.api_url}/ui/batches/{batch_id}\n")
+
+
+def _openapi(ran: subprocess.CompletedProcess[str], reader: Reader) -> None:
+    lines = ran.stdout.splitlines()
+    assert lines[0].startswith("3.1") and "/v1/batches" in lines
+
+
+def _not_found(ran: subprocess.CompletedProcess[str], reader: Reader) -> None:
+    assert json.loads(ran.stdout)["error"]["status"] == 404  # as docs/api.md says: unknown id
+
+
+def _console(ran: subprocess.CompletedProcess[str], reader: Reader) -> None:
+    assert ran.stdout.strip() == "200" and reader.env["BATCH_ID"] in (reader.workdir / "batch.html").read_text()
+
+
+def _tour(ran: subprocess.CompletedProcess[str], reader: Reader) -> None:
+    rows = (reader.workdir / "rl.jsonl").read_text().splitlines()
+    assert rows and all("loss_mask" in json.loads(row) for row in rows)
+
+
+def _generate(ran: subprocess.CompletedProcess[str], reader: Reader) -> None:
+    assert (reader.workdir / "sft.jsonl").read_text().count("\n") >= 1  # the policy answers right: kept
+
+
+CHECKS: dict[tuple[str, str], Check] = {
+    ("docs/cli.md", ""): _cli_page,
+    ("docs/api.md", "curl -sf"): _openapi,
+    ("docs/api.md", "curl -s -H"): _not_found,
+    ("docs/console.md", ""): _console,
+    ("README.md", ""): _tour,
+    ("docs/evaluators.md", "polar generate"): _generate,
+}
+
+
+@pytest.mark.parametrize("block", runnable(), ids=[b.where for b in runnable()])
+def test_the_block_runs_as_written(block: Block, reader: Reader, monkeypatch: pytest.MonkeyPatch) -> None:
+    if block.language == "python":
+        ran = run_python(block, reader, monkeypatch)
+        if "iter_groups" in block.body:
+            assert len(ran["seen"]["train_on"]) == len(ran["seen"]["sync_weights"]) == 1  # batch.json: one task
+            engine = httpx.get(f"{reader.stack.api_url}/v1/engine", headers=reader.stack.api_headers).json()
+            assert engine["paused"] is False  # the loop resumed after its last sync
+        return
+    ran = run_shell(block, reader)
+    assert ran.returncode == 0, f"{block.where}:\n{ran.stdout[-3000:]}\n{ran.stderr[-3000:]}"
+    check = _entry(CHECKS, block)
+    if check is not None:
+        check(ran, reader)
+
+
+def test_every_block_not_run_here_exists_and_says_what_covers_it() -> None:
+    skipped = [b for b in blocks("bash", "sh", "python") if _not_run_reason(b) is not None]
+    assert len(skipped) == len(NOT_RUN), "a NOT_RUN entry names a block the docs no longer have"
+    assert all("test" in why for why in NOT_RUN.values())
