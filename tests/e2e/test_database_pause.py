@@ -16,6 +16,8 @@ from polar.storage.migration import upgrade
 from tests.private_services import PrivatePostgres
 from tests.support import command_task, running_stack, wait_until
 
+pytestmark = pytest.mark.long  # dealt to a test process first (tests/conftest.py)
+
 
 @pytest.fixture
 def postgres() -> Iterator[PrivatePostgres]:

@@ -9,8 +9,11 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support import command_task, free_port, running_stack, wait_until
+
+pytestmark = pytest.mark.long  # dealt to a test process first (tests/conftest.py)
 
 USER, PASSWORD = "ops", "flower-password"
 

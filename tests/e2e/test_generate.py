@@ -10,10 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from datasets import load_dataset
 
 from polar.datasets import ARITHMETIC_ROWS, ARITHMETIC_TEMPLATE
 from tests.support import running_stack
+
+pytestmark = pytest.mark.long  # dealt to a test process first (tests/conftest.py)
 
 POLAR = Path(sys.executable).parent / "polar"
 EXPECTED = {row["id"]: row["answer"] for row in map(json.loads, ARITHMETIC_ROWS.read_text().splitlines())}

@@ -19,6 +19,8 @@ import pytest
 from polar.harnesses.install import PACKAGES, install
 from tests.support import RunningStack, running_stack
 
+pytestmark = pytest.mark.long  # dealt to a test process first (tests/conftest.py)
+
 REPO = str(Path(__file__).resolve().parents[2])
 CLIS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi")
 # Known failures, each with the exact error seen; strict, so a CLI that starts working is noticed.

@@ -8,10 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from polar.harnesses.install import PACKAGES, install
 from tests.docker_engine import containers_of, require_docker_image
 from tests.e2e.test_harness_clis import CLIS
 from tests.support import running_stack
+
+pytestmark = pytest.mark.long  # dealt to a test process first (tests/conftest.py)
 
 REPO = str(Path(__file__).resolve().parents[2])
 BACKENDS = ("bwrap", "docker")

@@ -38,7 +38,7 @@ def services(stack: RunningStack) -> list[str]:
 def probe_task(backend: str, targets: list[str]) -> dict[str, object]:
     source = base64.b64encode(PROBE.read_bytes()).decode()
     code = f"import base64, sys; sys.argv[0] = 'probe'; exec(base64.b64decode('{source}'))"
-    command = f"{sys.executable} -c \"{code}\" {' '.join(targets)}"
+    command = f'{sys.executable} -c "{code}" {" ".join(targets)}'
     return command_task(f"probe-{backend}", command, runtime={"backend": backend}, timeout_seconds=120)
 
 

@@ -9,10 +9,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from polar.harnesses.install import install
 from tests.docker_engine import containers_of, require_docker_image
 from tests.support import running_stack, wait_until
 from tests.swebench_repo import FIXED, TEST_CMD, WRONG, SweRepo, build_swe_repo
+
+pytestmark = pytest.mark.long  # dealt to a test process first (tests/conftest.py)
 
 # What each session's model is told (tool_user creates "FILE containing CONTENT" with the harness's own tool).
 INSTRUCTIONS = {

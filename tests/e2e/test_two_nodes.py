@@ -8,7 +8,11 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
+import pytest
+
 from tests.support import running_stack
+
+pytestmark = pytest.mark.long  # dealt to a test process first (tests/conftest.py)
 
 NODES = ("node-a", "node-b")
 TASKS, SAMPLES = 12, 4  # 48 sessions
