@@ -30,6 +30,7 @@ from polar.inspection import (
 from polar.inspection.overview import STATES
 from polar.lifecycle.batches import batch_status
 from polar.lifecycle.sessions import get_session, list_sessions
+from polar.lifecycle.states import TERMINAL
 from polar.serialization import batch_json
 from web.api.requests import int_arg, parse_id, services
 from web.console.blueprint import blueprint
@@ -39,6 +40,13 @@ SESSIONS_PER_PAGE = 100
 TASKS_PER_PAGE = 50
 CALLS_PER_PAGE = 20
 TOKEN_TEXT = "polar.console.token_text"  # app.extensions key of the app's TokenText
+REFRESH_S = 5  # a page of a batch or session still moving reloads itself this often
+_TERMINAL = frozenset(state.value for state in TERMINAL)
+
+
+@blueprint.context_processor
+def _refresh() -> dict[str, int]:
+    return {"REFRESH_S": REFRESH_S}
 
 
 def _offset(name: str) -> int:
@@ -82,15 +90,18 @@ def batch(batch_id: str) -> str:
         task_offset=_offset("tasks"),
         tasks_per_page=TASKS_PER_PAGE,
         states=STATES,
+        live=summary["status"] != "finished",
     )
 
 
 @blueprint.get("/sessions/<session_id>")
 def session_page(session_id: str) -> str:
     identifier = parse_id(session_id, "session")
+    session = get_session(services(), identifier)
     return render_template(
         "console/session.html",
-        session=get_session(services(), identifier),
+        session=session,
+        live=session["state"] not in _TERMINAL,
         timeline=session_timeline(services(), identifier),
         trajectories=trajectory_summaries(services(), identifier),
         calls=call_page(services(), identifier, offset=_offset("calls"), limit=CALLS_PER_PAGE),

@@ -259,3 +259,19 @@ def test_the_batch_page_counts_and_accepts(app: Flask, rows: dict[str, str]) -> 
     assert '<dd id="acceptance">0%' in html  # one finished sample, reward 0.0
     accepting = client.get(f"/ui/batches/{rows['batch']}?min_reward=0", headers=bearer(READ)).get_data(as_text=True)
     assert '<dd id="acceptance">100%' in accepting
+
+
+def test_pages_of_work_still_moving_reload_themselves(app: Flask, rows: dict[str, str]) -> None:
+    batch_id, task_pk, session_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    with app.extensions["polar"].db.unit() as db:
+        db.add(Batch(id=batch_id, name="moving", request_hash="h", num_sessions=1, defaults={}))
+        db.flush()
+        db.add(Task(id=task_pk, batch_id=batch_id, position=0, task_id="t", num_samples=1, spec={}))
+        db.flush()
+        db.add(Session(id=session_id, batch_id=batch_id, task_pk=task_pk, task_id="t", sample_index=0, state="running"))
+    client = app.test_client()
+    refresh = '<meta http-equiv="refresh" content="5">'
+    for path in (f"/ui/batches/{batch_id}", f"/ui/sessions/{session_id}"):
+        assert refresh in client.get(path, headers=bearer(READ)).get_data(as_text=True), path
+    for path in (f"/ui/batches/{rows['batch']}", f"/ui/sessions/{rows['session']}", f"/ui/calls/{rows['call']}"):
+        assert refresh not in client.get(path, headers=bearer(READ)).get_data(as_text=True), path  # finished: still
