@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -223,13 +221,3 @@ def test_logging_out(stack: RunningStack, page: Page) -> None:
     page.goto(f"{stack.api_url}/ui/")
     assert page.evaluate("location.pathname") == "/ui/login"
     assert page.errors == []
-
-
-def test_the_docs_command_fetches_a_page(stack: RunningStack, batch: dict[str, Any], tmp_path: Path) -> None:
-    doc = (Path(REPO) / "docs" / "console.md").read_text()
-    (command,) = re.findall(r"```sh\n(.*?)```", doc, flags=re.S)
-    env = {**os.environ, "POLAR_API_URL": stack.api_url, "POLAR_API_READ_TOKEN": READ_TOKEN,
-           "BATCH_ID": batch["batch_id"]}  # fmt: skip
-    done = subprocess.run(["bash", "-eu", "-c", command], env=env, cwd=tmp_path, capture_output=True, text=True)
-    assert (done.returncode, done.stdout) == (0, "200\n"), done.stderr
-    assert "<title>Batch console &lt;e2e&gt; · Polar console</title>" in (tmp_path / "batch.html").read_text()
