@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 from polar.engine.settings import EngineSettings
@@ -36,6 +37,20 @@ class Capacity:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.request_success_total = 0
+        # The integral of `running` over time: busy slot-seconds, so a benchmark reads exact occupancy between
+        # two scrapes instead of sampling a gauge (not a vLLM metric; the reference engine's own).
+        self._busy_slot_s = 0.0
+        self._changed_at = time.monotonic()
+
+    def _account(self) -> None:
+        now = time.monotonic()
+        self._busy_slot_s += self.running * (now - self._changed_at)
+        self._changed_at = now
+
+    def busy_slot_seconds(self) -> float:
+        """Slot-seconds spent running sequences since the engine started."""
+        self._account()
+        return self._busy_slot_s
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -45,10 +60,12 @@ class Capacity:
             await self._slots.acquire()
         finally:
             self.waiting -= 1
+        self._account()
         self.running += 1
         try:
             yield
         finally:
+            self._account()
             self.running -= 1
             self._slots.release()
 
@@ -100,4 +117,12 @@ class Capacity:
         lines: list[str] = []
         for name, kind, text in _GAUGES:
             lines += [f"# HELP vllm:{name} {text}", f"# TYPE vllm:{name} {kind}", f"vllm:{name}{labels} {values[name]}"]
+        lines += [
+            "# HELP polar_engine_busy_slot_seconds_total Slot-seconds spent running sequences (reference engine).",
+            "# TYPE polar_engine_busy_slot_seconds_total counter",
+            f"polar_engine_busy_slot_seconds_total {self.busy_slot_seconds():.6f}",
+            "# HELP polar_engine_slots The engine's max_num_seqs (reference engine).",
+            "# TYPE polar_engine_slots gauge",
+            f"polar_engine_slots {self._settings.max_num_seqs}",
+        ]
         return "\n".join(lines) + "\n"

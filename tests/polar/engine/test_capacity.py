@@ -49,3 +49,20 @@ def test_metrics_text() -> None:
     assert 'vllm:prompt_tokens_total{engine="0",model_name="qwen3"} 30.0' in after
     assert 'vllm:generation_tokens_total{engine="0",model_name="qwen3"} 20.0' in after
     assert "# TYPE vllm:num_requests_waiting gauge" in after
+
+
+def test_busy_slot_seconds_integrate_running_sequences() -> None:
+    capacity = Capacity(EngineSettings(max_num_seqs=4))
+
+    async def one() -> None:
+        async with capacity.slot():
+            await asyncio.sleep(0.2)
+
+    async def main() -> None:
+        await asyncio.gather(one(), one())  # two slots busy for 0.2 s
+        await asyncio.sleep(0.1)  # idle: adds nothing
+
+    asyncio.run(main())
+    assert 0.38 < capacity.busy_slot_seconds() < 0.5
+    text = capacity.metrics_text()
+    assert "polar_engine_slots 4" in text and "# TYPE polar_engine_busy_slot_seconds_total counter" in text

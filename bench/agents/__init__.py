@@ -1,0 +1,1 @@
+"""Harnesses the benchmarks run (``POLAR_PLUGIN_MODULES=bench.agents``)."""
