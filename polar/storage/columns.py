@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 
+class IntArrayLiteral(sa.types.TypeDecorator[list[int]]):
+    """``integer[]`` bound as one ``{1,2,3}`` text literal cast on the server. psycopg's list dumper adapts a list
+    element by element (~22 ms for a 31k-token prompt here); joining the digits costs ~2 ms and Postgres parses
+    the literal in the INSERT it was going to run anyway (~8 ms in all)."""
+
+    impl = postgresql.ARRAY(sa.Integer())
+    cache_ok = True
+
+    def bind_expression(self, bindvalue: sa.BindParameter[list[int]]) -> sa.ColumnElement[list[int]]:
+        return sa.cast(bindvalue, postgresql.ARRAY(sa.Integer()))
+
+    def bind_processor(self, dialect: sa.Dialect) -> Callable[[list[int] | None], str | None]:
+        # Replaces (not wraps) ARRAY's own processing: the value leaves as one string.
+        def literal(value: list[int] | None) -> str | None:
+            return None if value is None else "{" + ",".join(map(str, map(int, value))) + "}"
+
+        return literal
+
+
 def int_array() -> sa.types.TypeEngine[list[int]]:
     """Token ids: ``integer[]`` in Postgres so users can query them in SQL."""
-    return sa.JSON().with_variant(postgresql.ARRAY(sa.Integer()), "postgresql")
+    return sa.JSON().with_variant(IntArrayLiteral(), "postgresql")
 
 
 def real_array() -> sa.types.TypeEngine[list[float]]:
