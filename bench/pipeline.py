@@ -34,7 +34,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,16 +42,15 @@ from typing import Any
 
 import httpx
 import psycopg
-import redis
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for bench.*
+
+from bench.deployment import scratch_deployment
 from polar.client import PolarClient
-from polar.launcher import Stack, free_port, pipeline_env, pipeline_specs
-from polar.storage.migration import upgrade
-from polar.storage.scratch import create_database, drop_database
+from polar.launcher import Stack, pipeline_specs
 
 REPO = Path(__file__).resolve().parents[1]
-ADMIN_DSN = os.environ.get("POLAR_BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-BROKER_URL = os.environ.get("POLAR_BENCH_REDIS", "redis://127.0.0.1:6379") + "/13"
+REDIS_DB = 13
 GOALS = {"makespan / ideal": "<= 1.10", "steady-state occupancy": ">= 95 %"}
 
 
@@ -111,20 +109,17 @@ def _task(index: int, args: argparse.Namespace, baseline: bool) -> dict[str, Any
 
 
 def _session_times(database_url: str) -> dict[str, Any]:
-    """Per session: when it entered init (or running), running, and a terminal state; per task, its group's end."""
+    """When each session started running, in order, and when each task's group (all its samples) ended."""
     query = """
         SELECT s.id, s.task_id, e.to_state, extract(epoch FROM e.at)
         FROM session_events e JOIN sessions s ON s.id = e.session_id ORDER BY e.at, e.id"""
     with psycopg.connect(database_url.replace("+psycopg", "")) as connection:
         rows = connection.execute(query).fetchall()
-    first: dict[Any, float] = {}
     started: dict[Any, float] = {}
     ended: dict[Any, float] = {}
     tasks: dict[Any, str] = {}
     for session_id, task_id, to_state, at in rows:
         tasks[session_id] = task_id
-        if to_state in ("init", "running"):
-            first.setdefault(session_id, float(at))
         if to_state == "running":
             started.setdefault(session_id, float(at))
         if to_state in ("completed", "failed", "timed_out", "cancelled"):
@@ -132,35 +127,19 @@ def _session_times(database_url: str) -> dict[str, Any]:
     groups: dict[str, float] = {}
     for session_id, at in ended.items():
         groups[tasks[session_id]] = max(groups.get(tasks[session_id], 0.0), at)
-    longest = max(ended[s] - first[s] for s in ended if s in first)
-    return {"started": sorted(started.values()), "groups": sorted(groups.values()), "longest": longest}
-
-
-def _flush_broker() -> None:
-    client = redis.Redis.from_url(BROKER_URL)
-    try:
-        client.flushdb()
-    finally:
-        client.close()
+    return {"started": sorted(started.values()), "groups": sorted(groups.values())}
 
 
 def run_configuration(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
-    tmp = Path(tempfile.mkdtemp(prefix="polar-bench-pipeline-"))
-    database_url = create_database(ADMIN_DSN, "polar_bench")
-    upgrade(database_url)
-    _flush_broker()
-    ports = {"engine": free_port(), "api": free_port(), "proxy": free_port()}
-    env = {
-        **pipeline_env(database_url, BROKER_URL, ports, tmp / "state", args.run_concurrency, tmp / "sessions"),
-        "POLAR_PLUGIN_MODULES": "bench.agents",
-    }
     engine_args = ["--policy-config", json.dumps({"tokens": args.answer_tokens}), "--max-num-seqs", str(args.slots),
                    "--decode-rate", str(args.decode_rate), "--prefill-rate", str(args.prefill_rate)]  # fmt: skip
-    specs = pipeline_specs(ports, "echo", engine_args, args.run_concurrency)
-    engine_url = env["POLAR_ENGINE_URLS"]
     samples, stop = Samples(), threading.Event()
-    try:
-        with Stack(specs, env, tmp / "logs"):
+    plugins = {"POLAR_PLUGIN_MODULES": "bench.agents"}
+    with scratch_deployment("pipeline", REDIS_DB, args.run_concurrency, plugins) as deployment:
+        env = deployment.env
+        specs = pipeline_specs(deployment.ports, "echo", engine_args, args.run_concurrency)
+        engine_url = env["POLAR_ENGINE_URLS"]
+        with Stack(specs, env, deployment.tmp / "logs"):
             client = PolarClient(env["POLAR_API_URL"], env["POLAR_API_TOKEN"])
             sampler = threading.Thread(target=_sample, args=(engine_url, args.sample_ms / 1000, samples, stop))
             try:
@@ -176,17 +155,19 @@ def run_configuration(args: argparse.Namespace, baseline: bool) -> dict[str, Any
                 if sampler.is_alive():
                     sampler.join()
                 client.close()
-        sessions = _session_times(database_url)
-    finally:
-        drop_database(ADMIN_DSN, database_url)
-        _flush_broker()
+        sessions = _session_times(deployment.database_url)
     return _figures(args, final, submitted_at, finished_at, busy, samples, sessions)
 
 
 def _figures(args: argparse.Namespace, final: dict[str, Any], submitted_at: float, finished_at: float, busy: float,
              samples: Samples, sessions: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     makespan = finished_at - submitted_at
-    ideal = max(busy / args.slots, sessions["longest"])
+    # The longest session on its own: its prepare, calls, slowest tool time and scoring with nothing to wait for.
+    decode = args.answer_tokens / args.decode_rate if args.decode_rate > 0 else 0.0
+    has_slow = 0 < args.slow_every <= args.tasks  # a task with the slow tool time exists
+    tool = max(args.tool_s, args.slow_tool_s) if has_slow else args.tool_s
+    longest = args.init_s + args.calls * decode + (args.calls - 1) * tool + args.eval_s
+    ideal = max(busy / args.slots, longest)
     last_start = sessions["started"][-1]
     waiting = samples.window(submitted_at, last_start)  # some session has not started running yet
     full = next((t for t, r in zip(samples.times, samples.running, strict=True) if r >= args.slots), None)

@@ -15,10 +15,8 @@ Needs PostgreSQL (``POLAR_BENCH_ADMIN_DSN``, default the local ``test`` database
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import tempfile
 import time
 from collections import deque
 from datetime import datetime
@@ -26,27 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import redis
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for bench.*
+
+from bench.deployment import scratch_deployment
 from polar.client import PolarClient
-from polar.launcher import Stack, free_port, pipeline_env, pipeline_specs
-from polar.storage.migration import upgrade
-from polar.storage.scratch import create_database, drop_database
+from polar.launcher import Stack, pipeline_specs
 
-ADMIN_DSN = os.environ.get("POLAR_BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-BROKER_URL = os.environ.get("POLAR_BENCH_REDIS", "redis://127.0.0.1:6379") + "/12"
+REDIS_DB = 12
 EXPLAIN = (
     "gap = time from a session leaving `running` (its postrun event: a run slot frees) to the next session "
     "entering `running` (the next harness start); slots freed after the last session started are not counted."
 )
-
-
-def _flush_broker() -> None:
-    client = redis.Redis.from_url(BROKER_URL)
-    try:
-        client.flushdb()
-    finally:
-        client.close()
 
 
 def _events(database_url: str) -> list[tuple[Any, str, datetime, str | None]]:
@@ -79,16 +68,6 @@ def _gaps(events: list[tuple[Any, str, datetime, str | None]]) -> tuple[list[flo
 
 
 def _run(args: argparse.Namespace, ready_buffer: int) -> dict[str, Any]:
-    tmp = Path(tempfile.mkdtemp(prefix="polar-bench-prewarm-"))
-    database_url = create_database(ADMIN_DSN, "polar_bench")
-    upgrade(database_url)
-    _flush_broker()
-    ports = {"engine": free_port(), "api": free_port(), "proxy": free_port()}
-    env = {
-        **pipeline_env(database_url, BROKER_URL, ports, tmp / "state", args.run_concurrency, tmp / "sessions"),
-        "POLAR_READY_BUFFER": str(ready_buffer),
-    }
-    specs = pipeline_specs(ports, "echo", (), args.run_concurrency, proxy_workers=1, proxy_threads=8)
     task = {
         "task_id": "prewarm",
         "instruction": "x",
@@ -96,8 +75,11 @@ def _run(args: argparse.Namespace, ready_buffer: int) -> dict[str, Any]:
         "harness": {"name": "command", "command": f"sleep {args.run_s}"},
         "runtime": {"prepare": [{"run": f"sleep {args.init_s}"}]},
     }
-    try:
-        with Stack(specs, env, tmp / "logs"):
+    buffer = {"POLAR_READY_BUFFER": str(ready_buffer)}
+    with scratch_deployment("prewarm", REDIS_DB, args.run_concurrency, buffer) as deployment:
+        env = deployment.env
+        specs = pipeline_specs(deployment.ports, "echo", (), args.run_concurrency, proxy_workers=1, proxy_threads=8)
+        with Stack(specs, env, deployment.tmp / "logs"):
             client = PolarClient(env["POLAR_API_URL"], env["POLAR_API_TOKEN"])
             try:
                 started = time.monotonic()
@@ -106,10 +88,7 @@ def _run(args: argparse.Namespace, ready_buffer: int) -> dict[str, Any]:
                 client_wall = time.monotonic() - started
             finally:
                 client.close()
-        gaps, wall, buffered_max, ready_max = _gaps(_events(database_url))
-    finally:
-        drop_database(ADMIN_DSN, database_url)
-        _flush_broker()
+        gaps, wall, buffered_max, ready_max = _gaps(_events(deployment.database_url))
     return {
         "counts": final["counts"],
         "gaps": gaps,
