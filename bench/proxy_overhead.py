@@ -5,13 +5,23 @@ Prints p50/p99 latency of each path, the added latency (proxied minus direct, pe
 throughput ratio. Needs PostgreSQL (``POLAR_BENCH_ADMIN_DSN``, default the local ``test`` database).
 
     python bench/proxy_overhead.py [--requests 2000] [--proxy-workers 2] [--proxy-threads 32]
+    python bench/proxy_overhead.py --agent [--max-prompt-tokens 40000]
+
+``--agent`` replays one agent-shaped session instead: a 40-tool list (~20 KB of JSON schemas), a 1,200-word system
+prompt, and a history that grows by the model's answer (64 tokens) and a 300-word tool result per call, to
+``--max-prompt-tokens``; each call is sent straight to the engine and then through the proxy, streamed and not, with
+TITO (``token_in_token_out``) off and on. Per prompt-size band it prints the added latency (p50), the proxy's own
+time and its capture time (Server-Timing), the proxy workers' CPU per call (from /proc) and the bytes each call
+stores in ``model_calls``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import random
 import re
 import statistics
 import sys
@@ -19,6 +29,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -45,10 +56,11 @@ class _NoDispatch:
         """The benchmark makes its session running by hand; nothing is queued."""
 
 
-def _running_session(url: str, tmp: Path) -> str:
+def _running_session(url: str, tmp: Path, tito: bool = False) -> str:
     config = load_config({"POLAR_DATABASE_URL": url, "POLAR_READY_BUFFER": "0"}, cwd=tmp)
     services = Services(config, Database(url), _NoDispatch(), "bench")
-    body = {"tasks": [{"task_id": "bench", "instruction": "x", "harness": {"name": "command", "command": "true"}}]}
+    task = {"task_id": "bench", "instruction": "x", "harness": {"name": "command", "command": "true"}}
+    body = {"tasks": [{**task, "token_in_token_out": tito}]}
     batch_id = submit_batch(services, parse_batch_request(body), request_hash(body)).batch_id
     key = "pk-bench-" + uuid.uuid4().hex
     with services.db.unit() as db:
@@ -93,6 +105,146 @@ async def _load(
     return latencies, total / elapsed
 
 
+# Pseudo-words from syllables: text that tokenizes like prose and compresses like it (a repeated handful of
+# words would compress ~10x better than real prompts and flatter the stored bytes).
+SYLLABLES = ["ka", "lo", "mi", "ter", "an", "dus", "ve", "ro", "pin", "sal", "eth", "or", "ub", "qua", "ne", "fi"]
+WORDS = [a + b + c for a in SYLLABLES for b in SYLLABLES for c in ("", "s", "ing", "ed")]
+BANDS = ((0, 8_000), (8_000, 16_000), (16_000, 24_000), (24_000, 40_000))
+
+
+def _text(words: int, seed: int) -> str:
+    return " ".join(random.Random(seed).choices(WORDS, k=words))
+
+
+def _tools(count: int = 40) -> list[dict[str, Any]]:
+    """A Claude-Code-sized tool list: ~20 KB of JSON schemas."""
+    properties = {f"arg_{j}": {"type": "string", "description": _text(12, j)} for j in range(5)}
+    return [{"type": "function", "function": {"name": f"tool_{i}", "description": _text(30, i),
+             "parameters": {"type": "object", "properties": properties, "required": ["arg_0"]}}}
+            for i in range(count)]  # fmt: skip
+
+
+def _cpu_seconds(master_pid: int) -> float:
+    """User + system CPU of the proxy's gunicorn workers (the master's children)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{master_pid}/task/{master_pid}/children").read_text().split()
+    total = 0
+    for pid in children:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
+def _stored_bytes(database_url: str) -> list[int]:
+    query = """SELECT coalesce(pg_column_size(request), 0) + coalesce(pg_column_size(normalized_request), 0)
+                      + coalesce(pg_column_size(response), 0) + pg_column_size(prompt_token_ids)
+                      + pg_column_size(completion_token_ids) + pg_column_size(logprobs)
+               FROM model_calls ORDER BY created_at"""
+    with psycopg.connect(database_url.replace("+psycopg", "")) as connection:
+        return [row[0] for row in connection.execute(query).fetchall()]
+
+
+def _replay(stack: Stack, engine_port: int, proxy_port: int, database_url: str, tmp: Path, max_prompt_tokens: int,
+            stream: bool, tito: bool) -> list[dict[str, float]]:  # fmt: skip
+    """One agent session, call by call: direct then proxied, with what each proxied call cost."""
+    key = _running_session(database_url, tmp, tito)
+    direct = f"http://127.0.0.1:{engine_port}/v1/chat/completions"
+    proxied = f"http://127.0.0.1:{proxy_port}/s/{key}/v1/chat/completions"
+    before_calls = len(_stored_bytes(database_url))
+    task = "Fix the failing test in the repository."
+    messages: list[dict[str, Any]] = [{"role": "system", "content": _text(1200, 0)}, {"role": "user", "content": task}]
+    tools, rows = _tools(), []
+    master = stack.processes["proxy"].pid
+    with httpx.Client(timeout=120) as client:
+        for turn in range(200):
+            body = {"model": "polar-reference", "messages": messages, "tools": tools, "stream": stream}
+            if stream:
+                body["stream_options"] = {"include_usage": True}
+            for _ in range(2):  # the second, warm (the engine has seen this prompt), is the one subtracted
+                started = time.perf_counter()
+                with client.stream("POST", direct, json=body) as response:
+                    response.read()
+                direct_ms = (time.perf_counter() - started) * 1000
+            cpu = _cpu_seconds(master)
+            started = time.perf_counter()
+            with client.stream("POST", proxied, json=body) as response:
+                response.read()
+                timing = dict(re.findall(r"(\w+);dur=([\d.]+)", response.headers.get("server-timing", "")))
+                if response.status_code != 200:
+                    raise SystemExit(f"proxy answered {response.status_code}: {response.text[:500]}")
+                usage = _usage(response.text, stream)
+            proxied_ms = (time.perf_counter() - started) * 1000
+            rows.append({
+                "prompt_tokens": usage["prompt_tokens"],
+                "added_ms": proxied_ms - direct_ms,
+                "proxy_ms": float(timing.get("proxy", 0)) - float(timing.get("engine", 0)),
+                "capture_ms": float(timing.get("capture", 0)),
+                "cpu_ms": (_cpu_seconds(master) - cpu) * 1000,
+            })  # fmt: skip
+            if usage["prompt_tokens"] >= max_prompt_tokens:
+                break
+            messages += [{"role": "assistant", "content": usage["content"]},
+                         {"role": "user", "content": "Tool result: " + _text(300, turn)}]  # fmt: skip
+    for row, size in zip(rows, _stored_bytes(database_url)[before_calls:], strict=False):
+        row["stored_bytes"] = size
+    return rows
+
+
+def _usage(text: str, stream: bool) -> dict[str, Any]:
+    """Prompt tokens and the answer's text, from a response body or an SSE stream (with usage in its last chunk)."""
+    if not stream:
+        body = json.loads(text)
+        return {"prompt_tokens": body["usage"]["prompt_tokens"], "content": body["choices"][0]["message"]["content"]}
+    content, prompt_tokens = [], 0
+    for line in text.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices") or []:
+                content.append((choice.get("delta") or {}).get("content") or "")
+            if chunk.get("usage"):
+                prompt_tokens = chunk["usage"]["prompt_tokens"]
+    return {"prompt_tokens": prompt_tokens, "content": "".join(content)}
+
+
+def _agent_report(rows: list[dict[str, float]], label: str) -> None:
+    for low, high in BANDS:
+        band = [r for r in rows if low <= r["prompt_tokens"] < high]
+        if not band:
+            continue
+        median = {k: statistics.median(r[k] for r in band if k in r) for k in band[0]}
+        median["cpu_ms"] = statistics.fmean(r["cpu_ms"] for r in band)  # /proc counts 10 ms ticks: a mean, not p50
+        print(f"{label:>18} {f'{low // 1000}k-{high // 1000}k':>9} {len(band):>5} {median['added_ms']:>9.1f} "
+              f"{median['proxy_ms']:>9.1f} {median['capture_ms']:>10.1f} {median['cpu_ms']:>8.1f} "
+              f"{median.get('stored_bytes', 0) / 1024:>10.1f}")  # fmt: skip
+
+
+def _agent(args: argparse.Namespace) -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="polar-bench-"))
+    database_url = create_database(ADMIN_DSN, "polar_bench")
+    upgrade(database_url)
+    engine_port, proxy_port = free_port(), free_port()
+    env = {"POLAR_DATABASE_URL": database_url, "POLAR_ENGINE_URLS": f"http://127.0.0.1:{engine_port}"}
+    specs = [
+        engine_spec(engine_port, "echo", ["--policy-config", '{"tokens": 64}', "--max-model-len", "131072"]),
+        gunicorn_spec("proxy", "web.proxy:create_app()", proxy_port, args.proxy_workers, args.proxy_threads),
+    ]
+    try:
+        with Stack(specs, env, tmp / "logs") as stack:
+            proxy = f"gunicorn gthread {args.proxy_workers}x{args.proxy_threads}"
+            print(f"agent replay: sessions to {args.max_prompt_tokens} prompt tokens, 40 tools, engine echo 64 "
+                  f"tokens zero delay; proxy {proxy}; {os.cpu_count()} cores")  # fmt: skip
+            print(f"{'session':>18} {'prompt':>9} {'calls':>5} {'added ms':>9} {'proxy ms':>9} {'capture ms':>10} "
+                  f"{'CPU ms':>8} {'stored KiB':>10}   (p50 per band; CPU: mean)")  # fmt: skip
+            for stream in (False, True):
+                for tito in (False, True):
+                    limit = args.max_prompt_tokens
+                    rows = _replay(stack, engine_port, proxy_port, database_url, tmp, limit, stream, tito)
+                    _agent_report(rows, f"{'stream' if stream else 'json'}, TITO {'on' if tito else 'off'}")
+    finally:
+        drop_database(ADMIN_DSN, database_url)
+    return 0
+
+
 def _percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 10) - 1]
 
@@ -102,7 +254,12 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--proxy-workers", type=int, default=2)
     parser.add_argument("--proxy-threads", type=int, default=32)
+    parser.add_argument("--agent", action="store_true", help="Replay agent-sized sessions (see above).")
+    parser.add_argument("--max-prompt-tokens", type=int, default=40_000,
+                        help="With --agent: each session ends with its first call this long.")  # fmt: skip
     args = parser.parse_args()
+    if args.agent:
+        return _agent(args)
     tmp = Path(tempfile.mkdtemp(prefix="polar-bench-"))
     database_url = create_database(ADMIN_DSN, "polar_bench")
     upgrade(database_url)
