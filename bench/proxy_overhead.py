@@ -60,7 +60,8 @@ def _running_session(url: str, tmp: Path, tito: bool = False) -> str:
     config = load_config({"POLAR_DATABASE_URL": url, "POLAR_READY_BUFFER": "0"}, cwd=tmp)
     services = Services(config, Database(url), _NoDispatch(), "bench")
     task = {"task_id": "bench", "instruction": "x", "harness": {"name": "command", "command": "true"}}
-    body = {"tasks": [{**task, "token_in_token_out": tito}]}
+    # One session stands in for many harnesses at once: lift the per-session in-flight limit (default 16).
+    body = {"tasks": [{**task, "token_in_token_out": tito, "max_concurrent_calls": 256}]}
     batch_id = submit_batch(services, parse_batch_request(body), request_hash(body)).batch_id
     key = "pk-bench-" + uuid.uuid4().hex
     with services.db.unit() as db:
