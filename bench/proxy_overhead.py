@@ -28,6 +28,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +73,39 @@ def _running_session(url: str, tmp: Path, tito: bool = False) -> str:
         )
     services.db.dispose()
     return key
+
+
+@dataclass(frozen=True)
+class _Deployment:
+    """The reference engine and the proxy (capturing to a throwaway database) the benchmark talks to."""
+
+    stack: Stack
+    database_url: str
+    tmp: Path
+    direct: str  # the engine's chat completions URL
+    proxy: str  # the proxy's base URL
+
+    def proxied(self, key: str) -> str:
+        return f"{self.proxy}/s/{key}/v1/chat/completions"
+
+
+@contextmanager
+def _deployment(args: argparse.Namespace, engine_args: list[str]) -> Iterator[_Deployment]:
+    tmp = Path(tempfile.mkdtemp(prefix="polar-bench-"))
+    database_url = create_database(ADMIN_DSN, "polar_bench")
+    try:
+        upgrade(database_url)
+        engine_port, proxy_port = free_port(), free_port()
+        env = {"POLAR_DATABASE_URL": database_url, "POLAR_ENGINE_URLS": f"http://127.0.0.1:{engine_port}"}
+        specs = [
+            engine_spec(engine_port, "echo", engine_args),
+            gunicorn_spec("proxy", "web.proxy:create_app()", proxy_port, args.proxy_workers, args.proxy_threads),
+        ]
+        with Stack(specs, env, tmp / "logs") as stack:
+            yield _Deployment(stack, database_url, tmp, f"http://127.0.0.1:{engine_port}/v1/chat/completions",
+                              f"http://127.0.0.1:{proxy_port}")  # fmt: skip
+    finally:
+        drop_database(ADMIN_DSN, database_url)
 
 
 CAPTURE = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
@@ -145,17 +181,16 @@ def _stored_bytes(database_url: str) -> list[int]:
         return [row[0] for row in connection.execute(query).fetchall()]
 
 
-def _replay(stack: Stack, engine_port: int, proxy_port: int, database_url: str, tmp: Path, max_prompt_tokens: int,
-            stream: bool, tito: bool) -> list[dict[str, float]]:  # fmt: skip
+def _replay(deployment: _Deployment, max_prompt_tokens: int, stream: bool, tito: bool) -> list[dict[str, float]]:
     """One agent session, call by call: direct then proxied, with what each proxied call cost."""
-    key = _running_session(database_url, tmp, tito)
-    direct = f"http://127.0.0.1:{engine_port}/v1/chat/completions"
-    proxied = f"http://127.0.0.1:{proxy_port}/s/{key}/v1/chat/completions"
+    database_url = deployment.database_url
+    direct = deployment.direct
+    proxied = deployment.proxied(_running_session(database_url, deployment.tmp, tito))
     before_calls = len(_stored_bytes(database_url))
     task = "Fix the failing test in the repository."
     messages: list[dict[str, Any]] = [{"role": "system", "content": _text(1200, 0)}, {"role": "user", "content": task}]
     tools, rows = _tools(), []
-    master = stack.processes["proxy"].pid
+    master = deployment.stack.processes["proxy"].pid
     with httpx.Client(timeout=120) as client:
         for turn in range(200):
             body = {"model": "polar-reference", "messages": messages, "tools": tools, "stream": stream}
@@ -220,29 +255,16 @@ def _agent_report(rows: list[dict[str, float]], label: str) -> None:
 
 
 def _agent(args: argparse.Namespace) -> int:
-    tmp = Path(tempfile.mkdtemp(prefix="polar-bench-"))
-    database_url = create_database(ADMIN_DSN, "polar_bench")
-    upgrade(database_url)
-    engine_port, proxy_port = free_port(), free_port()
-    env = {"POLAR_DATABASE_URL": database_url, "POLAR_ENGINE_URLS": f"http://127.0.0.1:{engine_port}"}
-    specs = [
-        engine_spec(engine_port, "echo", ["--policy-config", '{"tokens": 64}', "--max-model-len", "131072"]),
-        gunicorn_spec("proxy", "web.proxy:create_app()", proxy_port, args.proxy_workers, args.proxy_threads),
-    ]
-    try:
-        with Stack(specs, env, tmp / "logs") as stack:
-            proxy = f"gunicorn gthread {args.proxy_workers}x{args.proxy_threads}"
-            print(f"agent replay: sessions to {args.max_prompt_tokens} prompt tokens, 40 tools, engine echo 64 "
-                  f"tokens zero delay; proxy {proxy}; {os.cpu_count()} cores")  # fmt: skip
-            print(f"{'session':>18} {'prompt':>9} {'calls':>5} {'added ms':>9} {'proxy ms':>9} {'capture ms':>10} "
-                  f"{'CPU ms':>8} {'stored KiB':>10}   (p50 per band; CPU: mean)")  # fmt: skip
-            for stream in (False, True):
-                for tito in (False, True):
-                    limit = args.max_prompt_tokens
-                    rows = _replay(stack, engine_port, proxy_port, database_url, tmp, limit, stream, tito)
-                    _agent_report(rows, f"{'stream' if stream else 'json'}, TITO {'on' if tito else 'off'}")
-    finally:
-        drop_database(ADMIN_DSN, database_url)
+    with _deployment(args, ["--policy-config", '{"tokens": 64}', "--max-model-len", "131072"]) as deployment:
+        proxy = f"gunicorn gthread {args.proxy_workers}x{args.proxy_threads}"
+        print(f"agent replay: sessions to {args.max_prompt_tokens} prompt tokens, 40 tools, engine echo 64 "
+              f"tokens zero delay; proxy {proxy}; {os.cpu_count()} cores")  # fmt: skip
+        print(f"{'session':>18} {'prompt':>9} {'calls':>5} {'added ms':>9} {'proxy ms':>9} {'capture ms':>10} "
+              f"{'CPU ms':>8} {'stored KiB':>10}   (p50 per band; CPU: mean)")  # fmt: skip
+        for stream in (False, True):
+            for tito in (False, True):
+                rows = _replay(deployment, args.max_prompt_tokens, stream, tito)
+                _agent_report(rows, f"{'stream' if stream else 'json'}, TITO {'on' if tito else 'off'}")
     return 0
 
 
@@ -261,50 +283,37 @@ def main() -> int:
     args = parser.parse_args()
     if args.agent:
         return _agent(args)
-    tmp = Path(tempfile.mkdtemp(prefix="polar-bench-"))
-    database_url = create_database(ADMIN_DSN, "polar_bench")
-    upgrade(database_url)
-    engine_port, proxy_port = free_port(), free_port()
-    env = {"POLAR_DATABASE_URL": database_url, "POLAR_ENGINE_URLS": f"http://127.0.0.1:{engine_port}"}
-    specs = [
-        engine_spec(engine_port, "echo", ["--policy-config", '{"tokens": 16}']),
-        gunicorn_spec("proxy", "web.proxy:create_app()", proxy_port, args.proxy_workers, args.proxy_threads),
-    ]
-    try:
-        with Stack(specs, env, tmp / "logs"):
-            key = _running_session(database_url, tmp)
-            direct = f"http://127.0.0.1:{engine_port}/v1/chat/completions"
-            proxied = f"http://127.0.0.1:{proxy_port}/s/{key}/v1/chat/completions"
-            setup = f"gunicorn gthread {args.proxy_workers}x{args.proxy_threads}, capture to Postgres"
-            print(f"{args.requests} requests per run; engine: echo policy, 16 tokens, zero delay; proxy: {setup}")
-            print(f"{'concurrency':>11} {'path':>10} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
-            for concurrency in (1, 64):
-                results = {}
-                timings: dict[str, list[float]] = {}
-                runs = (
-                    ("direct", direct, BODY),
-                    ("direct+ids", direct, {**BODY, **CAPTURE}),
-                    ("proxied", proxied, BODY),
-                )
-                for name, url, body in runs:
-                    latencies, throughput = asyncio.run(_load(url, concurrency, args.requests, body, timings))
-                    results[name] = (_percentile(latencies, 50), _percentile(latencies, 99), throughput)
-                    print(f"{concurrency:>11} {name:>10} {results[name][0]:>8.2f} {results[name][1]:>8.2f} "
-                          f"{throughput:>8.0f}")  # fmt: skip
-                added50 = results["proxied"][0] - results["direct"][0]
-                added99 = results["proxied"][1] - results["direct"][1]
-                ratio = results["proxied"][2] / results["direct"][2]
-                print(f"{concurrency:>11} {'added':>10} {added50:>8.2f} {added99:>8.2f}   throughput ratio {ratio:.2f}")
-                errors = len(timings.pop("transport_errors", []))
-                inside = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in timings.items())
-                if errors:
-                    print(f"{'':>11} transport errors (connection reset between client and server): {errors}")
-                print(f"{'':>11} inside the proxy (Server-Timing p50 ms): {inside}")
-            with psycopg.connect(database_url.replace("+psycopg", "")) as connection:
-                stored = connection.execute("SELECT count(*) FROM model_calls").fetchone()
-            print(f"calls captured: {stored[0] if stored else 0}")
-    finally:
-        drop_database(ADMIN_DSN, database_url)
+    with _deployment(args, ["--policy-config", '{"tokens": 16}']) as deployment:
+        direct = deployment.direct
+        proxied = deployment.proxied(_running_session(deployment.database_url, deployment.tmp))
+        setup = f"gunicorn gthread {args.proxy_workers}x{args.proxy_threads}, capture to Postgres"
+        print(f"{args.requests} requests per run; engine: echo policy, 16 tokens, zero delay; proxy: {setup}")
+        print(f"{'concurrency':>11} {'path':>10} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
+        for concurrency in (1, 64):
+            results = {}
+            timings: dict[str, list[float]] = {}
+            runs = (
+                ("direct", direct, BODY),
+                ("direct+ids", direct, {**BODY, **CAPTURE}),
+                ("proxied", proxied, BODY),
+            )
+            for name, url, body in runs:
+                latencies, throughput = asyncio.run(_load(url, concurrency, args.requests, body, timings))
+                results[name] = (_percentile(latencies, 50), _percentile(latencies, 99), throughput)
+                print(f"{concurrency:>11} {name:>10} {results[name][0]:>8.2f} {results[name][1]:>8.2f} "
+                      f"{throughput:>8.0f}")  # fmt: skip
+            added50 = results["proxied"][0] - results["direct"][0]
+            added99 = results["proxied"][1] - results["direct"][1]
+            ratio = results["proxied"][2] / results["direct"][2]
+            print(f"{concurrency:>11} {'added':>10} {added50:>8.2f} {added99:>8.2f}   throughput ratio {ratio:.2f}")
+            errors = len(timings.pop("transport_errors", []))
+            inside = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in timings.items())
+            if errors:
+                print(f"{'':>11} transport errors (connection reset between client and server): {errors}")
+            print(f"{'':>11} inside the proxy (Server-Timing p50 ms): {inside}")
+        with psycopg.connect(deployment.database_url.replace("+psycopg", "")) as connection:
+            stored = connection.execute("SELECT count(*) FROM model_calls").fetchone()
+        print(f"calls captured: {stored[0] if stored else 0}")
     return 0
 
 
