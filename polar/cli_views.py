@@ -22,6 +22,7 @@ import click
 
 from polar.client import APIError, configured_client
 from polar.config import load_config
+from polar.lifecycle.states import TERMINAL
 
 # The lifecycle in order (DESIGN.md §2), each state with the stage it belongs to.
 STAGES: tuple[tuple[str, str], ...] = (
@@ -35,7 +36,6 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("timed_out", "done"),
     ("cancelled", "done"),
 )
-TERMINAL = frozenset(("completed", "failed", "timed_out", "cancelled"))
 BAR_WIDTH = 30
 
 

@@ -25,7 +25,6 @@ from polar.storage.models import Batch, Session, Task
 
 STATES: tuple[str, ...] = tuple(state.value for state in State)  # pipeline order: pending … cancelled
 UNASSIGNED = "(no node yet)"
-_FINISHED = frozenset(state.value for state in TERMINAL)
 
 
 @dataclass(frozen=True)
@@ -178,7 +177,7 @@ def _summary(task: Any, samples: list[Any], min_reward: float | None) -> TaskSum
     counts: dict[str, int] = {}
     for sample in samples:
         counts[sample.state] = counts.get(sample.state, 0) + 1
-    finished = [sample for sample in samples if sample.state in _FINISHED]
+    finished = [sample for sample in samples if sample.state in TERMINAL]
     rewards = tuple(float(s.reward) for s in finished if s.reward is not None)
     return TaskSummary(
         task_id=task.task_id,

@@ -41,7 +41,6 @@ TASKS_PER_PAGE = 50
 CALLS_PER_PAGE = 20
 TOKEN_TEXT = "polar.console.token_text"  # app.extensions key of the app's TokenText
 REFRESH_S = 5  # a page of a batch or session still moving reloads itself this often
-_TERMINAL = frozenset(state.value for state in TERMINAL)
 
 
 @blueprint.context_processor
@@ -101,7 +100,7 @@ def session_page(session_id: str) -> str:
     return render_template(
         "console/session.html",
         session=session,
-        live=session["state"] not in _TERMINAL,
+        live=session["state"] not in TERMINAL,
         timeline=session_timeline(services(), identifier),
         trajectories=trajectory_summaries(services(), identifier),
         calls=call_page(services(), identifier, offset=_offset("calls"), limit=CALLS_PER_PAGE),
