@@ -93,6 +93,12 @@ def token_role(supplied: str) -> str | None:
     return _role(app_tokens(current_app), supplied.strip()) if supplied.strip() else None
 
 
+def bearer_token() -> str | None:
+    """The token of the request's ``Authorization: Bearer <token>`` header (stripped), or None without one."""
+    scheme, _, supplied = request.headers.get("Authorization", "").partition(" ")
+    return supplied.strip() if scheme.lower() == "bearer" else None
+
+
 def caller() -> Caller:
     """The authenticated caller of the current request."""
     return g.polar_caller  # type: ignore[no-any-return]
@@ -108,9 +114,8 @@ def _role(tokens: Tokens, supplied: str) -> str | None:
 def _authenticate() -> None:
     if request.path in OPEN_PATHS or request.blueprint in current_app.extensions.get(SELF_AUTHENTICATING, ()):
         return
-    scheme, _, supplied = request.headers.get("Authorization", "").partition(" ")
-    supplied = supplied.strip()
-    role = _role(current_app.extensions["polar.tokens"], supplied) if scheme.lower() == "bearer" else None
+    supplied = bearer_token() or ""
+    role = _role(current_app.extensions["polar.tokens"], supplied) if supplied else None
     if role is None:
         log.warning("401 %s %s from %s: missing or wrong token", request.method, request.path, request.remote_addr)
         raise Unauthorized("missing or wrong bearer token (Authorization: Bearer <POLAR_API_TOKEN>)")

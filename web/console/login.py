@@ -22,7 +22,7 @@ from flask import Flask, Response, g, redirect, render_template, request, sessio
 
 from polar.errors import Unauthorized
 from polar.records.audit import Caller, actor
-from web.api.auth import Tokens, token_role
+from web.api.auth import Tokens, bearer_token, token_role
 from web.console.blueprint import blueprint
 
 log = logging.getLogger(__name__)
@@ -49,13 +49,13 @@ def _next_page(value: str | None) -> str:
 def _authenticate() -> Response | None:
     if request.endpoint in _OPEN_ENDPOINTS:
         return None
-    scheme, _, supplied = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() == "bearer":
+    supplied = bearer_token()
+    if supplied is not None:
         role = token_role(supplied)
         if role is None:
             log.warning("401 %s %s from %s: wrong token", request.method, request.path, request.remote_addr)
             raise Unauthorized("wrong bearer token (Authorization: Bearer <POLAR_API_TOKEN or POLAR_API_READ_TOKEN>)")
-        g.polar_caller = Caller(actor(role, supplied.strip()), request.remote_addr)
+        g.polar_caller = Caller(actor(role, supplied), request.remote_addr)
         return None
     signed_in = session.get("actor")
     if isinstance(signed_in, str):
