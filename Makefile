@@ -3,11 +3,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+TRAIN_STAMP := $(VENV)/.installed-train-stamp
 # Test processes: every stack a test starts has its own database, Redis database and ports, so files run in
-# parallel; on 2 cores two processes take the suite from ~21 to ~15 minutes (docs/development.md).
+# parallel; on 2 cores two processes take about half the time of one (docs/development.md has the figures).
 TEST_WORKERS ?= 2
+TORCH_CPU ?= 2.13.0+cpu
 
-.PHONY: demo test install services lint up clean
+.PHONY: demo test install services lint up clean rl-demo
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,10 +17,21 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The `train` extra (torch, transformers) for the torch engine backend: make test and make rl-demo, not make demo.
+# torch's CPU wheel where the machine has one (the default wheel pulls CUDA), else plain torch.
+$(TRAIN_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet 'torch==$(TORCH_CPU)' || $(BIN)/python -m pip install --quiet torch
+	$(BIN)/python -m pip install --quiet -e '.[dev,train]'
+	touch $(TRAIN_STAMP)
+
 install: $(STAMP)
 
 demo: install
 	$(BIN)/polar demo
+
+# GRPO on a CPU through Polar (examples/grpo_cpu): writes rl-demo/steps.jsonl and rl-demo/reward.png.
+rl-demo: $(TRAIN_STAMP)
+	$(BIN)/python -m examples.grpo_cpu.train --out rl-demo
 
 up: install
 	$(BIN)/polar up
@@ -26,7 +39,7 @@ up: install
 services:
 	bash scripts/ensure-services.sh
 
-test: install services
+test: $(TRAIN_STAMP) services
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
@@ -35,4 +48,4 @@ lint: install
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) .polar demo-trajectories.jsonl .pytest_cache
+	rm -rf $(VENV) .polar demo-trajectories.jsonl .pytest_cache rl-demo

@@ -18,6 +18,8 @@ Figures, per configuration:
   ``--sample-ms``);
 - idle while sessions wait: the fraction of time, while some session has not yet started running, that the
   engine runs nothing (and, "underfed", fewer than all its slots);
+- the same occupancy as the proxy's ``/metrics`` observe it (``polar_engine_call_seconds_total``, the seconds of
+  requests it had in flight, over slots x makespan): what an operator sees of a real engine;
 - makespan against the ideal: max(total engine slot-seconds / slots, the longest session on its own);
 - groups: when each task's group (all its samples) was finished, from submission (p50 / max).
 
@@ -66,12 +68,13 @@ class Samples:
         return self.running[lo:hi]
 
 
-def _scrape(engine_url: str) -> dict[str, float]:
-    values = {}
-    for line in httpx.get(f"{engine_url}/metrics", timeout=5).text.splitlines():
+def _scrape(url: str) -> dict[str, float]:
+    """A /metrics page, each series summed over its labels."""
+    values: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
-            values[name.split("{")[0]] = float(value)
+            values[name.split("{")[0]] = values.get(name.split("{")[0], 0.0) + float(value)
     return values
 
 
@@ -143,20 +146,25 @@ def run_configuration(args: argparse.Namespace, baseline: bool) -> dict[str, Any
             client = PolarClient(env["POLAR_API_URL"], env["POLAR_API_TOKEN"])
             sampler = threading.Thread(target=_sample, args=(engine_url, args.sample_ms / 1000, samples, stop))
             try:
+                proxy_url = env["POLAR_PROXY_URL"]
                 before = _scrape(engine_url)["polar_engine_busy_slot_seconds_total"]
+                proxy_before = _scrape(proxy_url)["polar_engine_call_seconds_total"]
                 sampler.start()
                 submitted_at = time.time()
                 batch = client.submit({"tasks": [_task(i, args, baseline) for i in range(args.tasks)]})
                 final = client.wait(batch["batch_id"], timeout_s=3600, poll_s=0.2)
                 finished_at = time.time()
                 busy = _scrape(engine_url)["polar_engine_busy_slot_seconds_total"] - before
+                proxy_busy = _scrape(proxy_url)["polar_engine_call_seconds_total"] - proxy_before
             finally:
                 stop.set()
                 if sampler.is_alive():
                     sampler.join()
                 client.close()
         sessions = _session_times(deployment.database_url)
-    return _figures(args, final, submitted_at, finished_at, busy, samples, sessions)
+    figures = _figures(args, final, submitted_at, finished_at, busy, samples, sessions)
+    figures["proxy_occupancy"] = proxy_busy / (args.slots * figures["makespan_s"])
+    return figures
 
 
 def _figures(args: argparse.Namespace, final: dict[str, Any], submitted_at: float, finished_at: float, busy: float,
@@ -198,6 +206,7 @@ ROWS = [
     ("ideal, s", "ideal_s", "{:.1f}"),
     ("makespan / ideal", "ratio", "{:.2f}"),
     ("occupancy over the batch", "occupancy", "{:.1%}"),
+    ("  as the proxy's /metrics see it", "proxy_occupancy", "{:.1%}"),
     ("steady-state occupancy", "steady", "{:.1%}"),
     ("steady state lasted, s", "steady_s", "{:.1f}"),
     ("engine idle while sessions wait", "idle_waiting", "{:.1%}"),

@@ -27,6 +27,15 @@ def main() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--model", default="polar-reference", show_default=True, help="Served model name.")
+@click.option("--backend", type=click.Choice(["policy", "torch"]), default="policy", show_default=True,
+              help="policy: a scripted policy writes the turns; torch: a small seeded Qwen2-style model samples "
+                   "them (pip install 'polar[train]'), new weights via POST /v1/load_weights.")  # fmt: skip
+@click.option(
+    "--weights",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="With --backend torch: start from these weights (a safetensors file) instead of the seed's.",
+)
 @click.option("--policy", default="scripted", show_default=True, help="Policy name or module:Class.")
 @click.option("--policy-config", default="{}", help="Policy configuration as JSON.")
 @click.option("--strip-earlier-reasoning", is_flag=True, help="Drop <think> of earlier turns, as Qwen3 does.")
@@ -36,10 +45,21 @@ def main() -> None:
 @click.option("--max-model-len", default=32768, show_default=True, type=int)
 @click.option("--log", "log_path", default=None, help="Append every served request's token ids to this JSONL file.")
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--api", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True,
+              help="Wire protocol: vLLM's OpenAI-compatible API or SGLang's native /generate API.")  # fmt: skip
+@click.option("--weight-version", default=None, help="The weight version reported until /update_weight_version.")
+@click.option("--export-tokenizer", default=None, metavar="DIR",
+              help="Write the engine's tokenizer and chat template as a Hugging Face tokenizer directory and exit "
+                   "(what Polar's proxy renders SGLang prompts with).")  # fmt: skip
 def engine(**options: Any) -> None:
-    """Run the reference engine (vLLM's OpenAI-compatible protocol on the CPU)."""
+    """Run the reference engine (vLLM's OpenAI-compatible protocol, or SGLang's native one, on the CPU)."""
     from polar.engine import EngineSettings, serve
 
+    if options["export_tokenizer"]:
+        from polar.engine.hf_export import export_tokenizer
+
+        click.echo(export_tokenizer(Path(options["export_tokenizer"]), options["model"]))
+        return
     try:
         policy_config = json.loads(options.pop("policy_config"))
     except json.JSONDecodeError as exc:
@@ -48,6 +68,8 @@ def engine(**options: Any) -> None:
         host=options["host"],
         port=options["port"],
         model=options["model"],
+        backend=options["backend"],
+        weights=options["weights"],
         policy=options["policy"],
         policy_config=policy_config,
         plugin_modules=load_config().plugin_modules,
@@ -58,6 +80,8 @@ def engine(**options: Any) -> None:
         max_model_len=options["max_model_len"],
         log_path=options["log_path"],
         seed=options["seed"],
+        api=options["api"],
+        weight_version=options["weight_version"],
     )
     serve(settings)
 
@@ -396,6 +420,38 @@ def harness_install(names: tuple[str, ...], show: bool) -> None:
         raise click.ClickException(str(exc)) from exc
     for name, version in versions.items():
         click.echo(f"{name:12} {version}")
+
+
+@harness.command("check")
+@click.argument("name")
+@click.option("--turns", default=20, show_default=True, type=click.IntRange(1, 500), help="Tool steps of the plan.")
+@click.option("--tito", is_flag=True, help="Token-in-token-out on (token_in_token_out in the task).")
+@click.option("--runtime", type=click.Choice(["local", "bwrap", "docker"]), default=None,
+              help="Where the harness runs (default: the deployment's default runtime).")  # fmt: skip
+@click.option("--command", "command", default=None, help="With NAME=command: the shell command ({instruction}).")
+@click.option("--no-reasoning", is_flag=True, help="The model gives no reasoning block.")
+@click.option("--long-output", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Lines every 'run' step prints (to trigger the harness's compaction).")  # fmt: skip
+@click.option("--dir", "state_dir", default=".polar-check", show_default=True, type=click.Path(path_type=Path))
+def harness_check(
+    name: str, turns: int, tito: bool, runtime: str | None, command: str | None, no_reasoning: bool,
+    long_output: int, state_dir: Path,
+) -> None:  # fmt: skip
+    """Run NAME (a preset, or `command` with --command) on a multi-step plan and show how its calls chain: per
+    call, chain extended or broken and why; per chain, the merge rate. Exits 1 when a break is unexplained."""
+    from polar.harnesses.check import check_task, render, run_check
+
+    if (name == "command") != (command is not None):
+        raise click.UsageError("--command goes with NAME=command (and NAME=command needs --command)")
+    task = check_task(name, turns, tito, runtime, command)
+    policy = {"steps": turns, "reasoning": not no_reasoning, "long_output_lines": long_output}
+    try:
+        report = run_check(state_dir, task, policy, click.echo)
+    except APIError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(render(report))
+    if not report.ok:
+        raise SystemExit(1)
 
 
 for _command in (cli_views.status, cli_views.logs, cli_views.open_console):  # polar status / logs / open

@@ -67,11 +67,13 @@ class PolarClient:
         return self._call("GET", f"/v1/batches/{batch_id}")  # type: ignore[no-any-return]
 
     def sessions(self, batch_id: str, page_size: int = 500) -> Iterator[dict[str, Any]]:
-        offset: int | None = 0
-        while offset is not None:
-            page = self._call("GET", f"/v1/batches/{batch_id}/sessions", params={"limit": page_size, "offset": offset})
+        params: dict[str, Any] = {"limit": page_size}
+        while True:
+            page = self._call("GET", f"/v1/batches/{batch_id}/sessions", params=params)
             yield from page["items"]
-            offset = page["next_offset"]
+            if page["next_after"] is None:
+                return
+            params["after"] = page["next_after"]
 
     def cancel(self, batch_id: str) -> dict[str, Any]:
         """Cancel a batch: unstarted sessions end at once, started ones go through postrun."""
@@ -80,8 +82,15 @@ class PolarClient:
     def session(self, session_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/sessions/{session_id}")  # type: ignore[no-any-return]
 
-    def calls(self, session_id: str) -> list[dict[str, Any]]:
-        return self._call("GET", f"/v1/sessions/{session_id}/calls")["items"]  # type: ignore[no-any-return]
+    def calls(self, session_id: str, page_size: int = 50) -> list[dict[str, Any]]:
+        """Every captured call of the session, whole, following ``/calls``' pages."""
+        calls: list[dict[str, Any]] = []
+        after: int | None = 0
+        while after is not None:
+            page = self._call("GET", f"/v1/sessions/{session_id}/calls", params={"limit": page_size, "after": after})
+            calls += page["items"]
+            after = page["next_after"]
+        return calls
 
     def events(self, session_id: str) -> dict[str, Any]:
         """The session's state changes, each with the time spent in the state it entered:

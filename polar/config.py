@@ -46,7 +46,12 @@ class Config:
     broker_url: str
     redis_url: str | None
     proxy_url: str = "http://127.0.0.1:8100"
+    # ``http://…`` (vLLM's protocol) or ``sglang+http://…`` (SGLang's native one): polar.proxy.engines.
     engine_urls: tuple[str, ...] = ("http://127.0.0.1:8000",)
+    # The model's tokenizer directory, which prompts for SGLang engines are rendered with (polar.proxy.renderers).
+    engine_tokenizer: str | None = None
+    # How often each proxy process checks its engines' /health and load (0: only when a call fails).
+    engine_health_interval_s: float = 2.0
     api_token: str | None = None
     # A second, read-only API token for trainers and viewers (web.api.auth).
     api_read_token: str | None = None
@@ -233,6 +238,18 @@ def _copy_roots(env: Mapping[str, str]) -> tuple[str, ...]:
     return roots
 
 
+def _engine_urls(urls: tuple[str, ...]) -> tuple[str, ...]:
+    """``POLAR_ENGINE_URLS`` entries, each checked for a known kind (a typo fails at start-up)."""
+    from polar.proxy.engines import parse_engine_url
+
+    for url in urls:
+        try:
+            parse_engine_url(url)
+        except ValidationError as exc:
+            raise ValidationError(f"POLAR_ENGINE_URLS: {exc}", field="POLAR_ENGINE_URLS") from exc
+    return urls
+
+
 RUNTIME_BACKENDS = ("local", "bwrap", "docker")
 
 
@@ -269,7 +286,9 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         broker_url=broker,
         redis_url=redis_url,
         proxy_url=(env.get("POLAR_PROXY_URL") or base.proxy_url).rstrip("/"),
-        engine_urls=engines or base.engine_urls,
+        engine_urls=_engine_urls(engines) or base.engine_urls,
+        engine_tokenizer=env.get("POLAR_ENGINE_TOKENIZER") or None,
+        engine_health_interval_s=_number(env, "POLAR_ENGINE_HEALTH_INTERVAL", base.engine_health_interval_s),
         api_token=env.get("POLAR_API_TOKEN") or None,
         api_read_token=env.get("POLAR_API_READ_TOKEN") or None,
         run_concurrency=run_concurrency,

@@ -3,10 +3,14 @@ the deployment behind ``polar up`` and ``polar demo``."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import socket
+import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 from polar.config import embedded_urls
 from polar.launcher import Stack, new_api_token, pipeline_env, pipeline_specs
@@ -15,9 +19,29 @@ from polar.storage.migration import upgrade
 DEFAULT_PORTS = {"engine": 8000, "proxy": 8100, "api": 8200}
 
 
+# Preferred ports this process has claimed: the lock files stay open (and locked) until it exits.
+_CLAIMS: list[IO[bytes]] = []
+
+
+def _claimed(port: int) -> bool:
+    """Whether this process now holds the machine-wide claim on ``port``: two embedded stacks started at once
+    would both find 8000 free, so only the one holding the claim takes it (the lock ends with the process)."""
+    claim = open(Path(tempfile.gettempdir()) / f"polar-embedded-port-{port}.lock", "ab")  # noqa: SIM115 (kept open)
+    try:
+        fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        claim.close()
+        return False
+    _CLAIMS.append(claim)
+    return True
+
+
 def _port(preferred: int) -> int:
-    """``preferred`` if it is free, else any free port (so a demo never collides with something running)."""
+    """``preferred`` if it is free and unclaimed, else any free port (a demo never collides with something
+    running)."""
     for candidate in (preferred, 0):
+        if candidate and not _claimed(candidate):
+            continue
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", candidate))
@@ -45,16 +69,23 @@ class Embedded:
 
 
 def embedded_stack(
-    state_dir: Path, run_concurrency: int = 4, accuracy: float = 0.75, api_token: str | None = None
+    state_dir: Path,
+    run_concurrency: int = 4,
+    accuracy: float = 0.75,
+    api_token: str | None = None,
+    policy: tuple[str, dict[str, Any]] | None = None,
+    engine_args: Sequence[str] = (),
 ) -> tuple[Embedded, Stack]:
     """Migrate the embedded database and describe the processes; the caller starts and stops the stack. The API
-    takes ``api_token``, or a new random one (``Embedded.api_token``) when it is None."""
+    takes ``api_token``, or a new random one (``Embedded.api_token``) when it is None. The engine runs ``policy``
+    (name, config) with ``engine_args``; by default the demo's arithmetic policy answering with ``accuracy``."""
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     ports = {name: _port(port) for name, port in DEFAULT_PORTS.items()}
     deployment = Embedded(state_dir, ports, api_token or new_api_token())
     env = deployment.env(run_concurrency)
     upgrade(env["POLAR_DATABASE_URL"])
-    policy = ["--policy-config", json.dumps({"accuracy": accuracy, "tool_name": "calculator"})]
-    specs = pipeline_specs(deployment.ports, "arithmetic", policy, run_concurrency, proxy_workers=1, proxy_threads=32)
+    name, config = policy or ("arithmetic", {"accuracy": accuracy, "tool_name": "calculator"})
+    args = ["--policy-config", json.dumps(config), *engine_args]
+    specs = pipeline_specs(deployment.ports, name, args, run_concurrency, proxy_workers=1, proxy_threads=32)
     return deployment, Stack(specs, env, state_dir / "logs")

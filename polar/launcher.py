@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from polar import instance
 from polar.lifecycle.dispatch import Stage
 
 PYTHON = sys.executable
@@ -177,6 +178,7 @@ class Stack:
     ) -> None:
         self.specs = {spec.name: spec for spec in specs}
         self.env = dict(env)
+        self.env.setdefault(instance.ENV, secrets.token_hex(8))  # its servers answer health checks with it
         self.log_dir = log_dir
         self.cwd = cwd  # where every process starts (default: this process's working directory)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -240,9 +242,11 @@ class Stack:
         if spec.health_url is None:
             return True
         try:
-            return httpx.get(spec.health_url, timeout=1.0).status_code == 200
+            response = httpx.get(spec.health_url, timeout=1.0)
         except httpx.HTTPError:
             return False
+        # Another stack's server on the port (ours lost the race to bind it) is not ours being ready.
+        return response.status_code == 200 and response.headers.get(instance.HEADER) == self.env[instance.ENV]
 
     def log(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"

@@ -7,7 +7,6 @@ and not there fails the schemathesis run, and the type check catches the reverse
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
@@ -15,7 +14,8 @@ from pydantic import ConfigDict, WithJsonSchema, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from typing_extensions on Python < 3.12
 
 from polar.clock import as_utc, iso
-from polar.storage.models import Batch, ModelCall, Session, Trajectory
+from polar.storage.captured import WholeCall
+from polar.storage.models import Batch, Session, Trajectory
 
 if TYPE_CHECKING:  # polar.inspection reads through this module; importing it here would be a cycle
     from polar.inspection.timeline import Timeline
@@ -84,7 +84,8 @@ class SessionJSON(TypedDict):
 class SessionPageJSON(TypedDict):
     items: list[SessionJSON]
     total: int
-    next_offset: int | None  # None on the last page
+    next_offset: int | None  # the ``offset`` of the next page; None on the last page or when reading by ``after``
+    next_after: str | None  # the ``after`` of the next page (a keyset cursor); None on the last page
 
 
 @with_config(_CLOSED)
@@ -103,13 +104,23 @@ class CallJSON(TypedDict):
     status_code: int
     latency_ms: float
     engine_latency_ms: float | None
-    policy_version: str | None
+    policy_version: str | None  # the policy version the call started under
+    policy_version_end: str | None  # the one it ended under
+    spans_policy_update: bool  # they differ: its sampled tokens came from two policies
+    engine_kind: str | None  # vllm | sglang
     request: dict[str, Any]
     normalized_request: dict[str, Any]
     response: dict[str, Any]
     created_at: Timestamp
     prompt_parent_id: UUIDString | None
     prompt_prefix_len: int
+    delivered: bool  # False: captured, but the answer never reached the harness (left out of trajectories)
+
+
+@with_config(_CLOSED)
+class CallPageJSON(TypedDict):
+    items: list[CallJSON]
+    next_after: int | None  # the ``after`` of the next page (a ``seq``); None on the last page
 
 
 @with_config(_CLOSED)
@@ -223,9 +234,9 @@ def session_json(session: Session, max_attempts: int | None = None) -> SessionJS
     }
 
 
-def call_json(call: ModelCall, prompt_token_ids: Sequence[int]) -> CallJSON:
-    """``prompt_token_ids`` is the call's full prompt (``polar.storage.prompts.full_prompts``); the row stores
-    only the tokens after ``prompt_prefix_len``, taken from ``prompt_parent_id``."""
+def call_json(call: Any, whole: WholeCall) -> CallJSON:
+    """``call`` is a ``model_calls`` row; ``whole`` its full prompt and payloads (``polar.storage.captured``): the
+    row stores them as deltas on earlier calls."""
     return {
         "call_id": str(call.id),
         "session_id": str(call.session_id),
@@ -234,7 +245,7 @@ def call_json(call: ModelCall, prompt_token_ids: Sequence[int]) -> CallJSON:
         "provider": call.provider,
         "model": call.model,
         "stream": call.stream,
-        "prompt_token_ids": list(prompt_token_ids),
+        "prompt_token_ids": whole.prompt_token_ids,
         "completion_token_ids": list(call.completion_token_ids),
         "logprobs": list(call.logprobs),
         "finish_reason": call.finish_reason,
@@ -242,12 +253,16 @@ def call_json(call: ModelCall, prompt_token_ids: Sequence[int]) -> CallJSON:
         "latency_ms": call.latency_ms,
         "engine_latency_ms": call.engine_latency_ms,
         "policy_version": call.policy_version,
-        "request": call.request,
-        "normalized_request": call.normalized_request,
-        "response": call.response,
+        "policy_version_end": call.policy_version_end,
+        "spans_policy_update": bool(call.spans_policy_update),
+        "engine_kind": call.engine_kind,
+        "request": whole.request,
+        "normalized_request": whole.normalized_request,
+        "response": whole.response,
         "created_at": _stamp(call.created_at),
         "prompt_parent_id": str(call.prompt_parent_id) if call.prompt_parent_id else None,
         "prompt_prefix_len": call.prompt_prefix_len,
+        "delivered": call.delivered,
     }
 
 

@@ -358,7 +358,7 @@ def _check(d: _Deployment, batch_id: str, report: ChaosReport) -> None:
         (r.session_id, r.response_id): list(r.completion_token_ids)
         for r in d.sql(
             "SELECT session_id::text AS session_id, response ->> 'id' AS response_id, completion_token_ids "
-            "FROM model_calls WHERE status_code = 200"
+            "FROM model_calls_full WHERE status_code = 200"
         )
     }
     report.captured_answers = len(captured)

@@ -104,6 +104,7 @@ def running_stack(
     nodes: Sequence[str] = (),
     supervise: bool = False,
     cwd: Path | None = None,
+    engine_args: Sequence[str] = (),
 ) -> Iterator[RunningStack]:
     """The whole pipeline on Postgres and Redis; with ``nodes``, one set of stage workers per node name, each with
     its own work root (``tmp/<node>/sessions``) and run slots. With ``cwd`` every process starts there, as a
@@ -123,8 +124,8 @@ def running_stack(
             if name not in (env or {}):
                 del stack_env[name]
     node_specs = [NodeSpec(name, tmp / name / "sessions") for name in nodes]
-    engine_args = ["--policy-config", policy_config, "--log", str(engine_log)]
-    specs = pipeline_specs(ports, policy, engine_args, run_concurrency, nodes=node_specs)
+    args = ["--policy-config", policy_config, "--log", str(engine_log), *engine_args]
+    specs = pipeline_specs(ports, policy, args, run_concurrency, nodes=node_specs)
     stack = Stack(specs, stack_env, tmp / "logs", cwd=cwd)
     stack.start()
     if supervise:  # restart what exits, as a service manager would (a worker may, on a broker restart)
@@ -178,6 +179,35 @@ class LiveProxy:
     services: Services
     engine_url: str
     engine_log: Path
+    engine_api: str = "vllm"  # the reference engine's protocol: vllm, or sglang (its native /generate)
+    tokenizer_dir: Path | None = None  # sglang: the tokenizer directory the proxy renders prompts with
+
+    def prompt_ids(self, normalized_request: dict[str, Any]) -> list[int]:
+        """What the prompt of a captured call must be, from the engine side: the engine's own ``/tokenize`` of the
+        chat form (vLLM), or the model's template in the tokenizer directory (SGLang: Polar renders)."""
+        import httpx
+
+        if self.engine_api == "sglang":
+            from polar.proxy.renderers import ChatRenderer
+
+            assert self.tokenizer_dir is not None
+            return ChatRenderer.load(str(self.tokenizer_dir)).prompt_ids(normalized_request["polar_chat"])
+        keys = ("model", "messages", "tools", "add_generation_prompt", "continue_final_message", "chat_template_kwargs")
+        body = {k: normalized_request[k] for k in keys if k in normalized_request}
+        return list(httpx.post(f"{self.engine_url}/tokenize", json=body).json()["tokens"])
+
+    def sampling(self, call: dict[str, Any], name: str) -> Any:
+        """A sampling field the engine got for a call: the chat request's (vLLM), or its ``/generate`` translation
+        (SGLang: ``max_tokens`` is ``max_new_tokens`` under ``sampling_params``)."""
+        sent = call["normalized_request"]
+        if self.engine_api == "sglang":
+            return sent["sampling_params"][{"max_tokens": "max_new_tokens"}.get(name, name)]
+        return sent[name]
+
+    def logged(self, entries: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
+        """The engine log's entry for a captured call (SGLang's request ids lack the ``chatcmpl-`` prefix)."""
+        answer_id = str(call["response"]["id"])
+        return entries[answer_id.removeprefix("chatcmpl-") if self.engine_api == "sglang" else answer_id]
 
     def session(self, **task: Any) -> tuple[uuid.UUID, str]:
         """A new running session (its task given ``task`` fields) and its proxy key."""
@@ -228,11 +258,22 @@ def live_proxy(
     env: Mapping[str, str] | None = None,
     engine_args: tuple[str, ...] = (),
     engines_before: tuple[str, ...] = (),
+    engine_api: str = "vllm",
 ) -> Iterator[LiveProxy]:
+    """With ``engine_api="sglang"`` the reference engine speaks SGLang's native API and the proxy renders prompts
+    with the engine's exported tokenizer directory (``POLAR_ENGINE_TOKENIZER``)."""
     engine_port, proxy_port = free_port(), free_port()
     engine_log = tmp / "engine-requests.jsonl"
-    engine_urls = ",".join([*engines_before, f"http://127.0.0.1:{engine_port}"])
+    prefix = "sglang+" if engine_api == "sglang" else ""
+    engine_urls = ",".join([*engines_before, f"{prefix}http://127.0.0.1:{engine_port}"])
     stack_env = {"POLAR_DATABASE_URL": database_url, "POLAR_ENGINE_URLS": engine_urls, **(env or {})}
+    tokenizer_dir = None
+    if engine_api == "sglang":
+        from polar.engine.hf_export import export_tokenizer
+
+        tokenizer_dir = export_tokenizer(tmp / "tokenizer")
+        stack_env["POLAR_ENGINE_TOKENIZER"] = str(tokenizer_dir)
+        engine_args = (*engine_args, "--api", "sglang")
     args = ["--policy-config", policy_config, "--log", str(engine_log), *engine_args]
     stack = Stack(
         [engine_spec(engine_port, policy, args), gunicorn_spec("proxy", "web.proxy:create_app()", proxy_port)],
@@ -242,7 +283,8 @@ def live_proxy(
     with stack:
         services = domain_services(database_url, tmp)
         try:
-            yield LiveProxy(f"http://127.0.0.1:{proxy_port}", services, f"http://127.0.0.1:{engine_port}", engine_log)
+            yield LiveProxy(f"http://127.0.0.1:{proxy_port}", services, f"http://127.0.0.1:{engine_port}", engine_log,
+                            engine_api, tokenizer_dir)  # fmt: skip
         finally:
             services.db.dispose()
 

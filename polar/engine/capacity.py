@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
+from polar.engine.pause import PauseGate
 from polar.engine.settings import EngineSettings
 
 _GAUGES = (
@@ -24,12 +25,16 @@ _GAUGES = (
     ("request_success_total", "counter", "Count of successfully processed requests."),
 )
 
+_SGLANG_NAMES = {"num_requests_running": "num_running_reqs", "num_requests_waiting": "num_queue_reqs"}
+
 
 class Capacity:
     """Slots, simulated latency and the counters behind `/metrics` for one engine (one event loop)."""
 
-    def __init__(self, settings: EngineSettings) -> None:
+    def __init__(self, settings: EngineSettings, gate: PauseGate | None = None) -> None:
         self._settings = settings
+        # While the engine is paused (polar.engine.pause) new requests wait for a slot and running ones freeze.
+        self.gate = gate or PauseGate()
         self._slots = asyncio.Semaphore(settings.max_num_seqs)
         self.running = 0
         self.waiting = 0
@@ -57,6 +62,7 @@ class Capacity:
         """Hold one of the `max_num_seqs` sequence slots for the duration of the block."""
         self.waiting += 1
         try:
+            await self.gate.admit()
             await self._slots.acquire()
         finally:
             self.waiting -= 1
@@ -92,19 +98,19 @@ class Capacity:
         self.generation_tokens_total += completion_tokens
         self.request_success_total += 1
 
-    @staticmethod
-    async def sleep(seconds: float) -> None:
-        """Sleep only when there is something to wait for (zero rates must cost nothing)."""
-        if seconds > 0:
-            await asyncio.sleep(seconds)
+    async def sleep(self, seconds: float) -> None:
+        """Spend ``seconds`` of engine time (none at zero rates); paused time does not count, and an abort
+        raises ``polar.engine.pause.Aborted``."""
+        await self.gate.run_for(seconds)
 
     def kv_cache_usage(self) -> float:
         """Tokens held by running sequences over the cache size, taken as max_num_seqs full contexts."""
         size = self._settings.max_num_seqs * self._settings.max_model_len
         return min(1.0, self.tokens_in_flight / size)
 
-    def metrics_text(self) -> str:
-        """Prometheus text exposition of vLLM's main gauges and counters."""
+    def metrics_text(self, prefix: str = "vllm") -> str:
+        """Prometheus text exposition of vLLM's main gauges and counters (``prefix="sglang"``: SGLang's names for
+        the two load gauges, ``sglang:num_running_reqs`` and ``sglang:num_queue_reqs``)."""
         labels = f'{{engine="0",model_name="{self._settings.model}"}}'
         values = {
             "num_requests_running": float(self.running),
@@ -116,7 +122,9 @@ class Capacity:
         }
         lines: list[str] = []
         for name, kind, text in _GAUGES:
-            lines += [f"# HELP vllm:{name} {text}", f"# TYPE vllm:{name} {kind}", f"vllm:{name}{labels} {values[name]}"]
+            name_out = _SGLANG_NAMES.get(name, name) if prefix == "sglang" else name
+            lines += [f"# HELP {prefix}:{name_out} {text}", f"# TYPE {prefix}:{name_out} {kind}",
+                      f"{prefix}:{name_out}{labels} {values[name]}"]  # fmt: skip
         lines += [
             "# HELP polar_engine_busy_slot_seconds_total Slot-seconds spent running sequences (reference engine).",
             "# TYPE polar_engine_busy_slot_seconds_total counter",

@@ -6,14 +6,17 @@ each `<tool_call>{json}</tool_call>` (or an unterminated final one) becomes a ca
 becomes content, and if any block fails to parse as JSON nothing is a tool call. Newlines are returned raw, as
 vLLM does; the chat template strips them when the turn comes back as history.
 
-`parse_partial` is the streaming view: what a prefix of the completion shows so far.
+`parse_partial` is the streaming view: what a prefix of the completion shows so far; `chat_message` the OpenAI
+chat message a completion stands for (what the proxy answers when it asked an engine for tokens, not chat).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from polar.engine.tokenizer import THINK_END, THINK_START, TOOL_CALL_END, TOOL_CALL_START
 
@@ -109,3 +112,15 @@ def parse_partial(text: str, parse_tools: bool = True) -> PartialCompletion:
         arguments = arguments.removesuffix("}") if closed else arguments.rstrip("}")
         calls.append((name, arguments.rstrip()))
     return PartialCompletion(reasoning or "", content, tuple(calls))
+
+
+def chat_message(text: str, parse_tools: bool) -> dict[str, Any]:
+    """The assistant ``message`` of a vLLM chat completion for sampled ``text``: content, reasoning and tool
+    calls with fresh ids, as vLLM's ``ChatMessage`` has them."""
+    parsed = parse_completion(text, parse_tools=parse_tools)
+    calls = [
+        {"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
+         "function": {"name": call.name, "arguments": call.arguments}}
+        for call in parsed.tool_calls
+    ]  # fmt: skip
+    return {"role": "assistant", "content": parsed.content, "reasoning": parsed.reasoning, "tool_calls": calls}

@@ -3,7 +3,10 @@
 Tests and audits compare what a proxy captured against this ground truth:
 
     {"request_id": "chatcmpl-…", "endpoint": "/v1/chat/completions", "prompt_token_ids": [...],
-     "token_ids": [...], "finish_reason": "stop", "time": 1718000000.123}
+     "token_ids": [...], "finish_reason": "stop", "weight_versions": ["v1", "v2"], "time": 1718000000.123}
+
+``weight_versions`` are the engine's weight version when the sequence started and when it finished (they differ
+for a sequence that a ``keep`` pause held across a weight update).
 """
 
 from __future__ import annotations
@@ -29,7 +32,14 @@ class EngineLog:
         """Where the log is written."""
         return self._path
 
-    def record(self, request_id: str, endpoint: str, gen: Generation, finish_reason: str) -> None:
+    def record(
+        self,
+        request_id: str,
+        endpoint: str,
+        gen: Generation,
+        finish_reason: str,
+        weight_versions: tuple[str | None, str | None] = (None, None),
+    ) -> None:
         """Append one served generation (a single write, so concurrent readers never see half a line)."""
         if self._handle is None:
             return
@@ -40,6 +50,7 @@ class EngineLog:
                 "prompt_token_ids": list(gen.prompt_token_ids),
                 "token_ids": list(gen.token_ids),
                 "finish_reason": finish_reason,
+                "weight_versions": list(weight_versions),
                 "time": time.time(),
             }
         )

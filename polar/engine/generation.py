@@ -69,9 +69,13 @@ class GenerationInput:
 
 
 class Generator:
-    """Holds the tokenizer, template and policy of an engine; `generate` serves one request."""
+    """Holds the tokenizer, template and policy of an engine; `generate` serves one request (`agenerate` from
+    the server's event loop). A backend that samples with a model (`polar.engine.torch_generation`) has no
+    policy and runs off the event loop."""
 
-    def __init__(self, settings: EngineSettings, tokenizer: Tokenizer, template: ChatTemplate, policy: Policy) -> None:
+    def __init__(
+        self, settings: EngineSettings, tokenizer: Tokenizer, template: ChatTemplate, policy: Policy | None
+    ) -> None:
         self._settings = settings
         self._tokenizer = tokenizer
         self._template = template
@@ -152,8 +156,14 @@ class Generator:
             )
         return max_tokens
 
+    async def agenerate(self, job: GenerationInput) -> Generation:
+        """`generate` for the server's event loop: the scripted policy is instant, so it runs in place."""
+        return self.generate(job)
+
     def generate(self, job: GenerationInput) -> Generation:
         """Ask the policy for a turn and sample it as tokens under the request's stopping rules."""
+        if self._policy is None:
+            raise TypeError("this generator has no policy: its backend overrides generate()")
         max_tokens = self.check_length(len(job.prompt_token_ids), job.sampling.max_tokens)
         policy_rng, logprob_rng, top_rng = self._rngs(job.sampling.seed)
         thinking = not job.open_prefix.startswith(EMPTY_THINK)

@@ -79,7 +79,8 @@ def chat_logprobs(tok: Tokenizer, entries: Sequence[TokenLogprob], output: Outpu
 
 
 def chat_message(parsed: ParsedCompletion, ids: Sequence[str]) -> dict[str, Any]:
-    """The assistant message of a chat choice, with `reasoning` and the older `reasoning_content`."""
+    """The assistant message of a chat choice: `reasoning` only, as vLLM since PR #33402 (the older
+    `reasoning_content` is gone; `tool_calls` is dropped when empty, as ChatMessage's serializer does)."""
     calls = [
         {"id": ids[i], "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
         for i, call in enumerate(parsed.tool_calls)
@@ -91,9 +92,8 @@ def chat_message(parsed: ParsedCompletion, ids: Sequence[str]) -> dict[str, Any]
         "annotations": None,
         "audio": None,
         "function_call": None,
-        "tool_calls": calls,
+        **({"tool_calls": calls} if calls else {}),
         "reasoning": parsed.reasoning,
-        "reasoning_content": parsed.reasoning,
     }
 
 

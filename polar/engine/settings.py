@@ -6,6 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+APIS = ("vllm", "sglang")
+BACKENDS = ("policy", "torch")
+
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -16,9 +19,15 @@ class EngineSettings:
     completion_tokens / decode_tokens_per_s` (a rate of 0 means instant).
     """
 
+    # The wire protocol: "vllm" (vLLM's OpenAI-compatible API) or "sglang" (SGLang's native /generate API).
+    api: str = "vllm"
     host: str = "127.0.0.1"
     port: int = 8000
     model: str = "polar-reference"
+    # Who writes the turns: "policy" (a scripted policy, `policy`) or "torch" (a small model samples them,
+    # polar.engine.torch_generation; `weights` is a polar.engine.torch_model safetensors file, else seeded).
+    backend: str = "policy"
+    weights: str | None = None
     policy: str = "scripted"
     policy_config: Mapping[str, Any] = field(default_factory=dict)
     # Module prefixes a `module:Class` policy may come from (POLAR_PLUGIN_MODULES).
@@ -30,8 +39,14 @@ class EngineSettings:
     max_model_len: int = 32768
     log_path: str | None = None
     seed: int = 0
+    # The weight version the engine reports until ``/update_weight_version`` changes it.
+    weight_version: str | None = None
 
     def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.api not in APIS:
+            raise ValueError(f"api must be one of {', '.join(APIS)}, got {self.api!r}")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be at least 1")
         if self.prefill_tokens_per_s < 0 or self.decode_tokens_per_s < 0:

@@ -36,7 +36,7 @@ def sse(payload: dict[str, Any]) -> bytes:
 def _delta(prev: PartialCompletion, cur: PartialCompletion, ids: tuple[str, ...]) -> dict[str, Any]:
     delta: dict[str, Any] = {}
     if len(cur.reasoning) > len(prev.reasoning):
-        delta["reasoning"] = delta["reasoning_content"] = cur.reasoning[len(prev.reasoning) :]
+        delta["reasoning"] = cur.reasoning[len(prev.reasoning) :]
     if len(cur.content) > len(prev.content):
         delta["content"] = cur.content[len(prev.content) :]
     calls = []

@@ -7,6 +7,7 @@ not installed yet; presets find their binary under ``<cache>/node_modules/.bin/`
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -77,9 +78,17 @@ def install(names: Iterable[str], cache: Path | None = None) -> dict[str, str]:
     for name in names:
         _package(name)
     cache = cache or cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    # Two installs into one cache at once (two test processes, two shells) corrupt each other's node_modules:
+    # one at a time, and the second finds the first's work done.
+    with (cache / ".install.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _install_locked(names, cache)
+
+
+def _install_locked(names: list[str], cache: Path) -> dict[str, str]:
     missing = [name for name in names if installed_version(name, cache) is None]
     if missing:
-        cache.mkdir(parents=True, exist_ok=True)
         command = ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(cache)]
         command += [PACKAGES[name].package for name in missing]
         try:

@@ -1,6 +1,6 @@
 """A session's captured calls for reading, a page at a time: what the client sent, what the engine got, what came
-back, how long it took and how it ended. Token arrays stay in the database (the trajectory viewer shows tokens);
-only their lengths are read.
+back, how long it took and how it ended. Payloads are rebuilt from their deltas (``polar.storage.captured``);
+prompts are not joined (the trajectory viewer shows tokens): only their lengths are shown.
 """
 
 from __future__ import annotations
@@ -9,18 +9,23 @@ import uuid
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.orm import defer
 
 from polar.clock import iso
 from polar.errors import NotFound
 from polar.redaction import shown_url
 from polar.services import Services
+from polar.storage.captured import WholeCall, rebuild, session_rows
 from polar.storage.models import ModelCall, Session
 
-_WITHOUT_PROMPT = (defer(ModelCall.prompt_token_ids), defer(ModelCall.logprobs))
+_SUMMARY_COLUMNS = (
+    ModelCall.session_id, ModelCall.agent, ModelCall.provider, ModelCall.model, ModelCall.stream,
+    ModelCall.prompt_len, ModelCall.finish_reason, ModelCall.status_code, ModelCall.latency_ms,
+    ModelCall.engine_latency_ms, ModelCall.engine_url, ModelCall.policy_version, ModelCall.created_at,
+    ModelCall.policy_version_end, ModelCall.spans_policy_update, ModelCall.engine_kind,
+)  # fmt: skip
 
 
-def _summary(call: ModelCall) -> dict[str, Any]:
+def _summary(call: Any, whole: WholeCall) -> dict[str, Any]:
     return {
         "call_id": str(call.id),
         "session_id": str(call.session_id),
@@ -37,11 +42,22 @@ def _summary(call: ModelCall) -> dict[str, Any]:
         "engine_latency_ms": call.engine_latency_ms,
         "engine_url": shown_url(call.engine_url) if call.engine_url else None,
         "policy_version": call.policy_version,
+        "policy_version_end": call.policy_version_end,
+        "spans_policy_update": bool(call.spans_policy_update),
+        "engine_kind": call.engine_kind,
         "created_at": iso(call.created_at),
-        "request": call.request,
-        "normalized_request": call.normalized_request,
-        "response": call.response,
+        "request": whole.request,
+        "normalized_request": whole.normalized_request,
+        "response": whole.response,
     }
+
+
+def _whole(db: Any, session_id: uuid.UUID, first_seq: int, last_seq: int) -> list[dict[str, Any]]:
+    """Calls ``first_seq`` … ``last_seq`` of the session, their payloads rebuilt (prompts are not needed)."""
+    rows = session_rows(db, session_id, up_to_seq=last_seq, columns=_SUMMARY_COLUMNS)
+    wanted = [row for row in rows if row.seq >= first_seq]
+    whole = rebuild(rows, {row.id for row in wanted}, prompts=False)
+    return [_summary(row, whole[row.id]) for row in wanted]
 
 
 def call_page(services: Services, session_id: uuid.UUID, offset: int, limit: int) -> dict[str, Any]:
@@ -51,11 +67,10 @@ def call_page(services: Services, session_id: uuid.UUID, offset: int, limit: int
             raise NotFound(f"session {session_id} not found")
         in_session = ModelCall.session_id == session_id
         total = int(db.scalar(sa.select(sa.func.count()).select_from(ModelCall).where(in_session)) or 0)
-        rows = db.scalars(
-            sa.select(ModelCall).options(*_WITHOUT_PROMPT).where(in_session).order_by(ModelCall.seq)
-            .limit(limit).offset(offset)
-        ).all()  # fmt: skip
-        items = [_summary(row) for row in rows]
+        seqs = db.scalars(
+            sa.select(ModelCall.seq).where(in_session).order_by(ModelCall.seq).limit(limit).offset(offset)
+        ).all()
+        items = _whole(db, session_id, seqs[0], seqs[-1]) if seqs else []
     next_offset = offset + len(items)
     return {"items": items, "total": total, "next_offset": next_offset if next_offset < total else None}
 
@@ -63,7 +78,7 @@ def call_page(services: Services, session_id: uuid.UUID, offset: int, limit: int
 def get_call(services: Services, call_id: uuid.UUID) -> dict[str, Any]:
     """One call, as ``call_page`` shows it."""
     with services.db.unit() as db:
-        row = db.scalars(sa.select(ModelCall).options(*_WITHOUT_PROMPT).where(ModelCall.id == call_id)).first()
-        if row is None:
+        found = db.execute(sa.select(ModelCall.session_id, ModelCall.seq).where(ModelCall.id == call_id)).first()
+        if found is None:
             raise NotFound(f"call {call_id} not found")
-        return _summary(row)
+        return _whole(db, found.session_id, found.seq, found.seq)[0]

@@ -66,7 +66,8 @@ class TokenText:
     def _ask(self, session_id: uuid.UUID, missing: list[int], texts: dict[int, str]) -> str | None:
         def one(token: int) -> str | None:
             reply = self._engines.post(session_id, "/detokenize", {"tokens": [token]}, None)
-            text = reply.body.get("prompt") if reply.status_code == 200 else None  # 4xx: an id it does not know
+            body = reply.body if reply.status_code == 200 else {}  # 4xx: an id it does not know
+            text = body.get("prompt", body.get("text"))  # vLLM says "prompt", SGLang "text"
             return text if isinstance(text, str) else None
 
         pool = ThreadPoolExecutor(max_workers=min(self._concurrency, len(missing)), thread_name_prefix="detokenize")

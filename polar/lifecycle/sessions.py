@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
 import sqlalchemy as sa
 
-from polar.errors import NotFound
+from polar.errors import NotFound, ValidationError
 from polar.lifecycle.attempts import DEFAULT_MAX_ATTEMPTS
 from polar.serialization import (
     CallJSON,
+    CallPageJSON,
     SessionJSON,
     SessionPageJSON,
     TrajectoryJSON,
@@ -19,8 +21,16 @@ from polar.serialization import (
     trajectory_json,
 )
 from polar.services import Services
+from polar.storage.captured import rebuild, session_rows
 from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
-from polar.storage.prompts import full_prompts
+
+# What a call's JSON reads besides the rebuilt prompt and payloads (polar.storage.captured.STORED).
+_CALL_COLUMNS = (
+    ModelCall.session_id, ModelCall.agent, ModelCall.provider, ModelCall.model, ModelCall.stream, ModelCall.logprobs,
+    ModelCall.finish_reason, ModelCall.status_code, ModelCall.latency_ms, ModelCall.engine_latency_ms,
+    ModelCall.policy_version, ModelCall.created_at, ModelCall.delivered, ModelCall.policy_version_end,
+    ModelCall.spans_policy_update, ModelCall.engine_kind,
+)  # fmt: skip
 
 
 def _max_attempts(spec: dict[str, Any]) -> int:
@@ -37,24 +47,53 @@ def get_session(services: Services, session_id: uuid.UUID) -> SessionJSON:
         return session_json(row[0], _max_attempts(row[1]))
 
 
-def list_sessions(services: Services, batch_id: uuid.UUID, limit: int, offset: int) -> SessionPageJSON:
+def list_sessions(
+    services: Services, batch_id: uuid.UUID, limit: int, offset: int = 0, after: str | None = None
+) -> SessionPageJSON:
     """A page of a batch's sessions, in task order, then sample order, then attempt (attempts lost to the
-    infrastructure are listed too, with ``outcome_class`` and ``retried_as``)."""
+    infrastructure are listed too, with ``outcome_class`` and ``retried_as``). ``after`` (a page's ``next_after``)
+    reads on from a session by keyset, as fast at the end of a 100,000-session batch as at its start; ``offset``
+    counts sessions to skip."""
+    key = (Session.task_position, Session.sample_index, Session.attempt)
     with services.db.unit() as db:
-        if db.get(Batch, batch_id) is None:
+        batch = db.get(Batch, batch_id)
+        if batch is None:
             raise NotFound(f"batch {batch_id} not found")
-        total = int(db.scalar(sa.select(sa.func.count()).select_from(Session).where(Session.batch_id == batch_id)) or 0)
-        rows = db.execute(
+        # Every sample's first attempt, plus the retries (few; a partial index holds them).
+        retries = sa.select(sa.func.count()).where(Session.batch_id == batch_id, Session.retry_of.is_not(None))
+        total = batch.num_sessions + int(db.scalar(retries) or 0)
+        query = (
             sa.select(Session, Task.spec)
             .join(Task, Task.id == Session.task_pk)
             .where(Session.batch_id == batch_id)
-            .order_by(Task.position, Session.sample_index, Session.attempt)
-            .limit(limit)
-            .offset(offset)
-        ).all()
+            .order_by(*key)
+            .limit(limit + 1)
+        )
+        if after is not None:
+            query = query.where(sa.tuple_(*key) > sa.tuple_(*parse_cursor(after)))
+        fetched = db.execute(query.offset(offset)).all()
+        rows = fetched[:limit]
         items = [session_json(session, _max_attempts(spec)) for session, spec in rows]
-    next_offset = offset + len(items)
-    return {"items": items, "total": total, "next_offset": next_offset if next_offset < total else None}
+    last = rows[-1][0] if len(fetched) > limit else None
+    next_offset = offset + len(items) if after is None and offset + len(items) < total else None
+    return {
+        "items": items,
+        "total": total,
+        "next_offset": next_offset,
+        "next_after": f"{last.task_position}.{last.sample_index}.{last.attempt}" if last is not None else None,
+    }
+
+
+_CURSOR = re.compile(r"[0-9]{1,9}\.[0-9]{1,9}\.[0-9]{1,9}")
+
+
+def parse_cursor(text: str) -> tuple[int, int, int]:
+    """A sessions page's ``next_after``: ``<task position>.<sample index>.<attempt>``."""
+    # Each part an int4 of the sessions table: ASCII digits, at most 9 of them.
+    if not _CURSOR.fullmatch(text):
+        raise ValidationError(f"after: expected a page's next_after (like 12.3.1), got {text!r}", field="after")
+    position, sample, attempt = (int(part) for part in text.split("."))
+    return position, sample, attempt
 
 
 def _require_session(db: Any, session_id: uuid.UUID) -> None:
@@ -62,12 +101,38 @@ def _require_session(db: Any, session_id: uuid.UUID) -> None:
         raise NotFound(f"session {session_id} not found")
 
 
-def session_calls(services: Services, session_id: uuid.UUID) -> list[CallJSON]:
+def call_page(services: Services, session_id: uuid.UUID, after: int = 0, limit: int = 100) -> CallPageJSON:
+    """The session's calls with ``seq`` above ``after``, at most ``limit``, whole (prompts and payloads rebuilt
+    from their deltas); ``next_after`` is the ``after`` of the next page, None on the last one."""
     with services.db.unit() as db:
         _require_session(db, session_id)
-        rows = db.scalars(sa.select(ModelCall).where(ModelCall.session_id == session_id).order_by(ModelCall.seq)).all()
-        prompts = full_prompts(rows)
-        return [call_json(row, prompts[row.id]) for row in rows]
+        seqs = db.scalars(
+            sa.select(ModelCall.seq)
+            .where(ModelCall.session_id == session_id, ModelCall.seq > after)
+            .order_by(ModelCall.seq)
+            .limit(limit + 1)
+        ).all()
+        page = seqs[:limit]
+        if not page:
+            return {"items": [], "next_after": None}
+        rows = session_rows(db, session_id, up_to_seq=page[-1], columns=_CALL_COLUMNS)
+    wanted = [row for row in rows if row.seq > after]
+    whole = rebuild(rows, {row.id for row in wanted})
+    return {
+        "items": [call_json(row, whole[row.id]) for row in wanted],
+        "next_after": page[-1] if len(seqs) > limit else None,
+    }
+
+
+def session_calls(services: Services, session_id: uuid.UUID) -> list[CallJSON]:
+    """Every call of the session, whole, in ``seq`` order (``call_page`` reads them a page at a time)."""
+    items: list[CallJSON] = []
+    after: int | None = 0
+    while after is not None:
+        page = call_page(services, session_id, after, limit=1000)
+        items += page["items"]
+        after = page["next_after"]
+    return items
 
 
 def session_trajectories(services: Services, session_id: uuid.UUID) -> list[TrajectoryJSON]:

@@ -73,6 +73,14 @@ class ProxyMetrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.engine_call_seconds = Counter(
+            "polar_engine_call_seconds_total",
+            "Seconds of requests in flight to each engine, summed over requests: its rate is the average number the "
+            "engine was working on for the proxy, and divided by the engine's max_num_seqs, how busy the proxy kept "
+            "it (one proxy; sum over proxies).",
+            ["engine"],
+            registry=r,
+        )
 
     def answered(self, protocol: str, operation: str, status: int) -> None:
         self.requests.labels(protocol, operation, str(status)).inc()
@@ -96,18 +104,21 @@ class ProxyMetrics:
         self.rejected.labels(protocol, reason).inc()
 
     def engines(self, urls: tuple[str, ...]) -> None:
-        """Show every engine's in-flight gauge from the start, at 0."""
+        """Show every engine's in-flight gauge and busy seconds from the start, at 0."""
         for url in urls:
             self.engine_inflight.labels(url).inc(0)
+            self.engine_call_seconds.labels(url).inc(0)
 
     @contextmanager
     def engine_call(self, engine: str) -> Iterator[None]:
         gauge = self.engine_inflight.labels(engine)
         gauge.inc()
+        started = time.monotonic()
         try:
             yield
         finally:
             gauge.dec()
+            self.engine_call_seconds.labels(engine).inc(time.monotonic() - started)
 
 
 class StageMetrics:

@@ -6,7 +6,15 @@ This is the proxy's hot path: it uses prebuilt Core statements on a plain connec
 bookkeeping cost ~12 ms a call here; this costs one round trip per statement plus the commit).
 
 A prompt that extends an earlier call of the session is stored as a delta on it (``polar.storage.prompts``):
-one indexed SELECT of the session's earlier chains (id, length, hash) picks the parent before the insert.
+one indexed SELECT of the session's earlier chains (id, length, hash) picks the parent before the insert. The
+request, normalised request and response are stored as deltas too (``polar.storage.payloads``), on that parent or,
+when the prompt extends none, on the agent's latest call: a second indexed SELECT reads the parent's
+``payload_index`` (a few hashes), never its payloads. Both keep a session's bytes linear in its length.
+
+The policy version a call ended under is read by the insert itself from ``engine_control`` (no extra round trip):
+``policy_version_end``, and ``spans_policy_update`` when it differs from the version the call started under (the
+engines held the call across a weight update). A trainer changing the version between the engine's answer and
+this commit marks the call too: the mark errs towards dropping, never towards mixing policies unnoticed.
 """
 
 from __future__ import annotations
@@ -21,12 +29,16 @@ import sqlalchemy as sa
 from polar.errors import SessionNotRunning
 from polar.lifecycle.states import State
 from polar.storage.database import Database
-from polar.storage.models import ModelCall, Session, Task
-from polar.storage.prompts import Chain, encode_prompt
+from polar.storage.models import EngineControl, ModelCall, Session, Task
+from polar.storage.payloads import PARTS, capture_payload
+from polar.storage.prompts import Chain, PromptDelta, encode_prompt
 
 _sessions = Session.__table__
 _calls = ModelCall.__table__
 _tasks = Task.__table__
+_control = EngineControl.__table__
+# The policy version now (the trainer's ``POST /v1/engine/resume``), read when the call is recorded.
+_VERSION_NOW = sa.select(_control.c.policy_version).where(_control.c.id == 1).scalar_subquery()
 # A call is stored once however often its insert is retried (a commit whose acknowledgement a database restart
 # swallowed): the sequence number is only claimed while the call's own id is not there yet.
 _NEXT_SEQ = (
@@ -47,21 +59,31 @@ _PARENT_WINDOW = 64
 _INSERT = sa.insert(_calls)
 # Postgres: claim the sequence number and insert in ONE autocommitted statement (one round trip, one commit).
 _NEXT_SEQ_CTE = _NEXT_SEQ.cte("next_seq")
-_VALUE_COLUMNS = [column for column in _calls.c if column.name not in ("seq", "created_at")]
+# ``delivered`` keeps its default (true) until the answer is known to be lost (``mark_undelivered``); the policy
+# columns are computed by the insert itself.
+_DERIVED = ("seq", "created_at", "delivered", "policy_version_end", "spans_policy_update")
+_VALUE_COLUMNS = [column for column in _calls.c if column.name not in _DERIVED]
+_STARTED_UNDER = sa.bindparam("v_policy_version", type_=sa.Text())
 _INSERT_CLAIMING_SEQ = (
     sa.insert(_calls)
     .from_select(
-        [column.name for column in _VALUE_COLUMNS] + ["seq"],
+        [column.name for column in _VALUE_COLUMNS] + ["policy_version_end", "spans_policy_update", "seq"],
         # Prefixed names: a parameter named like a ``sessions`` column would become a SET in the CTE's UPDATE.
-        sa.select(*[sa.bindparam(f"v_{c.name}", type_=c.type) for c in _VALUE_COLUMNS], _NEXT_SEQ_CTE.c.num_calls),
+        sa.select(
+            *[sa.bindparam(f"v_{c.name}", type_=c.type) for c in _VALUE_COLUMNS],
+            _VERSION_NOW,
+            _STARTED_UNDER.is_distinct_from(_VERSION_NOW),
+            _NEXT_SEQ_CTE.c.num_calls,
+        ),
     )
     .returning(_calls.c.seq)
 )
 
 
-def _chains(length: Callable[[Any], sa.ColumnElement[Any]]) -> sa.Select[Any]:
-    """The successful calls among the session's latest ``_PARENT_WINDOW`` whose prompt + completion is no
-    longer than ``max_length``, oldest first: ``(id, length, chain_hash)``."""
+def _candidates(length: Callable[[Any], sa.ColumnElement[Any]]) -> sa.CompoundSelect[Any]:
+    """In one round trip, the parents a call may have: ``is_chain`` rows are the successful calls among the
+    session's latest ``_PARENT_WINDOW`` whose prompt + completion is no longer than ``max_length`` (``id,
+    length, chain_hash, seq``); the other row is the agent's latest call with its ``payload_index``."""
     recent = (
         sa.select(
             _calls.c.id,
@@ -75,19 +97,34 @@ def _chains(length: Callable[[Any], sa.ColumnElement[Any]]) -> sa.Select[Any]:
         .limit(_PARENT_WINDOW)
         .subquery("recent")
     )
-    return (
-        sa.select(recent.c.id, recent.c.length, recent.c.chain_hash)
+    chains = sa.select(
+        sa.true().label("is_chain"), recent.c.id, recent.c.length, recent.c.chain_hash, recent.c.seq,
+        sa.cast(sa.null(), sa.JSON).label("payload_index"),
+    ).where(
+        recent.c.status_code == 200, recent.c.chain_hash.is_not(None), recent.c.length <= sa.bindparam("max_length")
+    )  # fmt: skip
+    latest = (
+        sa.select(_calls.c.id, _calls.c.seq, _calls.c.payload_index)
         .where(
-            recent.c.status_code == 200,
-            recent.c.chain_hash.is_not(None),
-            recent.c.length <= sa.bindparam("max_length"),
+            _calls.c.session_id == sa.bindparam("session_id"),
+            _calls.c.agent.is_not_distinct_from(sa.bindparam("agent")),
+            _calls.c.payload_index.is_not(None),
         )
-        .order_by(recent.c.seq)
+        .order_by(_calls.c.seq.desc())
+        .limit(1)
+        .subquery("latest")
     )
+    agents_latest = sa.select(
+        sa.false(), latest.c.id, sa.null(), sa.null(), latest.c.seq, latest.c.payload_index
+    )  # fmt: skip
+    return sa.union_all(chains, agents_latest)
 
 
-_CHAINS_POSTGRES = _chains(sa.func.cardinality)
-_CHAINS_SQLITE = _chains(sa.func.json_array_length)
+_CANDIDATES_POSTGRES = _candidates(sa.func.cardinality)
+_CANDIDATES_SQLITE = _candidates(sa.func.json_array_length)
+_INDEX_OF_CALL = sa.select(_calls.c.id, _calls.c.payload_index).where(
+    _calls.c.id == sa.bindparam("parent_id"), _calls.c.payload_index.is_not(None)
+)
 # With the task's call limits (polar.proxy.limits): read from its spec in the same round trip.
 _SESSION_FOR_KEY = (
     sa.select(
@@ -121,6 +158,7 @@ class CallRecord:
     request: Any
     normalized_request: dict[str, Any]
     response: dict[str, Any]
+    engine_kind: str | None = None  # vllm | sglang (polar.proxy.engines)
 
 
 def record_call(db: Database, record: CallRecord, call_id: uuid.UUID | None = None) -> uuid.UUID:
@@ -133,7 +171,7 @@ def record_call(db: Database, record: CallRecord, call_id: uuid.UUID | None = No
         with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
             # A parent read outside the insert is still a committed, immutable row: at worst a concurrent
             # call's prompt is stored against an older parent (or in full).
-            values.update(_delta(connection, _CHAINS_POSTGRES, record))
+            values.update(_stored_forms(connection, _CANDIDATES_POSTGRES, record))
             prefixed = {f"v_{name}": value for name, value in values.items()}
             bound = {"session_id": record.session_id, "call_id": call_id, **prefixed}
             seq = connection.execute(_INSERT_CLAIMING_SEQ, bound).scalar()
@@ -142,7 +180,9 @@ def record_call(db: Database, record: CallRecord, call_id: uuid.UUID | None = No
         with db.engine.begin() as connection:
             seq = connection.execute(_NEXT_SEQ, {"session_id": record.session_id, "call_id": call_id}).scalar()
             if seq is not None:
-                values.update(_delta(connection, _CHAINS_SQLITE, record))
+                values.update(_stored_forms(connection, _CANDIDATES_SQLITE, record))
+                ended_under = connection.execute(sa.select(_VERSION_NOW)).scalar()
+                values.update(policy_version_end=ended_under, spans_policy_update=ended_under != record.policy_version)
                 connection.execute(_INSERT, {"seq": seq, **values})
             stored = seq is not None or connection.execute(_STORED, {"call_id": call_id}).first() is not None
     if not stored:
@@ -150,18 +190,43 @@ def record_call(db: Database, record: CallRecord, call_id: uuid.UUID | None = No
     return call_id
 
 
-def _delta(connection: sa.Connection, chains: sa.Select[Any], record: CallRecord) -> dict[str, Any]:
-    """The prompt columns of ``record``: a delta on the longest earlier chain its prompt extends."""
-    bounds = {"session_id": record.session_id, "max_length": len(record.prompt_token_ids)}
-    rows = connection.execute(chains, bounds).all()
-    delta = encode_prompt(record.prompt_token_ids, record.completion_token_ids, [Chain(*row) for row in rows])
+def mark_undelivered(db: Database, call_id: uuid.UUID) -> None:
+    """Mark a stored call as never delivered to its harness (``ModelCall.delivered``)."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.update(_calls).where(_calls.c.id == call_id).values(delivered=False))
+
+
+def _stored_forms(connection: sa.Connection, candidates: sa.CompoundSelect[Any], record: CallRecord) -> dict[str, Any]:
+    """The prompt and payload columns of ``record``: deltas on the earlier calls it extends."""
+    bounds = {"session_id": record.session_id, "max_length": len(record.prompt_token_ids), "agent": record.agent}
+    rows = connection.execute(candidates, bounds).all()
+    chains = [Chain(row.id, row.length, row.chain_hash) for row in sorted(rows, key=lambda row: row.seq)
+              if row.is_chain]  # fmt: skip
+    latest = next((row for row in rows if not row.is_chain), None)
+    delta = encode_prompt(record.prompt_token_ids, record.completion_token_ids, chains)
     return {
         "prompt_token_ids": delta.token_ids,
         "prompt_parent_id": delta.parent_id,
         "prompt_prefix_len": delta.prefix_len,
         "prompt_len": delta.prompt_len,
         "chain_hash": delta.chain_hash,
+        **_payloads(connection, record, delta, latest),
     }
+
+
+def _payloads(connection: sa.Connection, record: CallRecord, delta: PromptDelta, latest: Any) -> dict[str, Any]:
+    """The three payloads as deltas on the prompt's parent (else the agent's latest call), and their index."""
+    parent = latest
+    if delta.parent_id is not None and (latest is None or latest.id != delta.parent_id):  # rare: interleaved chains
+        parent = connection.execute(_INDEX_OF_CALL, {"parent_id": delta.parent_id}).first()
+    parent_index = parent.payload_index if parent is not None else None
+    columns: dict[str, Any] = {"payload_parent_id": parent.id if parent is not None else None}
+    index: dict[str, Any] = {}
+    for part in PARTS:
+        against = None if parent_index is None else (parent_index.get(part) or {})
+        columns[part], index[part] = capture_payload(getattr(record, part), against, record.prompt_token_ids)
+    columns["payload_index"] = index
+    return columns
 
 
 @dataclass(frozen=True)

@@ -1,27 +1,96 @@
-"""The inference engines behind the proxy (vLLM or the reference engine), reached over HTTP.
+"""The fleet of inference engines behind the proxy (vLLM, SGLang or the reference engine), reached over HTTP.
 
-A session is pinned to one engine (hash of its id) so its growing prompt keeps hitting the same prefix cache.
-An engine that refuses connections is marked unhealthy for ``cooldown_s`` and skipped (moved to the end of the
-order) meanwhile; a connection failure happens before any byte reached the client, so the call simply moves
-on to the next engine. Timeouts and engine 5xx are not retried: the engine may have done the work.
+An engine is named by URL, its kind by the scheme: ``http://h:p`` (or ``vllm+http://``) is vLLM's protocol,
+``sglang+http://h:p`` SGLang's native one. ``POLAR_ENGINE_URLS`` lists the fleet at start; engines added at run time
+(``POST /v1/engines``, table ``engines``) join within ``refresh_s``.
+
+Routing, per session:
+
+- a session stays on the engine that served its last call (its prefix cache); the pin is remembered per process
+  and, after a restart or on another proxy process, read back from the session's latest captured call
+  (``pin_of``);
+- a new session goes to the least-loaded healthy engine: its in-flight calls from this process, or the engine's
+  own count of running + waiting requests (``/metrics``) when that is higher;
+- an engine that fails ``unhealthy_after`` health checks in a row (``/health``, every ``health_interval_s``), or
+  refuses a connection, is drained: no new sessions, and its pinned sessions move to another engine of the same
+  kind on their next call. Each move is reported to ``on_move`` (the proxy records it as a session event: the
+  prefix cache is lost, no token changes).
+
+A connection failure, or a connection the engine dropped before answering (it died), happens before any byte
+reached the client, so the call moves on to the next engine. Timeouts and engine 5xx are not retried: the engine
+may have done the work.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import re
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
+import orjson
 
-from polar.errors import EngineError, EngineTimeout
+from polar.errors import EngineError, EngineTimeout, ValidationError
+from polar.json_body import dump_json
 from polar.observability.metrics import ProxyMetrics
 from polar.redaction import shown_url
+
+EngineKind = Literal["vllm", "sglang"]
+KINDS: tuple[EngineKind, ...] = ("vllm", "sglang")
+_JSON_HEADERS = {"Content-Type": "application/json"}
+_PINS_KEPT = 100_000
+# Running + waiting requests as each engine reports them (vLLM, then SGLang's names).
+_LOAD_GAUGES = re.compile(
+    r"^(?:vllm:num_requests_running|vllm:num_requests_waiting|sglang:num_running_reqs|sglang:num_queue_reqs)"
+    r"(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$",
+    re.MULTILINE,
+)
+
+
+@dataclass(frozen=True)
+class EngineAddress:
+    url: str  # the base URL requests go to (no kind prefix, no trailing slash)
+    kind: EngineKind
+
+
+_PORT = r"(?:[0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+_URL_TEXT = r"[A-Za-z0-9._~%!$&'()*+,;=:-]"
+# The whole grammar of an engine URL: an optional kind, http(s), optional user info (an engine's credentials,
+# never shown), a host name or IPv4 address, an optional port, path and query. The API's schema carries the same
+# pattern, so what it calls valid is what this accepts. No IPv6 literals: a regular expression cannot tell a valid
+# one from `[::::]`; an IPv6 engine is named by a host name.
+_HOST = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+ENGINE_URL_PATTERN = (
+    rf"^(?:(?:vllm|sglang)\+)?https?://(?:{_URL_TEXT}+@)?{_HOST}(?::{_PORT})?"
+    rf"(?:/(?:{_URL_TEXT}|[/@])*)?(?:\?(?:{_URL_TEXT}|[/?@])*)?$"
+)
+_ENGINE_URL = re.compile(ENGINE_URL_PATTERN)
+
+
+def parse_engine_url(raw: str) -> EngineAddress:
+    """``sglang+http://h:p`` → (``http://h:p``, sglang); ``http://h:p`` and ``vllm+http://h:p`` → vllm."""
+    text = raw  # as given: POLAR_ENGINE_URLS entries come stripped, API bodies must match the schema as sent
+    if not _ENGINE_URL.fullmatch(text):
+        raise ValidationError(
+            f"engine URL {shown_url(text)[:200]!r}: use http(s)://host:port (vLLM) or sglang+http(s)://host:port "
+            "(SGLang)",
+            field="url",
+        )
+    kind, plus, rest = text.rstrip("/").partition("+")
+    if plus:
+        return EngineAddress(rest, kind)  # type: ignore[arg-type]
+    return EngineAddress(text.rstrip("/"), "vllm")
+
+
+def engine_label(address: EngineAddress) -> str:
+    """How an engine is written in ``POLAR_ENGINE_URLS``: its URL, prefixed with its kind unless vLLM."""
+    return address.url if address.kind == "vllm" else f"{address.kind}+{address.url}"
 
 
 @dataclass(frozen=True)
@@ -30,6 +99,7 @@ class EngineReply:
     status_code: int
     body: dict[str, Any]
     latency_ms: float
+    kind: EngineKind = "vllm"
 
     @property
     def error_message(self) -> str:
@@ -47,6 +117,33 @@ def _error_body(response: httpx.Response) -> dict[str, Any]:
     return {"error": {"message": str(message or error)}}
 
 
+class _State:
+    """What this process knows of one engine."""
+
+    def __init__(self, address: EngineAddress) -> None:
+        self.address = address
+        self.inflight = 0
+        self.reported_load = 0.0
+        self.failures = 0
+        self.down_until = 0.0
+        self.drained = False
+        self.sessions = 0  # sessions this process sent here first: spreads ties
+        self.checked_at: float | None = None
+        self.error: str | None = None
+
+    def healthy(self, now: float) -> bool:
+        return not self.drained and self.down_until <= now
+
+    @property
+    def load(self) -> float:
+        return max(float(self.inflight), self.reported_load)
+
+
+PinLookup = Callable[[uuid.UUID], str | None]
+MoveListener = Callable[[uuid.UUID, str, str, str], None]
+Registered = Callable[[], Sequence[tuple[str, bool]]]
+
+
 class EnginePool:
     """The engines, with each request in flight shown on ``metrics`` (``polar_engine_inflight_calls``)."""
 
@@ -57,30 +154,99 @@ class EnginePool:
         max_connections: int = 256,
         cooldown_s: float = 5.0,
         metrics: ProxyMetrics | None = None,
+        health_interval_s: float = 0.0,
+        unhealthy_after: int = 2,
+        pin_of: PinLookup | None = None,
+        on_move: MoveListener | None = None,
+        registered: Registered | None = None,
     ) -> None:
         if not urls:
             raise ValueError("at least one engine URL is needed")
-        self.urls = tuple(urls)
         self.cooldown_s = cooldown_s
         self.metrics = metrics
-        if metrics is not None:
-            metrics.engines(tuple(shown_url(url) for url in self.urls))
+        self.health_interval_s = health_interval_s
+        self.unhealthy_after = unhealthy_after
+        self._pin_of, self._on_move, self._registered = pin_of, on_move, registered
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=5.0), limits=limits)
         self._served: dict[str, str] = {}
-        self._down_until: dict[str, float] = {}
         self._lock = threading.Lock()
+        self._states: dict[str, _State] = {}
+        self._pins: OrderedDict[uuid.UUID, str] = OrderedDict()
+        self._watcher: threading.Thread | None = None
+        self._closed = threading.Event()
+        for raw in urls:
+            self._add(parse_engine_url(raw))
 
-    def order(self, session_id: uuid.UUID) -> list[str]:
-        """Engines to try for this session: its pinned one first, engines recently down last."""
-        start = int.from_bytes(hashlib.sha256(session_id.bytes).digest()[:8], "big") % len(self.urls)
-        ring = [self.urls[(start + i) % len(self.urls)] for i in range(len(self.urls))]
-        now = time.monotonic()
-        return sorted(ring, key=lambda url: self._down_until.get(url, 0.0) > now)
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return tuple(self._states)
 
-    def _mark_down(self, url: str) -> None:
+    def addresses(self) -> list[EngineAddress]:
+        return [state.address for state in self._states.values()]
+
+    def kind_of(self, url: str) -> EngineKind:
+        state = self._states.get(url)
+        return state.address.kind if state is not None else "vllm"
+
+    def _add(self, address: EngineAddress) -> _State:
         with self._lock:
-            self._down_until[url] = time.monotonic() + self.cooldown_s
+            state = self._states.get(address.url)
+            if state is None:
+                state = self._states[address.url] = _State(address)
+                if self.metrics is not None:
+                    self.metrics.engines(tuple(shown_url(url) for url in self._states))
+            return state
+
+    # -- routing -------------------------------------------------------------------------------------------
+
+    def route(self, session_id: uuid.UUID) -> EngineAddress:
+        """The engine the session's next call goes to (pinning it there), recording a move off a drained engine."""
+        self._start_watching()
+        now = time.monotonic()
+        pinned = self._pins.get(session_id)
+        if pinned is None and self._pin_of is not None:
+            pinned = self._pin_of(session_id)
+        state = self._states.get(pinned) if pinned else None
+        if state is not None and state.healthy(now):
+            self._pin(session_id, state.address.url)
+            return state.address
+        candidates = [s for s in self._states.values() if s.healthy(now)] or list(self._states.values())
+        if state is not None:  # a pinned session keeps its kind: its requests are built for it
+            candidates = [s for s in candidates if s.address.kind == state.address.kind] or candidates
+        chosen = min(candidates, key=lambda s: (not s.healthy(now), s.load, s.sessions))
+        with self._lock:
+            chosen.sessions += 1
+        self._pin(session_id, chosen.address.url)
+        if state is not None and pinned != chosen.address.url and self._on_move is not None:
+            reason = "unreachable" if state.down_until > now else "drained"
+            self._on_move(session_id, pinned or "", chosen.address.url, reason)
+        return chosen.address
+
+    def _pin(self, session_id: uuid.UUID, url: str) -> None:
+        with self._lock:
+            self._pins[session_id] = url
+            self._pins.move_to_end(session_id)
+            if len(self._pins) > _PINS_KEPT:
+                self._pins.popitem(last=False)
+
+    def order(self, session_id: uuid.UUID, kind: EngineKind | None = None) -> list[str]:
+        """Engines to try for this session: its routed one first, then healthy ones by load, down ones last."""
+        first = self.route(session_id)
+        kind = kind or first.kind
+        now = time.monotonic()
+        rest = [s for s in self._states.values() if s.address.url != first.url and s.address.kind == kind]
+        rest.sort(key=lambda s: (not s.healthy(now), s.load))
+        return [first.url, *(s.address.url for s in rest)] if first.kind == kind else [s.address.url for s in rest]
+
+    def _mark_down(self, url: str, why: str) -> None:
+        with self._lock:
+            state = self._states.get(url)
+            if state is not None:
+                state.down_until = time.monotonic() + self.cooldown_s
+                state.error = why
+
+    # -- requests ------------------------------------------------------------------------------------------
 
     def served_model(self, url: str) -> str:
         """The model name an engine serves (its first ``/v1/models`` entry), asked once per engine."""
@@ -94,19 +260,31 @@ class EnginePool:
                 ) from exc
         return self._served[url]
 
-    def post(self, session_id: uuid.UUID, path: str, body: dict[str, Any], model: str | None) -> EngineReply:
-        """POST ``body`` to ``path`` on the session's engine, naming ``model`` (default: the model the engine
-        serves). 4xx answers come back as replies; connection failures move on; everything else raises."""
+    def post(
+        self,
+        session_id: uuid.UUID,
+        path: str,
+        body: dict[str, Any],
+        model: str | None,
+        kind: EngineKind | None = None,
+    ) -> EngineReply:
+        """POST ``body`` to ``path`` on the session's engine (of ``kind``, default: the one it is routed to),
+        naming ``model`` (default: the model the engine serves; SGLang's native API names none). 4xx answers
+        come back as replies; connection failures move on; everything else raises."""
         failures: list[str] = []
-        for url in self.order(session_id):
+        order = self.order(session_id, kind)
+        for url in order:
+            state = self._states[url]
             started = time.perf_counter()
             try:
-                body["model"] = model or self.served_model(url)
-                with self._in_flight(url):
-                    response = self._client.post(url + path, json=body)
-            except httpx.ConnectError as exc:
-                self._mark_down(url)
-                failures.append(f"{shown_url(url)}: {exc}")
+                if state.address.kind == "vllm":
+                    body["model"] = model or self.served_model(url)
+                with self._in_flight(state):
+                    response = self._client.post(url + path, content=dump_json(body), headers=_JSON_HEADERS)
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+                # Nothing reached the client yet: refused, or dropped before the answer (the engine died).
+                self._mark_down(url, f"{type(exc).__name__}: {exc}")
+                failures.append(f"{shown_url(url)}: {type(exc).__name__}: {exc}")
                 continue
             except httpx.TimeoutException as exc:
                 raise EngineTimeout(f"engine {shown_url(url)} did not answer in time", status_code=504) from exc
@@ -115,29 +293,99 @@ class EnginePool:
                     f"engine {shown_url(url)} failed: {type(exc).__name__}: {exc}", status_code=502
                 ) from exc
             latency = (time.perf_counter() - started) * 1000
+            if url != order[0]:  # the engine the session was on failed under this very call: it moves here
+                self._pin(session_id, url)
+                if self._on_move is not None:
+                    self._on_move(session_id, order[0], url, "unreachable")
             if response.status_code >= 500:
                 message = _error_body(response)["error"]["message"]
                 raise EngineError(f"engine error ({response.status_code}): {message}", status_code=502)
             if response.status_code >= 400:
-                return EngineReply(url, response.status_code, _error_body(response), latency)
-            try:
-                return EngineReply(url, response.status_code, response.json(), latency)
+                return EngineReply(url, response.status_code, _error_body(response), latency, state.address.kind)
+            try:  # orjson: prompts of tens of thousands of ids parse ~3x faster than with the standard library
+                return EngineReply(url, response.status_code, orjson.loads(response.content), latency,
+                                   state.address.kind)  # fmt: skip
             except ValueError as exc:
                 raise EngineError("engine answered with invalid JSON", status_code=502) from exc
         raise EngineError(f"no engine reachable: {'; '.join(failures)}", status_code=502)
 
-    def _in_flight(self, url: str) -> contextlib.AbstractContextManager[None]:
-        return self.metrics.engine_call(shown_url(url)) if self.metrics is not None else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def _in_flight(self, state: _State) -> Iterator[None]:
+        with self._lock:
+            state.inflight += 1
+        try:
+            if self.metrics is not None:
+                with self.metrics.engine_call(shown_url(state.address.url)):
+                    yield
+            else:
+                yield
+        finally:
+            with self._lock:
+                state.inflight -= 1
 
     def get(self, path: str) -> dict[str, Any]:
-        for url in self.urls:
+        for url in self._states:
             try:
                 response = self._client.get(url + path, timeout=5.0)
                 if response.status_code == 200:
                     return response.json()  # type: ignore[no-any-return]
-            except (httpx.HTTPError, ValueError):
-                self._mark_down(url)
+            except (httpx.HTTPError, ValueError) as exc:
+                self._mark_down(url, f"{type(exc).__name__}: {exc}")
         raise EngineError(f"no engine answered GET {path}", status_code=502)
 
+    # -- health --------------------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """One round of health checks (and of engines registered at run time)."""
+        if self._registered is not None:
+            try:
+                for raw, drained in self._registered():
+                    self._add(parse_engine_url(raw)).drained = drained
+            except Exception as exc:  # the database may be away: the fleet known so far keeps serving
+                self._note_registry_error(exc)
+        for state in list(self._states.values()):
+            self._check_one(state)
+
+    def _note_registry_error(self, exc: Exception) -> None:
+        for state in self._states.values():
+            state.error = state.error or f"engine registry unreadable: {type(exc).__name__}"
+
+    def _check_one(self, state: _State) -> None:
+        url = state.address.url
+        try:
+            health = self._client.get(url + "/health", timeout=2.0)
+            healthy = health.status_code == 200
+            load = None
+            if healthy:
+                metrics = self._client.get(url + "/metrics", timeout=2.0)
+                values = [float(v) for v in _LOAD_GAUGES.findall(metrics.text)] if metrics.status_code == 200 else []
+                load = sum(values) if values else None
+        except httpx.HTTPError as exc:
+            healthy, load = False, None
+            state.error = f"{type(exc).__name__}: {exc}"
+        with self._lock:
+            state.checked_at = time.monotonic()
+            if healthy:
+                state.failures, state.down_until, state.error = 0, 0.0, None
+                state.reported_load = load or 0.0
+            else:
+                state.failures += 1
+                state.error = state.error or f"/health answered {health.status_code}"
+                if state.failures >= self.unhealthy_after:
+                    state.down_until = time.monotonic() + max(self.cooldown_s, self.health_interval_s * 2)
+
+    def _start_watching(self) -> None:
+        if self.health_interval_s <= 0 or self._watcher is not None:
+            return
+        with self._lock:
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, name="engine-health", daemon=True)
+                self._watcher.start()
+
+    def _watch(self) -> None:
+        while not self._closed.wait(self.health_interval_s):
+            self.check()
+
     def close(self) -> None:
+        self._closed.set()
         self._client.close()

@@ -41,11 +41,12 @@ from polar.json_body import parse_json
 from polar.lifecycle.states import State
 from polar.observability.metrics import MAX_CALLS, MAX_CONCURRENT_CALLS, PAUSED, ProxyMetrics
 from polar.protocols import ClientRequest, Detected, EngineAnswer, RequestContext
-from polar.proxy import tito
-from polar.proxy.capture import CallRecord, record_call, session_state_for_key
+from polar.proxy import sglang, tito
+from polar.proxy.capture import CallRecord, mark_undelivered, record_call, session_state_for_key
 from polar.proxy.engines import EnginePool, EngineReply
 from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimiter, CallLimits, call_limiter
+from polar.proxy.renderers import ChatRenderer
 from polar.proxy.template_kwargs import check_setting, check_template_kwargs
 from polar.storage.database import Database
 from polar.storage.outage import ride_out
@@ -77,6 +78,7 @@ class ProxyAnswer:
     stream: Iterator[bytes] | None = None
     headers: dict[str, str] = field(default_factory=dict)
     media_type: str = "application/json"
+    call_id: uuid.UUID | None = None  # the captured call this answers (its delivery is tracked)
 
 
 def _capture_fields(engine_body: dict[str, Any]) -> dict[str, Any]:
@@ -90,6 +92,8 @@ def _capture_fields(engine_body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# What a prompt rendered on the proxy depends on (kept with an SGLang call's stored request, never sent).
+_RENDERED = ("messages", "tools", "add_generation_prompt", "continue_final_message", "chat_template_kwargs")
 _TOO_LONG = re.compile(r"maximum context length is (\d+) tokens and your request has (\d+) input tokens")
 
 
@@ -157,6 +161,19 @@ class ProxyService:
         self.control = ControlView(db, config.pause_max_waiters)
         check_setting(config.chat_template_kwargs)
         self._tito: dict[uuid.UUID, bool] = {}
+        self._renderer: ChatRenderer | None = None
+
+    def renderer(self) -> ChatRenderer:
+        """The chat template prompts for SGLang engines are rendered with (``POLAR_ENGINE_TOKENIZER``)."""
+        if self._renderer is None:
+            if not self.config.engine_tokenizer:
+                raise EngineError(
+                    "an SGLang engine needs POLAR_ENGINE_TOKENIZER (the model's tokenizer directory) for Polar to "
+                    "render prompts",
+                    status_code=502,
+                )
+            self._renderer = ChatRenderer.load(self.config.engine_tokenizer)
+        return self._renderer
 
     def session_for_key(self, key: str | None) -> tuple[uuid.UUID, CallLimits]:
         """The running session a key belongs to, with its call limits. Positive answers are cached briefly: a
@@ -237,10 +254,10 @@ class ProxyService:
 
     def _ask(self, session_id: uuid.UUID, path: str, engine_body: dict[str, Any]) -> EngineReply:
         """One engine request, retried once with ``max_tokens`` fitted when it asked past the context."""
-        reply = self.engines.post(session_id, path, engine_body, self.config.served_model)
+        reply = self.engines.post(session_id, path, engine_body, self.config.served_model, kind="vllm")
         if (fitted := fit_max_tokens(engine_body, reply)) is not None:
             engine_body.update(fitted)
-            reply = self.engines.post(session_id, path, engine_body, self.config.served_model)
+            reply = self.engines.post(session_id, path, engine_body, self.config.served_model, kind="vllm")
         return reply
 
     def _tito_link(self, session_id: uuid.UUID, agent: str | None, chat_body: dict[str, Any]) -> tito.ChainLink | None:
@@ -248,7 +265,7 @@ class ProxyService:
             self._tito[session_id] = tito.enabled(self.db, session_id)
         if not self._tito[session_id]:
             return None
-        return tito.find_link(self.db, session_id, agent, chat_body.get("messages") or [])
+        return tito.find_link(self.db, session_id, agent, chat_body.get("messages") or [], chat_body.get("tools") or [])
 
     def _ask_with_tokens(
         self, session_id: uuid.UUID, link: tito.ChainLink, chat_body: dict[str, Any]
@@ -265,11 +282,28 @@ class ProxyService:
             reply = EngineReply(reply.url, 200, answer, reply.latency_ms)
         return stored, reply
 
+    def _ask_sglang(self, session_id: uuid.UUID, chat_body: dict[str, Any]) -> tuple[dict[str, Any], EngineReply]:
+        """SGLang: render the prompt here, generate from its ids, and read the answer back as a chat completion;
+        the stored request is exactly what the engine got, with the chat form it stands for (never sent)."""
+        prompt = self.renderer().prompt_ids(chat_body)
+        body = sglang.generate_body(chat_body, prompt)
+        reply = self.engines.post(session_id, "/generate", body, None, kind="sglang")
+        chat = {name: chat_body[name] for name in _RENDERED if name in chat_body}
+        stored = {**body, "polar_chat": chat}
+        if reply.status_code == 200:
+            parse_tools = bool(chat_body.get("tools")) and chat_body.get("tool_choice") != "none"
+            model = self.config.served_model or self.engines.served_model(str(reply.url))
+            answer = sglang.as_chat_answer(reply.body, prompt, parse_tools, model)
+            reply = EngineReply(reply.url, 200, answer, reply.latency_ms, reply.kind)
+        return stored, reply
+
     def _count_tokens(
         self, protocol: ModuleType, context: RequestContext, session_id: uuid.UUID, body: Any
     ) -> ProxyAnswer:
         tokenize = protocol.count_tokens_request(body, context)
         check_template_kwargs(tokenize, self.config.chat_template_kwargs)
+        if self.engines.route(session_id).kind == "sglang":
+            return ProxyAnswer(200, protocol.render_count_tokens(len(self.renderer().prompt_ids(tokenize))))
         reply = self.engines.post(session_id, "/tokenize", tokenize, self.config.served_model)
         if reply.status_code != 200:
             return ProxyAnswer(reply.status_code, protocol.render_error(reply.status_code, reply.error_message))
@@ -297,18 +331,24 @@ class ProxyService:
         """Ask the engine for ``call``, record it, and render the answer in the client's protocol."""
         session_id, agent, request, started = call.session_id, call.agent, call.request, call.started
         chat_body = {**request.engine_body, **self.config.sampling_overrides}
-        link = self._tito_link(session_id, agent, chat_body)
+        kind = self.engines.route(session_id).kind
+        link = self._tito_link(session_id, agent, chat_body) if kind == "vllm" else None
         engine_body = _capture_fields(chat_body)
         try:
-            if link is not None:
+            if kind == "sglang":
+                engine_body, reply = self._ask_sglang(session_id, chat_body)
+            elif link is not None:
                 engine_body, reply = self._ask_with_tokens(session_id, link, chat_body)
             else:
                 reply = self._ask(session_id, "/v1/chat/completions", engine_body)
+            if reply.status_code == 200 and EngineAnswer(reply.body).finish_reason == "abort":
+                # vLLM's /pause?mode=abort ends calls in flight with what they sampled so far: not an answer.
+                raise EngineError("the engine aborted the call (paused with mode=abort); retry", status_code=502)
         except EngineError as exc:
             self._capture_failure(call, engine_body, exc)
             raise
         captured = time.perf_counter()
-        self._capture(call, engine_body, reply)
+        call_id = self._capture(call, engine_body, reply)
         capture_s, total_s = time.perf_counter() - captured, time.perf_counter() - started
         self.metrics.timed(protocol.PROVIDER, reply.latency_ms / 1000, capture_s, total_s)
         # Where the proxy's time went, for clients and benchmarks (W3C Server-Timing).
@@ -324,8 +364,8 @@ class ProxyService:
         if request.stream:
             media_type = request.options.get("stream_media_type", "text/event-stream")
             stream = _guarded(protocol, protocol.render_stream(request, answer))
-            return ProxyAnswer(200, stream=stream, media_type=media_type, headers=timing)
-        return ProxyAnswer(200, protocol.render_response(request, answer), headers=timing)
+            return ProxyAnswer(200, stream=stream, media_type=media_type, headers=timing, call_id=call_id)
+        return ProxyAnswer(200, protocol.render_response(request, answer), headers=timing, call_id=call_id)
 
     def _capture_failure(self, call: _Call, engine_body: dict[str, Any], exc: EngineError) -> None:
         """Record a call the engine failed, with the status the harness gets (best effort: the harness gets its
@@ -336,7 +376,15 @@ class ProxyService:
         except (PolarError, sa.exc.DBAPIError):
             log.warning("could not record a call the engine failed (%s)", status)
 
-    def _capture(self, call: _Call, engine_body: dict[str, Any], reply: EngineReply) -> None:
+    def mark_undelivered(self, call_id: uuid.UUID, why: str) -> None:
+        """Record that ``call_id``'s answer never reached the harness (it stays stored, out of trajectories)."""
+        log.warning("call %s was captured but not delivered: %s", call_id, why)
+        try:
+            self._recorded(lambda: mark_undelivered(self.db, call_id))
+        except (PolarError, sa.exc.DBAPIError):
+            log.warning("could not mark call %s undelivered", call_id)
+
+    def _capture(self, call: _Call, engine_body: dict[str, Any], reply: EngineReply) -> uuid.UUID:
         answer = EngineAnswer(reply.body) if reply.status_code == 200 else None
         record = CallRecord(
             session_id=call.session_id,
@@ -356,7 +404,9 @@ class ProxyService:
             request=call.body,
             normalized_request=engine_body,
             response=reply.body,
+            engine_kind=reply.kind if reply.url is not None else None,
         )
         # The same call id on every try: a commit whose acknowledgement was lost is not stored twice.
         call_id = uuid.uuid4()
         self._recorded(lambda: record_call(self.db, record, call_id))
+        return call_id

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import time
 import uuid
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.orm import defer
 
-from polar.engine.completion_parser import parse_completion
+from polar.engine.completion_parser import chat_message
 from polar.proxy.engines import EnginePool, EngineReply
+from polar.reconstruction.break_reasons import messages_of, same_history, tools_of
+from polar.storage.captured import rebuild, session_rows
 from polar.storage.database import Database
 from polar.storage.models import ModelCall, Session, Task
 from polar.storage.prompts import full_prompts
@@ -60,33 +62,44 @@ def _identity(message: dict[str, Any]) -> tuple[Any, ...]:
     return ("text", str(message.get("content") or "").strip())
 
 
-def find_link(db: Database, session_id: uuid.UUID, agent: str | None, messages: Sequence[Any]) -> ChainLink | None:
-    """The session's call (same agent) whose answer is the LAST assistant message of ``messages``, if any."""
+def find_link(
+    db: Database, session_id: uuid.UUID, agent: str | None, messages: Sequence[Any], tools: Sequence[Any] = ()
+) -> ChainLink | None:
+    """The session's call (same agent) whose answer is the LAST assistant message of ``messages``, if any, and
+    only if the messages before it are that call's own (``break_reasons.same_history``) with the same tools: a
+    client that compacted or rewrote its history is rendered from its messages, not continued from old tokens."""
     index = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), None)
     if index is None:
         return None
     wanted = _identity(messages[index])
 
-    with db.unit() as session:
-        rows = list(
-            session.scalars(
-                sa.select(ModelCall)
-                # Every earlier call is read on every call, and the request bodies (hundreds of KB each at agent
-                # size) are never needed here: deferring them took the proxy's CPU per TITO call at 24k-40k prompt
-                # tokens from 84 to 58 ms (bench/proxy_overhead.py --agent).
-                .options(defer(ModelCall.request), defer(ModelCall.normalized_request))
-                .where(ModelCall.session_id == session_id, ModelCall.status_code == 200)
-                .order_by(ModelCall.seq)
-            )
-        )
-        prompts = full_prompts(rows)
-    for row in reversed(rows):
-        if row.agent != agent:
-            continue
-        answer = ((row.response or {}).get("choices") or [{}])[0].get("message") or {}
+    with db.engine.connect() as connection:
+        rows = session_rows(connection, session_id, columns=(ModelCall.agent, ModelCall.status_code,
+                                                             ModelCall.finish_reason), parts=["response"])  # fmt: skip
+    candidates = [row for row in rows if row.status_code == 200 and row.agent == agent]
+    answers = rebuild(rows, {row.id for row in candidates}, prompts=False, parts=["response"])
+    for row in reversed(candidates):
+        answer = ((answers[row.id].response or {}).get("choices") or [{}])[0].get("message") or {}
         if _identity(answer) == wanted:
-            return ChainLink(row.id, prompts[row.id], list(row.completion_token_ids), row.finish_reason, index)
+            if not _continues(_history_rows(db, session_id, row.seq), row.id, messages[:index], tools):
+                return None
+            prompt = full_prompts(rows, {row.id})[row.id]
+            return ChainLink(row.id, prompt, list(row.completion_token_ids), row.finish_reason, index)
     return None
+
+
+def _history_rows(db: Database, session_id: uuid.UUID, up_to_seq: int) -> list[Any]:
+    """The rows that rebuild the normalised requests up to ``up_to_seq``."""
+    with db.engine.connect() as connection:
+        return session_rows(connection, session_id, up_to_seq=up_to_seq, parts=["normalized_request"])
+
+
+def _continues(rows: list[Any], call_id: uuid.UUID, history: Sequence[Any], tools: Sequence[Any]) -> bool:
+    """Whether ``history`` (the messages before the resent answer) is what call ``call_id`` itself was sent."""
+    stored = rebuild(rows, {call_id}, prompts=False, parts=["normalized_request"])[call_id].normalized_request
+    if tools_of(stored) != tools_of({"tools": list(tools)}):
+        return False
+    return same_history(messages_of(stored) or [], history)
 
 
 def _tokenize(engines: EnginePool, session_id: uuid.UUID, body: dict[str, Any], model: str | None) -> list[int]:
@@ -94,6 +107,23 @@ def _tokenize(engines: EnginePool, session_id: uuid.UUID, body: dict[str, Any], 
     if reply.status_code != 200:
         raise ValueError(reply.error_message)
     return list(reply.body["tokens"])
+
+
+def _detokenize(engines: EnginePool, session_id: uuid.UUID, tokens: Sequence[int], model: str | None) -> str:
+    return str(engines.post(session_id, "/detokenize", {"tokens": list(tokens)}, model).body.get("prompt", ""))
+
+
+def _shared_prefix(first: Sequence[int], second: Sequence[int]) -> int:
+    """How many leading ids the two sequences share (a binary search over byte slices: memcmp, not a loop)."""
+    a, b = array("i", first).tobytes(), array("i", second).tobytes()
+    low, high = 0, min(len(first), len(second))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[: middle * 4] == b[: middle * 4]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def prompt_ids(
@@ -108,7 +138,12 @@ def prompt_ids(
     if engine_body.get("chat_template_kwargs"):
         render["chat_template_kwargs"] = engine_body["chat_template_kwargs"]
     tokens = _tokenize(engines, session_id, render, model)
-    text = str(engines.post(session_id, "/detokenize", {"tokens": tokens}, model).body.get("prompt", ""))
+    # Only the part past what the previous prompt already held needs its text (a few hundred tokens of tens of
+    # thousands); one token earlier, in case the cut splits a character. The whole text if that misses.
+    start = max(0, _shared_prefix(tokens, link.prompt_ids) - 1)
+    text = _detokenize(engines, session_id, tokens[start:], model)
+    if SENTINEL not in text and start:
+        text = _detokenize(engines, session_id, tokens, model)
     tail = text[text.index(SENTINEL) + len(SENTINEL) :]
     if link.finish_reason != "length" and link.completion_ids:
         eos = str(engines.post(session_id, "/detokenize", {"tokens": link.completion_ids[-1:]}, model).body["prompt"])
@@ -135,12 +170,7 @@ def as_chat_answer(reply: EngineReply, prompt: list[int], tools_offered: bool) -
     """A ``/v1/completions`` answer as the vLLM chat completion the protocol modules render."""
     body = reply.body
     choice = body["choices"][0]
-    parsed = parse_completion(str(choice.get("text") or ""), parse_tools=tools_offered)
-    calls = [
-        {"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
-         "function": {"name": call.name, "arguments": call.arguments}}
-        for call in parsed.tool_calls
-    ]  # fmt: skip
+    message = chat_message(str(choice.get("text") or ""), tools_offered)
     finish = choice.get("finish_reason")
     logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
     tokens = (choice.get("logprobs") or {}).get("tokens") or [""] * len(logprobs)
@@ -152,15 +182,9 @@ def as_chat_answer(reply: EngineReply, prompt: list[int], tools_offered: bool) -
         "choices": [
             {
                 "index": 0,
-                "message": {
-                    "role": "assistant",
-                    "content": parsed.content,
-                    "reasoning": parsed.reasoning,
-                    "reasoning_content": parsed.reasoning,
-                    "tool_calls": calls,
-                },
+                "message": message,
                 "logprobs": {"content": [{"token": t, "logprob": lp} for t, lp in zip(tokens, logprobs, strict=False)]},
-                "finish_reason": "tool_calls" if calls and finish == "stop" else finish,
+                "finish_reason": "tool_calls" if message["tool_calls"] and finish == "stop" else finish,
                 "stop_reason": choice.get("stop_reason"),
                 "token_ids": list(choice.get("token_ids") or []),
             }

@@ -27,13 +27,18 @@ Break reasons, judged against the *nearest* trajectory of the agent: the longest
 among the trajectories the prompt shares sampled history with (it agrees with at least their whole first
 prompt), or among all of the agent's trajectories if it shares sampled history with none:
 
-- ``"parallel"``: the prompt shares no sampled history with any trajectory of the agent (at most the opening
-  system prompt / task) *and* one of those trajectories is extended again by a later call, i.e. it continues
+- ``"new_conversation"``: the prompt shares no sampled history with any trajectory of the agent (it differs
+  within the first prompt of each: another system prompt or first user message): a title generator, a
+  summariser, a second conversation. A new chain, not a failure.
+- ``"parallel"``: the same, and one of those trajectories is extended again by a later call, i.e. it continues
   independently: a parallel sub-agent, or a second conversation run alongside.
 - ``"shorter_prompt"``: otherwise, if the prompt is shorter than the nearest trajectory: compaction, history cut
   back, a retry of an earlier turn. ``actual_token`` is ``None`` when the prompt agrees up to its end.
 - ``"diverged"``: otherwise: the prompt is at least as long but differs at ``position``: rewritten history, or a
   chat template that re-renders earlier turns differently (e.g. drops reasoning).
+
+Tokens alone cannot tell compaction from a rewind, or a dropped reasoning block from a rewritten tool result;
+``break_reasons.explain`` refines ``shorter_prompt`` and ``diverged`` from the calls' messages.
 
 Stats of each trajectory (JSON-ready): ``num_calls``, ``prompt_tokens`` (mask 0), ``completion_tokens`` (mask 1),
 ``finish_reasons`` (one per call, in ``call_ids`` order), ``num_breaks`` and ``breaks`` (0 or 1 record: the
@@ -168,6 +173,12 @@ def _common_prefix(left: list[int], right: list[int]) -> int:
     return limit
 
 
+def _token_reason(related: bool, shorter: bool) -> str:
+    if not related:
+        return "new_conversation"  # may become "parallel" once it is known whether the rival went on
+    return "shorter_prompt" if shorter else "diverged"
+
+
 def _break(
     call: CapturedCall, prompt: list[int], chains: list[_Chain], indices: list[int]
 ) -> tuple[dict[str, Any], bool]:
@@ -186,7 +197,7 @@ def _break(
         "call_id": call.call_id,
         "seq": call.seq,
         "agent": call.agent,
-        "reason": "shorter_prompt" if len(prompt) < len(nearest) else "diverged",
+        "reason": _token_reason(bool(related), len(prompt) < len(nearest)),
         "position": position,
         "expected_token": nearest[position],
         "actual_token": prompt[position] if position < len(prompt) else None,

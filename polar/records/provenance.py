@@ -135,7 +135,9 @@ class EngineProbe:
         client = httpx.Client(timeout=httpx.Timeout(self.timeout_s))
         pool = ThreadPoolExecutor(max_workers=min(len(urls) * len(_PATHS), 16))
         try:
-            asked = {(url, path): pool.submit(_get_json, client, url + path) for url in urls for path in _PATHS}
+            asked = {
+                (url, path): pool.submit(_get_json, client, _address(url, path)) for url in urls for path in _PATHS
+            }
             wait(asked.values(), timeout=deadline)
             late = RuntimeError(f"no answer within {deadline:g} s")
             answers = {key: future.result() if future.done() else late for key, future in asked.items()}
@@ -143,6 +145,17 @@ class EngineProbe:
             pool.shutdown(wait=False, cancel_futures=True)
             client.close()
         return [_facts(url, answers[(url, "/v1/models")], answers[(url, "/version")]) for url in urls]
+
+
+def _address(engine: str, path: str) -> str:
+    """Where to ask ``engine`` (a ``POLAR_ENGINE_URLS`` entry) for ``path``: SGLang says its version in
+    ``/get_server_info``."""
+    from polar.proxy.engines import parse_engine_url
+
+    address = parse_engine_url(engine)
+    if address.kind == "sglang" and path == "/version":
+        path = "/get_server_info"
+    return address.url + path
 
 
 def _facts(url: str, models: Any, version: Any) -> dict[str, Any]:

@@ -9,7 +9,8 @@ database's clock; a batch still running, or finished since, is never touched.
 - By default the whole batch goes: its calls, trajectories, session events, sessions, tasks, callback events.
 - ``keep_trajectories`` keeps every row (batches, tasks, sessions, events, trajectories, calls with their token ids
   and logprobs) and empties the captured bodies (``request``, ``normalized_request``, ``response`` become ``{}``)
-  of every call but each session's last successful one, which the SFT export reads. Exports, the feed and the SQL
+  of every call but each session's last successful one, which the SFT export reads (stored whole first: it may be
+  a delta on the calls being emptied). Exports, the feed and the SQL
   views read the same afterwards; the bodies, which repeat the whole conversation on every call, are most of the
   disk.
 
@@ -42,6 +43,7 @@ from polar.errors import ValidationError
 from polar.lifecycle.states import TERMINAL
 from polar.records.audit import record
 from polar.storage import db_clock
+from polar.storage.captured import rebuild, session_rows
 from polar.storage.database import Database
 from polar.storage.models import AuditEvent, Batch, CallbackEvent, ModelCall, Session, SessionEvent, Task, Trajectory
 
@@ -54,6 +56,8 @@ _AGE = re.compile(r"([1-9][0-9]*)([mhdw])")
 _UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 _TERMINAL = sorted(state.value for state in TERMINAL)
 _BODIES = (ModelCall.request, ModelCall.normalized_request, ModelCall.response)
+# An emptied call stores its (empty) bodies whole, no longer as deltas.
+_EMPTIED = {**{body: {} for body in _BODIES}, ModelCall.payload_parent_id: None}
 
 Progress = Callable[[uuid.UUID, "GcCounts", bool], None]
 
@@ -265,6 +269,28 @@ def _strippable(ids: Sequence[uuid.UUID] | sa.Select[Any]) -> sa.ColumnElement[b
     return sa.and_(ModelCall.session_id.in_(ids), ModelCall.seq != sa.func.coalesce(last_ok, 0), holds_body)
 
 
+def _keep_whole(db: DbSession, ids: Sequence[uuid.UUID]) -> None:
+    """Store each session's last successful call's payloads whole: they may be deltas on the calls about to be
+    emptied (``polar.storage.payloads``)."""
+    kept = db.execute(
+        sa.select(ModelCall.session_id, sa.func.max(ModelCall.seq).label("seq"))
+        .where(ModelCall.session_id.in_(ids), ModelCall.status_code == 200)
+        .group_by(ModelCall.session_id)
+    ).all()
+    for session_id, seq in kept:
+        rows = session_rows(db, session_id, up_to_seq=seq)
+        last = rows[-1]
+        if last.payload_parent_id is None:
+            continue
+        whole = rebuild(rows, {last.id})[last.id]
+        db.execute(
+            sa.update(ModelCall)
+            .where(ModelCall.id == last.id)
+            .values(request=whole.request, normalized_request=whole.normalized_request, response=whole.response,
+                    payload_parent_id=None)
+        )  # fmt: skip
+
+
 def _strip_batch(
     database: Database,
     batch_id: uuid.UUID,
@@ -280,9 +306,10 @@ def _strip_batch(
                 return done
             ids = _chunk(db, batch_id, after, policy.chunk_sessions)
             if ids:
+                _keep_whole(db, ids)
                 where = _strippable(ids)
                 payload = db.scalar(sa.select(_body_bytes(db)).where(where))
-                emptied = _rows(db, sa.update(ModelCall).where(where).values({body: {} for body in _BODIES}))
+                emptied = _rows(db, sa.update(ModelCall).where(where).values(_EMPTIED))
                 done += GcCounts(calls=emptied, payload_bytes=int(payload or 0))
         if not ids:
             break

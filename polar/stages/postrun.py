@@ -33,7 +33,9 @@ from polar.lifecycle.transitions import transition
 from polar.reconstruction import RECONSTRUCTIONS, CapturedCall, TrajectoryData
 from polar.runtimes import Runtime, attach_runtime
 from polar.services import Services
+from polar.stages.breaks import explain_breaks
 from polar.stages.lease import Claimed, claim, heartbeat
+from polar.storage.captured import rebuild, session_rows
 from polar.storage.models import Batch, ModelCall, Session, Trajectory
 from polar.storage.prompts import full_prompts
 from polar.training.callbacks import record_session_events
@@ -41,8 +43,8 @@ from polar.training.feed import assign_position
 
 
 def captured_calls(services: Services, session_id: uuid.UUID) -> list[CapturedCall]:
-    """The session's successful calls in ``seq`` order, with full prompts (stored as deltas, see
-    ``polar.storage.prompts``)."""
+    """The session's successful calls whose answers reached the harness, in ``seq`` order, with full prompts
+    (stored as deltas, see ``polar.storage.prompts``)."""
     with services.db.unit() as db:
         rows = db.execute(
             sa.select(
@@ -56,7 +58,7 @@ def captured_calls(services: Services, session_id: uuid.UUID) -> list[CapturedCa
                 ModelCall.logprobs,
                 ModelCall.finish_reason,
             )
-            .where(ModelCall.session_id == session_id, ModelCall.status_code == 200)
+            .where(ModelCall.session_id == session_id, ModelCall.status_code == 200, ModelCall.delivered)
             .order_by(ModelCall.seq)
         ).all()
     prompts = full_prompts(rows)
@@ -70,12 +72,14 @@ def final_message(services: Services, session_id: uuid.UUID) -> str | None:
     """The text of the model's last answer: the last successful call's assistant message (captured calls keep
     the engine's chat-shaped response)."""
     with services.db.unit() as db:
-        response = db.scalar(
-            sa.select(ModelCall.response)
-            .where(ModelCall.session_id == session_id, ModelCall.status_code == 200)
+        last = db.execute(
+            sa.select(ModelCall.id, ModelCall.seq)
+            .where(ModelCall.session_id == session_id, ModelCall.status_code == 200, ModelCall.delivered)
             .order_by(ModelCall.seq.desc())
             .limit(1)
-        )
+        ).first()
+        rows = session_rows(db, session_id, up_to_seq=last.seq, parts=["response"]) if last is not None else []
+    response = rebuild(rows, {last.id}, prompts=False, parts=["response"])[last.id].response if last else None
     choices = (response or {}).get("choices") or []
     message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
     content = message.get("content") if isinstance(message, dict) else None
@@ -299,6 +303,8 @@ def postrun_session(services: Services, session_id: uuid.UUID) -> None:
         if tries <= MAX_POSTRUN_CLAIMS + 1:  # beyond that, rebuilding the trajectories is what keeps failing
             calls = captured_calls(services, session_id)
             trajectories = RECONSTRUCTIONS[claimed.task.reconstruction](calls)
+            with services.db.unit() as db:
+                trajectories = explain_breaks(db, session_id, calls, trajectories)
         runtimes = _runtimes_here(services, claimed.session)
         if runtimes is not None and runtimes.session is not None:
             runtimes.session.kill_processes()

@@ -2,44 +2,119 @@
 
 from __future__ import annotations
 
+import struct
+import sys
+from array import array
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+import psycopg
 import sqlalchemy as sa
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 from sqlalchemy.dialects import postgresql
 
 
-class IntArrayLiteral(sa.types.TypeDecorator[list[int]]):
-    """``integer[]`` bound as one ``{1,2,3}`` text literal cast on the server. psycopg's list dumper adapts a list
-    element by element (~22 ms for a 31k-token prompt here); joining the digits costs ~2 ms and Postgres parses
-    the literal in the INSERT it was going to run anyway (~8 ms in all)."""
+@dataclass(frozen=True)
+class _Element:
+    """A Postgres array element type bound in binary: its Python ``array`` typecode and the two oids."""
+
+    typecode: str  # "i" int4, "h" int2, "f" float4: checked (and range-checked) by array() itself
+    oid: int
+    array_oid: int
+
+
+_INT4, _INT2, _FLOAT4 = _Element("i", 23, 1007), _Element("h", 21, 1005), _Element("f", 700, 1021)
+_UNSIGNED = {4: "I", 2: "H"}  # the same bytes, reinterpreted, to interleave with the length words
+
+
+class _Values(array):
+    """An array on its way to Postgres; ``element`` says which Postgres type."""
+
+    element: _Element
+
+
+def _binary(values: _Values) -> bytes:
+    """Postgres's binary array format: a header, then each element as (int32 length, big-endian value). Built with
+    C-level array operations (~1 ms for 87k elements), where psycopg's list dumper adapts element by element (~22
+    ms for 31k ids; a 75k-token trajectory's three arrays took ~100 ms) and a ``{1,2,3}`` text literal is ~10 ms
+    to build and parse at 87k."""
+    element, count = values.element, len(values)
+    if count == 0:
+        return struct.pack(">iiI", 0, 0, element.oid)
+    size = values.itemsize
+    raw = array(_UNSIGNED[size], values.tobytes())
+    if size == 4:  # (length 4, value) as pairs of 32-bit words
+        body = array("I", [4]) * (2 * count)
+        body[1::2] = raw
+    else:  # (length 2 as two 16-bit words, value)
+        body = array("H", [0, 2, 0]) * count
+        body[2::3] = raw
+    if sys.byteorder == "little":
+        body.byteswap()
+    return struct.pack(">iiIii", 1, 0, element.oid, count, 1) + body.tobytes()
+
+
+def _dumper(element: _Element) -> type[Dumper]:
+    class BinaryArrayDumper(Dumper):
+        format = Format.BINARY
+        oid = element.array_oid
+
+        def dump(self, obj: Any) -> bytes:
+            return _binary(obj)
+
+    return BinaryArrayDumper
+
+
+def _values_class(element: _Element) -> type[_Values]:
+    kind = type(f"_Values_{element.typecode}", (_Values,), {"element": element})
+    psycopg.adapters.register_dumper(kind, _dumper(element))
+    return kind
+
+
+class BinaryArray(sa.types.TypeDecorator[list[Any]]):
+    """A Postgres array bound in its binary format (``_binary``): token ids, loss masks and logprobs are the
+    largest parameters the proxy and postrun write (tens of thousands of elements)."""
 
     impl = postgresql.ARRAY(sa.Integer())
     cache_ok = True
 
-    def bind_expression(self, bindvalue: sa.BindParameter[list[int]]) -> sa.ColumnElement[list[int]]:
-        return sa.cast(bindvalue, postgresql.ARRAY(sa.Integer()))
+    def __init__(self, element: _Element, sql_type: type[sa.types.TypeEngine[Any]]) -> None:
+        super().__init__()
+        self.element, self.sql_type = element, sql_type
+        self.impl = postgresql.ARRAY(sql_type())
+        self._kind = _KINDS[element.typecode]
 
-    def bind_processor(self, dialect: sa.Dialect) -> Callable[[list[int] | None], str | None]:
-        # Replaces (not wraps) ARRAY's own processing: the value leaves as one string.
-        def literal(value: list[int] | None) -> str | None:
-            return None if value is None else "{" + ",".join(map(str, map(int, value))) + "}"
+    def bind_expression(self, bindvalue: sa.BindParameter[list[Any]]) -> sa.ColumnElement[list[Any]]:
+        return sa.cast(bindvalue, postgresql.ARRAY(self.sql_type()))
 
-        return literal
+    def bind_processor(self, dialect: sa.Dialect) -> Callable[[list[Any] | None], Any]:
+        # Replaces (not wraps) ARRAY's own processing; array() refuses what the element type cannot hold.
+        kind, typecode = self._kind, self.element.typecode
+
+        def values(value: list[Any] | None) -> Any:
+            return None if value is None else kind(typecode, value)
+
+        return values
+
+
+_KINDS = {element.typecode: _values_class(element) for element in (_INT4, _INT2, _FLOAT4)}
 
 
 def int_array() -> sa.types.TypeEngine[list[int]]:
     """Token ids: ``integer[]`` in Postgres so users can query them in SQL."""
-    return sa.JSON().with_variant(IntArrayLiteral(), "postgresql")
+    return sa.JSON().with_variant(BinaryArray(_INT4, sa.Integer), "postgresql")
 
 
 def real_array() -> sa.types.TypeEngine[list[float]]:
     """Logprobs: ``real[]`` in Postgres."""
-    return sa.JSON().with_variant(postgresql.ARRAY(sa.REAL()), "postgresql")
+    return sa.JSON().with_variant(BinaryArray(_FLOAT4, sa.REAL), "postgresql")
 
 
 def small_int_array() -> sa.types.TypeEngine[list[int]]:
     """Loss masks (0/1): ``smallint[]`` in Postgres."""
-    return sa.JSON().with_variant(postgresql.ARRAY(sa.SmallInteger()), "postgresql")
+    return sa.JSON().with_variant(BinaryArray(_INT2, sa.SmallInteger), "postgresql")
 
 
 def text_array() -> sa.types.TypeEngine[list[str]]:

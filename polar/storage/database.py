@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar.config import Config
+from polar.json_body import dump_json_text
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -47,7 +48,9 @@ def create_db_engine(
     """An engine for ``url``; SQLite gets WAL and a busy timeout, Postgres a pre-pinged pool of at most
     ``pool_size + max_overflow`` connections, named ``polar-<role>``."""
     if url.startswith("sqlite"):
-        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = sa.create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, json_serializer=dump_json_text
+        )
         sa.event.listen(engine, "connect", _sqlite_pragmas)
         sa.event.listen(engine, "begin", _begin_immediate)
         return engine
@@ -56,6 +59,7 @@ def create_db_engine(
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_pre_ping=True,
+        json_serializer=dump_json_text,  # captured payloads are most of what the proxy writes
         connect_args={"application_name": role if role.startswith("polar") else f"polar-{role}"},
     )
 

@@ -58,7 +58,22 @@ class Batch(Base):
 
 class Task(Base):
     __tablename__ = "tasks"
-    __table_args__ = (sa.UniqueConstraint("batch_id", "position"),)
+    __table_args__ = (
+        sa.UniqueConstraint("batch_id", "position"),
+        sa.Index(
+            "ix_tasks_group_feed_seq",
+            "group_feed_seq",
+            postgresql_where=sa.text("group_feed_seq IS NOT NULL"),
+            sqlite_where=sa.text("group_feed_seq IS NOT NULL"),
+        ),
+        sa.Index(
+            "ix_tasks_batch_id_group_feed_seq",
+            "batch_id",
+            "group_feed_seq",
+            postgresql_where=sa.text("group_feed_seq IS NOT NULL"),
+            sqlite_where=sa.text("group_feed_seq IS NOT NULL"),
+        ),
+    )
 
     id: Mapped[uuid.UUID] = _uuid()
     batch_id: Mapped[uuid.UUID] = mapped_column(sa.ForeignKey("batches.id", ondelete="CASCADE"), nullable=False)
@@ -67,6 +82,8 @@ class Task(Base):
     num_samples: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
     spec: Mapped[dict[str, Any]] = mapped_column(json_document(), nullable=False)
     created_at: Mapped[datetime] = _created()
+    # The feed position at which the task's group completed: its last sample settled (polar.training.feed).
+    group_feed_seq: Mapped[int | None] = mapped_column(sa.BigInteger())
 
 
 class Session(Base):
@@ -75,7 +92,24 @@ class Session(Base):
         # One row per attempt of a sample (polar.lifecycle.attempts).
         sa.UniqueConstraint("task_pk", "sample_index", "attempt"),
         sa.Index("ix_sessions_state_created_at", "state", "created_at"),
-        sa.Index("ix_sessions_batch_id", "batch_id"),
+        # A batch's sessions in task, sample, attempt order: keyset pages at any depth (polar.lifecycle.sessions).
+        sa.Index("ix_sessions_batch_id_task_position", "batch_id", "task_position", "sample_index", "attempt"),
+        # A batch's progress and its number of sessions, read from the index alone (polar.lifecycle.batches).
+        sa.Index("ix_sessions_batch_id_state", "batch_id", "state", postgresql_include=["retried_as", "outcome_class"]),
+        sa.Index(
+            "ix_sessions_batch_id_retries",
+            "batch_id",
+            postgresql_where=sa.text("retry_of IS NOT NULL"),
+            sqlite_where=sa.text("retry_of IS NOT NULL"),
+        ),
+        # One batch's feed among many (polar.training.feed).
+        sa.Index(
+            "ix_sessions_batch_id_feed_seq",
+            "batch_id",
+            "feed_seq",
+            postgresql_where=sa.text("feed_seq IS NOT NULL"),
+            sqlite_where=sa.text("feed_seq IS NOT NULL"),
+        ),
         # Deleting a session (polar gc) makes Postgres look for attempts linked to it: without these, one scan of
         # the whole table per deleted session. Partial: few sessions are retries.
         sa.Index(
@@ -102,6 +136,8 @@ class Session(Base):
     batch_id: Mapped[uuid.UUID] = mapped_column(sa.ForeignKey("batches.id", ondelete="CASCADE"), nullable=False)
     task_pk: Mapped[uuid.UUID] = mapped_column(sa.ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False)
     task_id: Mapped[str] = mapped_column(sa.Text(), nullable=False)
+    # The task's position in its batch, copied at submission so a batch's sessions page from one index.
+    task_position: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=0, server_default="0")
     sample_index: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
     attempt: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=1, server_default="1")
     state: Mapped[str] = mapped_column(sa.Text(), nullable=False, default="pending")
@@ -153,12 +189,20 @@ def _full_prompt_len(context: Any) -> int:
 class ModelCall(Base):
     """A captured call. ``prompt_token_ids`` holds only the tokens after ``prompt_prefix_len``: the leading
     ones are ``prompt_parent_id``'s full prompt + completion (see ``polar.storage.prompts``); with no parent it
-    is the full prompt. ``chain_hash`` is the sha256 of this call's full prompt + completion."""
+    is the full prompt. ``chain_hash`` is the sha256 of this call's full prompt + completion. The payloads are
+    likewise deltas when ``payload_parent_id`` is set: read them through ``polar.storage.payloads``."""
 
     __tablename__ = "model_calls"
     __table_args__ = (
         sa.UniqueConstraint("session_id", "seq"),
         sa.Index("ix_model_calls_prompt_parent_id", "prompt_parent_id"),
+        sa.Index("ix_model_calls_payload_parent_id", "payload_parent_id"),
+        sa.Index(
+            "ix_model_calls_spans_policy_update",
+            "session_id",
+            postgresql_where=sa.text("spans_policy_update"),
+            sqlite_where=sa.text("spans_policy_update"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = _uuid()
@@ -185,6 +229,21 @@ class ModelCall(Base):
     prompt_prefix_len: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=0, server_default="0")
     prompt_len: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=_full_prompt_len)
     chain_hash: Mapped[str | None] = mapped_column(sa.Text())
+    # Set: request, normalized_request and response are deltas on this call's (polar.storage.payloads), which
+    # payload_index (hashes of this call's own payloads) lets a later call diff against without reading them.
+    payload_parent_id: Mapped[uuid.UUID | None] = mapped_column(sa.ForeignKey("model_calls.id"))
+    payload_index: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON())
+    # False when the answer never reached the harness (captured first, then the client was gone); such calls are
+    # kept for audit and left out of trajectories.
+    delivered: Mapped[bool] = mapped_column(sa.Boolean(), nullable=False, server_default=sa.true())
+    # The policy version when the answer was recorded; ``spans_policy_update``: it differs from ``policy_version``
+    # (the call was held across a weight update, so its sampled tokens came from two policies).
+    policy_version_end: Mapped[str | None] = mapped_column(sa.Text())
+    spans_policy_update: Mapped[bool] = mapped_column(
+        sa.Boolean(), nullable=False, default=False, server_default=sa.false()
+    )
+    # The protocol of the engine that served the call: vllm | sglang (polar.proxy.engines).
+    engine_kind: Mapped[str | None] = mapped_column(sa.Text())
 
 
 class Trajectory(Base):
@@ -288,3 +347,16 @@ class EngineControl(Base):
     mode: Mapped[str] = mapped_column(sa.Text(), nullable=False, default="reject")  # reject (429) | wait
     policy_version: Mapped[str | None] = mapped_column(sa.Text())
     updated_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), nullable=False)
+
+
+class EngineRecord(Base):
+    """An engine added at run time (``POST /v1/engines``), beside ``POLAR_ENGINE_URLS``; ``drained_at``: no new
+    sessions go to it (polar.proxy.fleet)."""
+
+    __tablename__ = "engines"
+
+    url: Mapped[str] = mapped_column(sa.Text(), primary_key=True)
+    kind: Mapped[str] = mapped_column(sa.Text(), nullable=False)
+    added_at: Mapped[datetime] = _created()
+    added_by: Mapped[str | None] = mapped_column(sa.Text())
+    drained_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))

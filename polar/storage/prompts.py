@@ -20,7 +20,7 @@ import hashlib
 import sys
 import uuid
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -105,21 +105,52 @@ def encode_prompt(prompt: Sequence[int], completion: Sequence[int], chains: Iter
     )
 
 
-def full_prompts(rows: Iterable[StoredPrompt]) -> dict[uuid.UUID, list[int]]:
-    """Every row's full prompt, by call id. ``rows`` come in ``seq`` order and include each row's parent
-    (parents are successful calls of the same session, so a session's successful calls always suffice)."""
+def full_prompts(
+    rows: Iterable[StoredPrompt], wanted: Collection[uuid.UUID] | None = None
+) -> dict[uuid.UUID, list[int]]:
+    """The full prompts of ``wanted`` rows (default: every row), by call id. ``rows`` come in ``seq`` order and
+    include each wanted row's ancestors (parents are successful calls of the same session, so a session's
+    successful calls up to the last one wanted always suffice).
+
+    Prompts are built as lists of slices of the stored arrays and only the wanted ones are joined: a page of a
+    200-call session costs its own tokens, not every earlier prompt's.
+    """
+    # Each call's full prompt + completion, as slices, and its length.
+    chains: dict[uuid.UUID, tuple[list[tuple[Sequence[int], int, int]], int]] = {}
     prompts: dict[uuid.UUID, list[int]] = {}
-    chains: dict[uuid.UUID, Sequence[int]] = {}
     for row in rows:
-        stored = list(row.prompt_token_ids)
+        stored = row.prompt_token_ids
         if row.prompt_parent_id is None:
-            prompt = stored
+            head: list[tuple[Sequence[int], int, int]] = []
+        elif row.prompt_parent_id not in chains:
+            raise PolarError(f"call {row.id}: its prompt's parent {row.prompt_parent_id} was not loaded first")
         else:
-            if row.prompt_parent_id not in prompts:
-                raise PolarError(f"call {row.id}: its prompt's parent {row.prompt_parent_id} was not loaded first")
-            parent = row.prompt_parent_id
-            head = [*prompts[parent], *chains[parent]][: row.prompt_prefix_len]
-            prompt = head + stored
-        prompts[row.id] = prompt
-        chains[row.id] = row.completion_token_ids
+            parent, length = chains[row.prompt_parent_id]
+            # Nearly always the whole parent chain: no walk over its slices.
+            head = parent if row.prompt_prefix_len == length else _cut(parent, row.prompt_prefix_len)
+        prompt = [*head, (stored, 0, len(stored))] if len(stored) else head
+        if wanted is None or row.id in wanted:
+            prompts[row.id] = _joined(prompt)
+        completion = row.completion_token_ids
+        chain = [*prompt, (completion, 0, len(completion))] if len(completion) else prompt
+        chains[row.id] = (chain, row.prompt_prefix_len + len(stored) + len(completion))
     return prompts
+
+
+def _joined(segments: list[tuple[Sequence[int], int, int]]) -> list[int]:
+    joined: list[int] = []
+    for tokens, start, end in segments:
+        joined.extend(tokens[start:end])
+    return joined
+
+
+def _cut(segments: list[tuple[Sequence[int], int, int]], length: int) -> list[tuple[Sequence[int], int, int]]:
+    """The first ``length`` tokens of a sliced sequence, still as slices."""
+    kept, total = [], 0
+    for tokens, start, end in segments:
+        if total >= length:
+            break
+        take = min(end - start, length - total)
+        kept.append((tokens, start, start + take))
+        total += take
+    return kept

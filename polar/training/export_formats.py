@@ -42,6 +42,7 @@ RL_SCHEMA = pa.schema(
         pa.field("reward", pa.float64()),
         pa.field("policy_version", pa.string()),
         pa.field("num_calls", pa.int32(), nullable=False),
+        pa.field("spans_policy_update", pa.bool_(), nullable=False),
     ]
 )
 

@@ -11,7 +11,9 @@ RL row: ``trajectory_id, session_id, batch_id, task_id`` (str), ``sample_index``
 task's ``metadata.group_id``, else ``"<batch_id>:<task position>"``), ``agent`` (str, ``""`` when the call named
 no agent), ``token_ids`` (list[int]), ``loss_mask`` (list[int] of 0/1), ``logprobs`` (list[float]), ``reward``
 (float or null), ``policy_version`` (str or null: the task's ``metadata.policy_version``, else the version every
-call of the session carried), ``num_calls`` (int: calls merged into the trajectory).
+call of the session carried), ``num_calls`` (int: calls merged into the trajectory), ``spans_policy_update``
+(bool: one of its calls was held by an engine across a weight update, so its sampled tokens came from two
+policies; drop or correct it).
 
 SFT row: ``session_id, task_id`` (str), ``sample_index`` (int), ``reward`` (float or null), ``messages`` (list of
 ``{role, content, reasoning, tool_calls, tool_call_id, name}``: strings, ``""`` when absent, ``tool_calls`` a list
@@ -37,6 +39,7 @@ from polar.lifecycle.attempts import is_training_signal
 from polar.lifecycle.groups import group_id
 from polar.lifecycle.states import TERMINAL, State
 from polar.services import Services
+from polar.storage.captured import STORED, chat_form, rebuild
 from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
 
 Kind = Literal["rl", "sft"]
@@ -158,8 +161,19 @@ def _metadata(spec_metadata: Any) -> Mapping[str, Any]:
     return spec_metadata if isinstance(spec_metadata, Mapping) else {}
 
 
+def _spanning_calls(db: Any, batch_id: uuid.UUID) -> set[str]:
+    """Ids of the batch's calls an engine held across a weight update (``model_calls.spans_policy_update``)."""
+    query = (
+        sa.select(ModelCall.id)
+        .join(Session, Session.id == ModelCall.session_id)
+        .where(Session.batch_id == batch_id, ModelCall.spans_policy_update)
+    )
+    return {str(call_id) for call_id in db.scalars(query)}
+
+
 def _rl_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator[dict[str, Any]]:
     versions = _call_policy_version()
+    spanning = _spanning_calls(db, batch_id)
     query = (
         sa.select(
             Trajectory.id,
@@ -200,43 +214,46 @@ def _rl_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator
             "reward": row.reward,
             "policy_version": str(version) if version is not None else None,
             "num_calls": len(row.call_ids),
+            # Some of its sampled tokens came from the policy before a weight update: drop or correct it.
+            "spans_policy_update": any(str(call_id) in spanning for call_id in row.call_ids),
         }
 
 
 def _sft_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator[dict[str, Any]]:
     last = _last_successful_call()
     query = (
-        sa.select(
-            Session.id,
-            Session.task_id,
-            Session.sample_index,
-            Session.reward,
-            ModelCall.normalized_request,
-            ModelCall.response,
-        )
+        sa.select(Session.id, Session.task_id, Session.sample_index, Session.reward, ModelCall.id.label("call_id"),
+                  ModelCall.seq)
         .join(Task, Task.id == Session.task_pk)
         .join(last, last.c.session_id == Session.id)
         .join(ModelCall, sa.and_(ModelCall.session_id == Session.id, ModelCall.seq == last.c.seq))
         .where(_scope("sft", batch_id), _accepted(min_reward))
         .order_by(Task.position, Session.sample_index)
-        .execution_options(yield_per=YIELD_PER)
-    )
-    for row in db.execute(query):
-        chat = chat_form(row.normalized_request or {})
-        yield {
-            "session_id": str(row.id),
-            "task_id": row.task_id,
-            "sample_index": row.sample_index,
-            "reward": row.reward,
-            "messages": sft_messages(chat, row.response),
-            "tools": [json.dumps(tool, ensure_ascii=False) for tool in chat.get("tools") or []],
-        }
-
-
-def chat_form(normalized_request: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The chat request a call stands for: itself, or for a token-in-token-out call (which sent the engine token
-    ids) the messages and tools it annotated under ``polar_tito``."""
-    return normalized_request.get("polar_tito") or normalized_request
+    )  # fmt: skip
+    sessions = db.execute(query).all()
+    # A call's payloads are deltas on earlier calls of its session: read each session's calls up to its last.
+    for start in range(0, len(sessions), YIELD_PER):
+        chunk = sessions[start : start + YIELD_PER]
+        stored = db.execute(
+            sa.select(*STORED, ModelCall.session_id)
+            .where(ModelCall.session_id.in_([session.id for session in chunk]))
+            .order_by(ModelCall.session_id, ModelCall.seq)
+        ).all()
+        by_session: dict[uuid.UUID, list[Any]] = {}
+        for row in stored:
+            by_session.setdefault(row.session_id, []).append(row)
+        for session in chunk:
+            rows = [row for row in by_session.get(session.id, []) if row.seq <= session.seq]
+            call = rebuild(rows, {session.call_id}, prompts=False)[session.call_id]
+            chat = chat_form(call.normalized_request or {})
+            yield {
+                "session_id": str(session.id),
+                "task_id": session.task_id,
+                "sample_index": session.sample_index,
+                "reward": session.reward,
+                "messages": sft_messages(chat, call.response),
+                "tools": [json.dumps(tool, ensure_ascii=False) for tool in chat.get("tools") or []],
+            }
 
 
 def sft_messages(request: Mapping[str, Any], response: Mapping[str, Any]) -> list[dict[str, Any]]:

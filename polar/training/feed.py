@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session as DbSession
 
 from polar.errors import Busy
@@ -32,6 +33,7 @@ from polar.storage.models import Session, Task, Trajectory
 from polar.training.wait_slots import WaitSlots
 
 POLL_S = 0.2
+_CHUNK = 1000  # tasks per statement when completing groups
 _TERMINAL = [state.value for state in TERMINAL]
 
 
@@ -46,15 +48,60 @@ def assign_position(db: DbSession, session_id: uuid.UUID) -> None:
     assign_positions(db, [session_id])
 
 
-def assign_positions(db: DbSession, session_ids: Sequence[uuid.UUID]) -> None:
-    """Give sessions that just ended the next feed positions, in the order given (one batched UPDATE)."""
-    exclusive(db, FEED)
-    last = int(db.scalar(sa.select(sa.func.coalesce(sa.func.max(Session.feed_seq), 0))) or 0)
+def assign_positions(
+    db: DbSession, session_ids: Sequence[uuid.UUID], task_pks: Collection[uuid.UUID] | None = None
+) -> None:
+    """Give sessions that just ended the next feed positions, in the order given, in one statement however many
+    there are, and each group they complete its position (``tasks.group_feed_seq``: the position of its last
+    sample). ``task_pks``: the sessions' tasks, when the caller has them (a cancel of 100,000 sessions does)."""
+    if not session_ids:
+        return
+    last = lock_positions(db)
     table = Session.__table__
-    db.execute(
-        sa.update(table).where(table.c.id == sa.bindparam("sid")).values(feed_seq=sa.bindparam("seq")),
-        [{"sid": session_id, "seq": last + offset} for offset, session_id in enumerate(session_ids, start=1)],
-    )
+    if db.get_bind().dialect.name == "postgresql":
+        numbered = (
+            sa.func.unnest(sa.bindparam("ids", type_=postgresql.ARRAY(sa.Uuid())))
+            .table_valued("id", with_ordinality="n")
+            .render_derived("numbered")
+        )
+        db.execute(
+            sa.update(table).where(table.c.id == numbered.c.id).values(feed_seq=sa.bindparam("last") + numbered.c.n),
+            {"ids": list(session_ids), "last": last},
+        )
+    else:
+        db.execute(
+            sa.update(table).where(table.c.id == sa.bindparam("sid")).values(feed_seq=sa.bindparam("seq")),
+            [{"sid": session_id, "seq": last + offset} for offset, session_id in enumerate(session_ids, start=1)],
+        )
+    if task_pks is None:
+        task_pks = db.scalars(sa.select(Session.task_pk).where(Session.id.in_(session_ids)).distinct()).all()
+    complete_groups(db, task_pks)
+
+
+def lock_positions(db: DbSession) -> int:
+    """Take the feed lock (until the transaction ends) and return the last position handed out: the positions
+    above it are this transaction's to give."""
+    exclusive(db, FEED)
+    return int(db.scalar(sa.select(sa.func.coalesce(sa.func.max(Session.feed_seq), 0))) or 0)
+
+
+def complete_groups(db: DbSession, task_pks: Collection[uuid.UUID]) -> None:
+    """Mark each of these tasks whose samples have all settled with its group's position. Runs under the feed
+    lock, so two samples of one group ending at once cannot both miss completing it."""
+    tasks = list(task_pks)
+    for start in range(0, len(tasks), _CHUNK):
+        chunk = tasks[start : start + _CHUNK]
+        settled = (
+            sa.select(Session.task_pk, sa.func.max(Session.feed_seq).label("position"), sa.func.count().label("n"))
+            .where(Session.task_pk.in_(chunk), Session.feed_seq.is_not(None))
+            .group_by(Session.task_pk)
+            .subquery()
+        )
+        db.execute(
+            sa.update(Task)
+            .where(Task.id == settled.c.task_pk, Task.num_samples == settled.c.n, Task.group_feed_seq.is_(None))
+            .values(group_feed_seq=settled.c.position)
+        )
 
 
 def _sessions_after(db: DbSession, batch_id: uuid.UUID | None, after: int, limit: int, groups: bool) -> list[Any]:
@@ -62,23 +109,19 @@ def _sessions_after(db: DbSession, batch_id: uuid.UUID | None, after: int, limit
     if not groups:
         query = sa.select(Session.id, Session.feed_seq).where(*scope, Session.feed_seq > after)
         return list(db.execute(query.order_by(Session.feed_seq).limit(limit)).all())
-    # A group's position is that of its last session to finish, and it appears only once all have.
-    complete = (
-        sa.select(Session.task_pk, sa.func.max(Session.feed_seq).label("position"))
-        .join(Task, Task.id == Session.task_pk)
-        .where(*scope)
-        .group_by(Session.task_pk, Task.num_samples)
-        .having(sa.func.count() == Task.num_samples)
-        .subquery()
-    )
+    # A group's position is that of its last session to settle (``assign_positions``); it appears only then.
     chosen = (
-        sa.select(complete.c.task_pk, complete.c.position)
-        .where(complete.c.position > after)
-        .order_by(complete.c.position)
+        sa.select(Task.id, Task.group_feed_seq.label("position"))
+        .where(Task.group_feed_seq > after, *([Task.batch_id == batch_id] if batch_id else []))
+        .order_by(Task.group_feed_seq)
         .limit(limit)
         .subquery()
     )
-    query = sa.select(Session.id, chosen.c.position).join(chosen, chosen.c.task_pk == Session.task_pk)
+    query = (
+        sa.select(Session.id, chosen.c.position)
+        .join(chosen, chosen.c.id == Session.task_pk)
+        .where(Session.feed_seq.is_not(None))
+    )
     return list(db.execute(query.order_by(chosen.c.position, Session.sample_index)).all())
 
 

@@ -1,5 +1,5 @@
 """The web console in a real headless Chromium, on one real batch through the whole stack: a harness that
-rewrites its history (three chat calls merged by prefix merging, one ``diverged`` break) and one that fails
+rewrites its history (three chat calls merged by prefix merging, one ``answer_rewritten`` break) and one that fails
 printing HTML. Signs in with the read-only token, checks the batch, session and trajectory pages against the
 database and the engine, and fails on any console error. Screenshots land in the test's tmp dir and, with
 POLAR_ARTIFACTS set, there too."""
@@ -187,7 +187,7 @@ def test_trajectory_viewer_marks_sampled_tokens_and_the_break(stack: RunningStac
     (merge_break,) = stack.sql(
         "SELECT reason, position, seq FROM merge_breaks WHERE session_id = :id", id=session["session_id"]
     )
-    assert (merge_break.reason, merge_break.seq) == ("diverged", 3)
+    assert (merge_break.reason, merge_break.seq) == ("answer_rewritten", 3)
     expected_seqs = [["1", "2"], ["3"]]
     for index, trajectory in enumerate(trajectories):
         page.goto(f"{stack.api_url}/ui/trajectories/{trajectory['trajectory_id']}")
@@ -205,7 +205,7 @@ def test_trajectory_viewer_marks_sampled_tokens_and_the_break(stack: RunningStac
         marks = page.evaluate(
             "[...document.querySelectorAll('#tokens .break')].map(b => [b.dataset.reason, +b.dataset.position])"
         )
-        assert marks == [["diverged", merge_break.position]]
+        assert marks == [["answer_rewritten", merge_break.position]]
         title = page.evaluate("document.querySelector('.run.sampled .t').title")
         assert "logprob" in title
         page.screenshot(shots / f"trajectory-{index}.png")

@@ -141,6 +141,11 @@ def _not_found(ran: subprocess.CompletedProcess[str], reader: Reader) -> None:
     assert json.loads(ran.stdout)["error"]["status"] == 404  # as docs/api.md says: unknown id
 
 
+def _engines(ran: subprocess.CompletedProcess[str], reader: Reader) -> None:
+    listed = json.loads(ran.stdout)["engines"]
+    assert listed and all({"url", "kind", "healthy"} <= set(engine) for engine in listed)
+
+
 def _console(ran: subprocess.CompletedProcess[str], reader: Reader) -> None:
     assert ran.stdout.strip() == "200" and reader.env["BATCH_ID"] in (reader.workdir / "batch.html").read_text()
 
@@ -157,6 +162,7 @@ def _generate(ran: subprocess.CompletedProcess[str], reader: Reader) -> None:
 CHECKS: dict[tuple[str, str], Check] = {
     ("docs/cli.md", ""): _cli_page,
     ("docs/api.md", "curl -sf"): _openapi,
+    ("docs/api.md", 'curl -s -H "Authorization: Bearer $POLAR_API_TOKEN" "$POLAR_API_URL/v1/engines"'): _engines,
     ("docs/api.md", "curl -s -H"): _not_found,
     ("docs/console.md", ""): _console,
     ("README.md", ""): _tour,

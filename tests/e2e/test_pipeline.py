@@ -88,7 +88,7 @@ def test_batch_end_to_end_is_token_exact(database_url: str, broker_url: str, tmp
         assert stream_calls[0]["model"] == "client-model-name"
 
         # Secrets stay out of captured data: no proxy key in any stored request or response.
-        rows = stack.sql("SELECT request::text || normalized_request::text || response::text FROM model_calls")
+        rows = stack.sql("SELECT request::text || normalized_request::text || response::text FROM model_calls_full")
         assert all("pk-" not in row[0] for row in rows)
         # Events: every session walked every state once, in order.
         paths = stack.sql("SELECT string_agg(to_state, ',' ORDER BY id) FROM session_events GROUP BY session_id")

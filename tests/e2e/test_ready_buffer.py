@@ -12,7 +12,7 @@ from tests.support import command_task, running_stack
 def test_ready_buffer_bounds_init_and_ready(database_url: str, broker_url: str, tmp_path: Path) -> None:
     env = {"POLAR_READY_BUFFER": "2"}
     with running_stack(database_url, broker_url, tmp_path, run_concurrency=1, env=env) as stack:
-        task = command_task("slow-init", "sleep 0.4", samples=8, runtime={"prepare": [{"run": "sleep 0.6"}]})
+        task = command_task("slow-init", "sleep 0.4", samples=8, runtime={"prepare": [{"run": "sleep 1.5"}]})
         submitted = stack.client.submit({"tasks": [task]})
         final = stack.wait(submitted["batch_id"])
         assert final["counts"] == {"completed": 8}
@@ -31,6 +31,7 @@ def test_ready_buffer_bounds_init_and_ready(database_url: str, broker_url: str, 
         elif not idle_with_work and idle_since is not None:
             idle_gaps.append((at - idle_since).total_seconds())
             idle_since = None
-    assert buffered_max == 2
-    # Hand-over from one run to the next ready session is only broker latency, never a wait for init.
-    assert max(idle_gaps, default=0.0) < 0.5, idle_gaps
+    assert buffered_max == 2, events
+    # Hand-over from one run to the next ready session is only broker latency, never a wait for init (1.5 s).
+    # The bound leaves room for a loaded machine (two test processes on two cores), not for an init.
+    assert max(idle_gaps, default=0.0) < 1.0, idle_gaps

@@ -19,7 +19,8 @@ from polar.training.exports import export_rows, export_summary, sft_messages
 from tests.support import domain_services
 
 RL_COLUMNS = ["trajectory_id", "session_id", "batch_id", "task_id", "sample_index", "group_id", "agent",
-              "token_ids", "loss_mask", "logprobs", "reward", "policy_version", "num_calls"]  # fmt: skip
+              "token_ids", "loss_mask", "logprobs", "reward", "policy_version", "num_calls",
+              "spans_policy_update"]  # fmt: skip
 TOOL = {"type": "function", "function": {"name": "calc", "parameters": {"type": "object", "properties": {}}}}
 
 

@@ -35,3 +35,26 @@ def test_every_stage_worker_serves_its_metrics_on_a_port_of_its_own() -> None:
     assert metrics_urls(stage_workers(2, metrics=False)) == {}
     # gunicorn with Polar's settings, so /metrics adds up every worker process.
     assert "python:web.gunicorn_conf" in gunicorn_spec("api", "web.api:create_app()", 1).argv
+
+
+def test_a_stack_never_takes_another_stacks_server_for_its_own(tmp_path: Path) -> None:
+    # Two stacks picked the same port: the second one's engine cannot bind it, and its start says so instead of
+    # reading the first one's health check as its own (its sessions would have gone to a stranger's engine).
+    import pytest
+
+    from polar.launcher import Stack, engine_spec, free_port
+
+    port = free_port()
+    with Stack([engine_spec(port, "echo")], {}, tmp_path / "first"):
+        second = Stack([engine_spec(port, "echo")], {}, tmp_path / "second")
+        with pytest.raises(RuntimeError, match="engine exited"):
+            second.start(timeout_s=60)
+
+
+def test_embedded_stacks_started_at_once_claim_different_ports() -> None:
+    from polar.embedded import _port
+    from polar.launcher import free_port
+
+    preferred = free_port()
+    first, second = _port(preferred), _port(preferred)
+    assert first == preferred and second != preferred  # the claim on the preferred port is held by the first

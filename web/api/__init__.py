@@ -9,9 +9,10 @@ from __future__ import annotations
 from flask import Flask
 
 from polar.config import Config, load_config
-from web.api import batches, engine, exports, health, metrics, openapi, sessions, trajectories
+from web.api import batches, engine, engines, exports, health, metrics, openapi, sessions, trajectories
 from web.api.auth import require_tokens
 from web.errors import register_error_handlers
+from web.json_provider import FastJSONProvider
 from web.services import web_services
 
 
@@ -23,7 +24,7 @@ def create_app(config: Config | None = None) -> Flask:
     app.config["POLAR"] = config
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.extensions["polar"] = web_services(config, "api")
-    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.json = FastJSONProvider(app)
     register_error_handlers(app)
     for blueprint in (
         batches.blueprint,
@@ -32,6 +33,7 @@ def create_app(config: Config | None = None) -> Flask:
         health.blueprint,
         trajectories.blueprint,
         engine.blueprint,
+        engines.blueprint,
     ):
         app.register_blueprint(blueprint)
     from web.console import register_console  # here: web.console imports web.api.auth

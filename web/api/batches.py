@@ -12,7 +12,7 @@ from polar.records.audit import record_now
 from polar.serialization import batch_json
 from polar.task_request import parse_batch_request
 from web.api.auth import caller
-from web.api.requests import IntArg, json_body, parse_id, services
+from web.api.requests import IntArg, json_body, parse_id, query_arg, services
 
 blueprint = Blueprint("batches", __name__, url_prefix="/v1/batches")
 
@@ -48,6 +48,7 @@ def sessions(batch_id: str) -> Response:
         parse_id(batch_id, "batch"),
         limit=SESSIONS_LIMIT.read(),
         offset=SESSIONS_OFFSET.read(),
+        after=query_arg("after"),
     )
     return jsonify(page)
 

@@ -1,18 +1,25 @@
-"""``/v1/engine``: hold model calls while a trainer syncs weights, then resume with a new policy version."""
+"""``/v1/engine``: hold model calls while a trainer syncs weights, then resume with a new policy version.
+
+The proxies stop starting calls first; then every engine is paused too (``engine_mode``, default ``keep``: calls
+in flight freeze inside the engines and finish after resume, marked as spanning the update when the version
+changed). Resume records the new version before the engines continue, so a held call ends under it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import pydantic
 from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar.errors import ValidationError
+from polar.proxy.fleet import fleet
 from polar.records.audit import record_now
 from polar.task_request import first_error
 from polar.training.engine_control import read_state, set_state
+from polar.training.engine_sync import pause_engines, resume_engines
 from web.api.auth import caller
 from web.api.requests import json_body, services
 
@@ -33,6 +40,11 @@ class PauseRequest(ResumeRequest):
 
     # reject: new calls get 429 + Retry-After; wait: they are held until resume (up to POLAR_PAUSE_MAX_WAITERS).
     mode: Literal["reject", "wait"] = "reject"
+    # What every engine does with the calls it is generating (vLLM's /pause modes; SGLang's in_place is keep):
+    # keep freezes them until resume, wait lets them finish first, abort ends them; none leaves engines running.
+    engine_mode: Literal["keep", "wait", "abort", "none"] = "keep"
+    # vLLM's clear_cache (its KV and prefix caches), for the modes that drain; ignored by keep.
+    clear_cache: bool = False
 
 
 _Options = TypeVar("_Options", bound=ResumeRequest)
@@ -62,10 +74,16 @@ def show() -> Response:
     return jsonify(dataclasses.asdict(read_state(services().db)))
 
 
+def _engines() -> list[Any]:
+    return [address for address, _, drained in fleet(services().config, services().db) if not drained]
+
+
 @blueprint.post("/pause")
 def pause() -> Response:
     options = _options(PauseRequest)
-    state = dataclasses.asdict(set_state(services().db, True, options.mode, _version(options)))
+    state: dict[str, Any] = dataclasses.asdict(set_state(services().db, True, options.mode, _version(options)))
+    if options.engine_mode != "none":
+        state["engines"] = pause_engines(_engines(), options.engine_mode, options.clear_cache)
     record_now(services().db, caller(), "pause", "engine", state)
     return jsonify(state)
 
@@ -73,6 +91,7 @@ def pause() -> Response:
 @blueprint.post("/resume")
 def resume() -> Response:
     options = _options(ResumeRequest)
-    state = dataclasses.asdict(set_state(services().db, False, "reject", _version(options)))
+    state: dict[str, Any] = dataclasses.asdict(set_state(services().db, False, "reject", _version(options)))
+    state["engines"] = resume_engines(_engines(), state["policy_version"])
     record_now(services().db, caller(), "resume", "engine", state)
     return jsonify(state)

@@ -16,7 +16,7 @@ from typing_extensions import TypedDict  # pydantic reads TypedDicts from typing
 
 from polar.serialization import (
     BatchJSON,
-    CallJSON,
+    CallPageJSON,
     FeedItemJSON,
     SessionEventsJSON,
     SessionJSON,
@@ -29,6 +29,8 @@ from polar.training.export_formats import FORMATS, MEDIA_TYPES
 from polar.training.exports import KINDS
 from web.api.batches import MAX_IDEMPOTENCY_KEY, SESSIONS_LIMIT, SESSIONS_OFFSET
 from web.api.engine import PauseRequest, ResumeRequest
+from web.api.engines import EngineRequest
+from web.api.sessions import CALLS_AFTER, CALLS_LIMIT
 from web.api.trajectories import FEED_AFTER, FEED_LIMIT, MAX_WAIT_S
 
 Role = Literal["admin", "read", "open"]
@@ -49,11 +51,6 @@ class CancelledJSON(TypedDict):
 
 
 @with_config(_CLOSED)
-class CallsJSON(TypedDict):
-    items: list[CallJSON]
-
-
-@with_config(_CLOSED)
 class TrajectoriesJSON(TypedDict):
     items: list[TrajectoryJSON]
 
@@ -69,6 +66,50 @@ class EngineStateJSON(TypedDict):
     paused: bool
     mode: Literal["reject", "wait"]
     policy_version: str | None
+
+
+@with_config(_CLOSED)
+class EngineActionJSON(TypedDict):
+    url: str
+    kind: Literal["vllm", "sglang"]
+    ok: bool  # the engine did what was asked
+    error: str | None  # why not: an unsupported version, a route it lacks (vLLM without dev mode), no answer
+    version: NotRequired[str | None]  # what it reported (pause only)
+    weight_version_set: NotRequired[bool]  # resume only: it took the new version (/update_weight_version)
+
+
+@with_config(_CLOSED)
+class EngineControlJSON(TypedDict):
+    paused: bool
+    mode: Literal["reject", "wait"]
+    policy_version: str | None
+    engines: NotRequired[list[EngineActionJSON]]  # each engine's pause or resume (absent: engine_mode none)
+
+
+@with_config(_CLOSED)
+class EngineJSON(TypedDict):
+    url: str  # credentials removed
+    kind: Literal["vllm", "sglang"]
+    source: Literal["config", "api"]  # POLAR_ENGINE_URLS, or added through POST /v1/engines
+    drained: bool
+    healthy: bool  # answers /health and is not drained
+    load: float | None  # running + waiting requests it reports (/metrics)
+    version: str | None  # vLLM /version or SGLang /get_server_info
+    policy_version: str | None  # the version Polar stamps on calls now
+    weight_version: str | None  # the weight version the engine itself reports, where it has one
+    error: str | None
+
+
+@with_config(_CLOSED)
+class EnginesJSON(TypedDict):
+    engines: list[EngineJSON]
+
+
+@with_config(_CLOSED)
+class EngineChangeJSON(TypedDict):
+    url: str
+    kind: Literal["vllm", "sglang"]
+    drained: bool
 
 
 @with_config(_CLOSED)
@@ -117,6 +158,12 @@ _EXPORT_HEADERS: dict[str, dict[str, Any]] = {
 _PAGE = (
     Param("limit", "query", SESSIONS_LIMIT.schema(), "Sessions per page."),
     Param("offset", "query", SESSIONS_OFFSET.schema(), "Sessions to skip (a page's ``next_offset``)."),
+    Param("after", "query", {"type": "string", "pattern": r"^[0-9]{1,9}\.[0-9]{1,9}\.[0-9]{1,9}$"},
+          "Sessions after this cursor (a page's ``next_after``): as fast at any depth of the batch."),
+)  # fmt: skip
+_CALL_PAGE = (
+    Param("limit", "query", CALLS_LIMIT.schema(), "Calls per page."),
+    Param("after", "query", CALLS_AFTER.schema(), "Calls after this ``seq`` (a page's ``next_after``)."),
 )
 _FEED = (
     Param("batch_id", "query", {"type": "string", "format": "uuid"}, "Only this batch's trajectories."),
@@ -195,7 +242,11 @@ OPERATIONS: dict[str, Operation] = {
         {200: Reply("Every state change, with the time spent in the state it entered.", SessionEventsJSON)},
     ),
     "sessions.calls": Operation(
-        "A session's captured model calls", "sessions", "read", {200: Reply("In order.", CallsJSON)}
+        "A session's captured model calls, a page at a time",
+        "sessions",
+        "read",
+        {200: Reply("In ``seq`` order, each whole: its full prompt and payloads.", CallPageJSON)},
+        params=_CALL_PAGE,
     ),
     "sessions.trajectories": Operation(
         "A session's reconstructed trajectories", "sessions", "read", {200: Reply("In order.", TrajectoriesJSON)}
@@ -218,17 +269,44 @@ OPERATIONS: dict[str, Operation] = {
         "Hold new model calls",
         "engine",
         "admin",
-        {200: Reply("Paused; returned once every proxy has seen it.", EngineStateJSON)},
+        {200: Reply("Paused; returned once every proxy has seen it and every engine answered.", EngineControlJSON)},
         description="While a trainer syncs weights: new calls get 429 + Retry-After (``reject``) or wait "
-        "(``wait``); calls in flight finish.",
+        "(``wait``) at the proxies; every engine is paused too (``engine_mode``: ``keep`` freezes calls in flight "
+        "until resume, ``wait`` lets them finish first, ``abort`` ends them, ``none`` leaves engines alone). "
+        "Each engine's outcome is in ``engines``.",
         body=PauseRequest,
     ),
     "engine.resume": Operation(
         "Let model calls through again",
         "engine",
         "admin",
-        {200: Reply("Resumed.", EngineStateJSON)},
+        {200: Reply("Resumed: the new policy version is recorded, then every engine continues.", EngineControlJSON)},
+        description="Calls an engine held across the update end under the new version and are marked "
+        "``spans_policy_update``.",
         body=ResumeRequest,
+    ),
+    "engines.listing": Operation(
+        "The inference engines",
+        "engine",
+        "read",
+        {200: Reply("Every engine, probed now: kind, health, load, versions.", EnginesJSON)},
+    ),
+    "engines.add": Operation(
+        "Add an engine at run time",
+        "engine",
+        "admin",
+        {201: Reply("Added: proxies send it new sessions within a health round.", EngineChangeJSON)},
+        body=EngineRequest,
+        body_required=True,
+    ),
+    "engines.drain": Operation(
+        "Drain an engine added at run time",
+        "engine",
+        "admin",
+        {200: Reply("Drained: no new sessions; its sessions move on their next call.", EngineChangeJSON)},
+        body=EngineRequest,
+        body_required=True,
+        errors={404: "The engine was not added through the API."},
     ),
     "health.healthz": Operation(
         "Liveness",

@@ -5,11 +5,15 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify
 
 from polar.inspection.timeline import session_timeline
-from polar.lifecycle.sessions import get_session, session_calls, session_trajectories
+from polar.lifecycle.sessions import call_page, get_session, session_trajectories
 from polar.serialization import events_json
-from web.api.requests import parse_id, services
+from web.api.requests import IntArg, parse_id, services
 
 blueprint = Blueprint("sessions", __name__, url_prefix="/v1/sessions")
+
+# Every call carries the conversation so far (requests of hundreds of KB at agent size): pages stay small.
+CALLS_LIMIT = IntArg("limit", 50, 1, 1000)
+CALLS_AFTER = IntArg("after", 0, 0, 2**31 - 1)
 
 
 @blueprint.get("/<session_id>")
@@ -25,7 +29,8 @@ def events(session_id: str) -> Response:
 
 @blueprint.get("/<session_id>/calls")
 def calls(session_id: str) -> Response:
-    return jsonify({"items": session_calls(services(), parse_id(session_id, "session"))})
+    session = parse_id(session_id, "session")
+    return jsonify(call_page(services(), session, after=CALLS_AFTER.read(), limit=CALLS_LIMIT.read()))
 
 
 @blueprint.get("/<session_id>/trajectories")

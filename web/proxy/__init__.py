@@ -12,10 +12,14 @@ from flask import Flask, Response, current_app, jsonify, request, stream_with_co
 from werkzeug.exceptions import HTTPException
 
 from polar.config import Config, load_config
+from polar.instance import instance_headers
 from polar.observability import ProxyMetrics, exposition
 from polar.protocols import detect, openai_chat, protocol_for_errors
-from polar.proxy import EnginePool, ProxyAnswer, ProxyService
+from polar.proxy import ProxyAnswer, ProxyService
+from polar.proxy.fleet import engine_pool
 from polar.storage.database import open_database
+from web.json_provider import FastJSONProvider
+from web.proxy.delivery import client_gone, watched
 
 KEY_HEADERS = ("x-api-key", "x-goog-api-key")
 
@@ -35,8 +39,15 @@ def _key_from_request() -> str | None:
 
 
 def _respond(answer: ProxyAnswer) -> Response:
-    if answer.stream is not None:
-        response = Response(stream_with_context(answer.stream), status=answer.status, mimetype=answer.media_type)
+    stream = answer.stream
+    if answer.call_id is not None:
+        call_id, service = answer.call_id, _service()
+        if client_gone(request.environ):
+            service.mark_undelivered(call_id, "the client had closed its connection")
+        elif stream is not None:
+            stream = watched(stream, lambda: service.mark_undelivered(call_id, "the stream was cut before its end"))
+    if stream is not None:
+        response = Response(stream_with_context(stream), status=answer.status, mimetype=answer.media_type)
         response.headers["Cache-Control"] = "no-cache"
         response.headers["X-Accel-Buffering"] = "no"
         response.headers.update(answer.headers)
@@ -68,14 +79,15 @@ def _handle(key: str | None, agent: str | None, path: str) -> Response:
 def create_app(config: Config | None = None) -> Flask:
     config = config or load_config()
     app = Flask(__name__)
+    app.json = FastJSONProvider(app)
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     metrics = ProxyMetrics()
-    engines = EnginePool(config.engine_urls, config.engine_timeout_s, metrics=metrics)
-    app.extensions["polar_proxy"] = ProxyService(config, open_database(config, "proxy"), engines, metrics=metrics)
+    db = open_database(config, "proxy")
+    app.extensions["polar_proxy"] = ProxyService(config, db, engine_pool(config, db, metrics), metrics=metrics)
 
     @app.get("/healthz")
-    def healthz() -> Response:
-        return jsonify({"status": "ok"})
+    def healthz() -> tuple[Response, int, dict[str, str]]:
+        return jsonify({"status": "ok"}), 200, instance_headers()
 
     @app.get("/metrics")
     def prometheus() -> Response:

@@ -9,6 +9,7 @@ from typing import Any
 from polar.engine.policies.arithmetic import ArithmeticPolicy
 from polar.engine.policies.base import Policy
 from polar.engine.policies.echo import EchoPolicy
+from polar.engine.policies.plan import PlanPolicy
 from polar.engine.policies.scripted import ScriptedPolicy
 from polar.engine.policies.tool_user import ToolUserPolicy
 from polar.errors import PluginNotAllowed
@@ -21,6 +22,7 @@ POLICIES: Mapping[str, PolicyFactory] = {
     "arithmetic": ArithmeticPolicy,
     "echo": EchoPolicy,
     "tool_user": ToolUserPolicy,
+    "plan": PlanPolicy,
 }
 
 

@@ -22,7 +22,6 @@ is there, or when no tool fits (or ``tool_choice`` is "none"), the policy answer
 
 from __future__ import annotations
 
-import posixpath
 import re
 import shlex
 from collections.abc import Mapping
@@ -31,6 +30,20 @@ from typing import Any
 
 from polar.engine.conversation import Message, ToolCall
 from polar.engine.policies.base import AssistantTurn, PolicyRequest
+from polar.engine.policies.tool_fitting import (
+    CONTENT_PROPERTIES,
+    PATCH_TOOLS,
+    SHELL_TOOLS,
+    WRITE_TOOLS,
+    first,
+    fit_path,
+    functions,
+    named,
+    patch_call,
+    path_call,
+    properties,
+    shell_call,
+)
 
 _INSTRUCTION_RE = re.compile(
     r"\b(?:create|write)\s+(?:a\s+)?(?:new\s+)?(?:file\s+)?(?:(?:named|called|at)\s+)?"
@@ -44,13 +57,6 @@ _CWD_RE = re.compile(
     r"\s*(?:is)?\s*[:=]?\s*[`'\"]?(?P<cwd>/[^\s`'\"<>]*[^\s`'\".,<>])",
     re.IGNORECASE,
 )
-
-WRITE_TOOLS = ("write", "write_file", "create_file", "writefile")
-SHELL_TOOLS = ("bash", "shell", "exec_command", "run_shell_command", "local_shell", "shell_command")
-PATCH_TOOLS = ("apply_patch",)
-PATH_PROPERTIES = ("file_path", "path", "filePath", "absolute_path", "filename")
-CONTENT_PROPERTIES = ("content", "text", "contents")
-COMMAND_PROPERTIES = ("command", "cmd")
 
 
 @dataclass(frozen=True)
@@ -104,13 +110,22 @@ class ToolUserPolicy:
 
 def choose_call(tools: tuple[Mapping[str, Any], ...], task: FileTask, cwd: str | None) -> ToolCall | None:
     """The call that creates ``task`` with the best of ``tools`` (write > shell > apply_patch), or None."""
-    functions = [tool.get("function") or {} for tool in tools]
-    for names, build in ((WRITE_TOOLS, _write_call), (SHELL_TOOLS, _shell_call), (PATCH_TOOLS, _patch_call)):
-        for function in functions:
-            if str(function.get("name", "")).lower() in names:
-                call = build(function, task, cwd)
-                if call is not None:
-                    return call
+    offered = functions(tools)
+    purpose = f"Create {task.path}"
+    for function in named(offered, WRITE_TOOLS):
+        content_name = first(properties(function), CONTENT_PROPERTIES)
+        call = (
+            None if content_name is None else path_call(function, task.path, cwd, {content_name: task.content}, purpose)
+        )
+        if call is not None:
+            return call
+    for function in named(offered, SHELL_TOOLS):
+        path = fit_path(task.path, function, None, cwd)
+        call = shell_call(function, f"printf '%s' {shlex.quote(task.content)} > {shlex.quote(path)}", purpose)
+        if call is not None:
+            return call
+    for function in named(offered, PATCH_TOOLS):
+        return patch_call(function, f"*** Begin Patch\n*** Add File: {task.path}\n+{task.content}\n*** End Patch\n")
     return None
 
 
@@ -121,79 +136,3 @@ def _last_task(messages: tuple[Message, ...]) -> tuple[int, FileTask] | None:
             if task is not None:
                 return index, task
     return None
-
-
-def _properties(function: Mapping[str, Any]) -> dict[str, Any]:
-    parameters = function.get("parameters") or {}
-    properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
-    return dict(properties) if isinstance(properties, Mapping) else {}
-
-
-def _first(properties: Mapping[str, Any], names: tuple[str, ...]) -> str | None:
-    return next((name for name in names if name in properties), None)
-
-
-def _wants_absolute(function: Mapping[str, Any], path_property: Mapping[str, Any] | None) -> bool:
-    texts = [str(function.get("description") or "")]
-    if isinstance(path_property, Mapping):
-        texts.append(str(path_property.get("description") or ""))
-    return any(re.search(r"\babsolute\b", text, re.IGNORECASE) for text in texts)
-
-
-def _path_for(task: FileTask, function: Mapping[str, Any], path_property: Any, cwd: str | None) -> str:
-    if posixpath.isabs(task.path) or cwd is None or not _wants_absolute(function, path_property):
-        return task.path
-    return posixpath.join(cwd, task.path)
-
-
-def _fill_required(function: Mapping[str, Any], arguments: dict[str, Any], task: FileTask) -> dict[str, Any]:
-    parameters = function.get("parameters") or {}
-    required = parameters.get("required") if isinstance(parameters, Mapping) else None
-    properties = _properties(function)
-    for name in required if isinstance(required, list) else ():
-        if name in arguments or not isinstance(name, str):
-            continue
-        found = properties.get(name)
-        schema: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-        if "default" in schema:
-            arguments[name] = schema["default"]
-        elif schema.get("type") == "boolean":
-            arguments[name] = False
-        elif schema.get("type") == "string":
-            enum = schema.get("enum")
-            arguments[name] = enum[0] if isinstance(enum, list) and enum else f"Create {task.path}"
-        elif schema.get("type") == "array":
-            arguments[name] = []
-        elif schema.get("type") == "object":
-            arguments[name] = {}
-    return arguments
-
-
-def _write_call(function: Mapping[str, Any], task: FileTask, cwd: str | None) -> ToolCall | None:
-    properties = _properties(function)
-    path_name, content_name = _first(properties, PATH_PROPERTIES), _first(properties, CONTENT_PROPERTIES)
-    if path_name is None or content_name is None:
-        return None
-    path = _path_for(task, function, properties[path_name], cwd)
-    arguments = _fill_required(function, {path_name: path, content_name: task.content}, task)
-    return ToolCall(str(function["name"]), arguments)
-
-
-def _shell_call(function: Mapping[str, Any], task: FileTask, cwd: str | None) -> ToolCall | None:
-    properties = _properties(function)
-    command_name = _first(properties, COMMAND_PROPERTIES)
-    if command_name is None:
-        return None
-    path = _path_for(task, function, None, cwd)
-    script = f"printf '%s' {shlex.quote(task.content)} > {shlex.quote(path)}"
-    schema = properties[command_name] if isinstance(properties[command_name], Mapping) else {}
-    command: Any = ["bash", "-lc", script] if schema.get("type") == "array" else script
-    arguments = _fill_required(function, {command_name: command}, task)
-    return ToolCall(str(function["name"]), arguments)
-
-
-def _patch_call(function: Mapping[str, Any], task: FileTask, cwd: str | None) -> ToolCall | None:
-    properties = _properties(function)
-    field = _first(properties, ("input", "patch")) or "input"
-    patch = f"*** Begin Patch\n*** Add File: {task.path}\n+{task.content}\n*** End Patch\n"
-    return ToolCall(str(function["name"]), {field: patch})

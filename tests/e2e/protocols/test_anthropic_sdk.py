@@ -7,15 +7,14 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
 
-from tests.support import LiveProxy, live_proxy
+from polar.storage.captured import chat_form
+from tests.support import LiveProxy
 
 TURNS = [
     {"reasoning": "I should check the weather.",
@@ -31,13 +30,6 @@ THINKING: Any = {"type": "enabled", "budget_tokens": 1024}
 MODEL = "claude-polar-test"
 
 
-@pytest.fixture(scope="module")
-def proxy(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveProxy]:
-    tmp: Path = tmp_path_factory.mktemp("anthropic")
-    with live_proxy(module_database_url, tmp, policy_config=json.dumps({"turns": TURNS})) as live:
-        yield live
-
-
 def _client(proxy: LiveProxy, key: str) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=proxy.base(key), api_key=key, max_retries=0)
 
@@ -50,23 +42,17 @@ def _system() -> list[Any]:
             {"type": "text", "text": "You are a weather agent.", "cache_control": {"type": "ephemeral"}}]  # fmt: skip
 
 
-def _tokenize(proxy: LiveProxy, normalized: dict[str, Any]) -> list[int]:
-    keys = ("model", "messages", "tools", "add_generation_prompt", "continue_final_message", "chat_template_kwargs")
-    body = {key: normalized[key] for key in keys if key in normalized}
-    return httpx.post(f"{proxy.engine_url}/tokenize", json=body).json()["tokens"]  # type: ignore[no-any-return]
-
-
 def _check_calls(proxy: LiveProxy, session_id: Any, count: int) -> list[dict[str, Any]]:
     """Each call's ids are the engine's own, and its normalised request tokenises to exactly its prompt."""
     calls = proxy.calls(session_id)
     entries = proxy.engine_entries()
     assert len(calls) == count
     for call in calls:
-        logged = entries[call["response"]["id"]]
+        logged = proxy.logged(entries, call)
         assert call["provider"] == "anthropic" and call["model"] == MODEL and call["status_code"] == 200
         assert call["completion_token_ids"] == logged["token_ids"]
         assert call["prompt_token_ids"] == logged["prompt_token_ids"]
-        assert call["prompt_token_ids"] == _tokenize(proxy, call["normalized_request"])
+        assert call["prompt_token_ids"] == proxy.prompt_ids(call["normalized_request"])
         assert len(call["logprobs"]) == len(call["completion_token_ids"])
     return calls
 
@@ -112,7 +98,10 @@ def test_tool_loop_with_thinking(proxy: LiveProxy) -> None:
     _assert_chained(calls)
     assert counted.input_tokens == second.usage.input_tokens == len(calls[1]["prompt_token_ids"])
     assert first.usage.output_tokens == len(calls[0]["completion_token_ids"])
-    assert calls[0]["normalized_request"]["messages"][0] == {"role": "system", "content": "You are a weather agent."}
+    assert chat_form(calls[0]["normalized_request"])["messages"][0] == {
+        "role": "system",
+        "content": "You are a weather agent.",
+    }
 
 
 def test_streaming_tool_loop(proxy: LiveProxy) -> None:
@@ -189,8 +178,8 @@ def test_prefill_stop_sequences_max_tokens_and_thinking_off(proxy: LiveProxy) ->
 
     calls = _check_calls(proxy, session_id, 5)
     assert counted.input_tokens == len(calls[2]["prompt_token_ids"])
-    assert calls[2]["normalized_request"]["continue_final_message"] is True
-    assert calls[4]["normalized_request"]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert chat_form(calls[2]["normalized_request"])["continue_final_message"] is True
+    assert chat_form(calls[4]["normalized_request"])["chat_template_kwargs"] == {"enable_thinking": False}
 
 
 def test_models_head_and_bad_input(proxy: LiveProxy) -> None:

@@ -5,7 +5,6 @@ list, errors the SDK raises as ``errors.ClientError`` — and the captured token
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -13,7 +12,8 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from tests.support import LiveProxy, live_proxy
+from polar.storage.captured import chat_form
+from tests.support import LiveProxy
 
 MODEL = "gemini-2.5-flash"
 TURNS = {
@@ -26,13 +26,6 @@ TURNS = {
     ]
 }
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-
-
-@pytest.fixture(scope="module")
-def proxy(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveProxy]:
-    tmp = tmp_path_factory.mktemp("gemini")
-    with live_proxy(module_database_url, tmp, policy_config=json.dumps(TURNS)) as live:
-        yield live
 
 
 def _client(proxy: LiveProxy, key: str, version: str = "v1beta") -> genai.Client:
@@ -61,18 +54,14 @@ def _check_tokens(proxy: LiveProxy, calls: list[dict[str, Any]]) -> None:
     """Captured ids equal the engine's own log, and re-tokenising the normalised request gives the prompt."""
     entries = proxy.engine_entries()
     for call in calls:
-        entry = entries[call["response"]["id"]]
+        entry = proxy.logged(entries, call)
         assert call["prompt_token_ids"] == entry["prompt_token_ids"]
         assert call["completion_token_ids"] == entry["token_ids"]
-        sent = call["normalized_request"]
-        keys = ("messages", "tools", "add_generation_prompt", "continue_final_message", "chat_template_kwargs")
-        tokenize = {key: sent[key] for key in keys if key in sent}
-        tokens = httpx.post(f"{proxy.engine_url}/tokenize", json=tokenize).json()["tokens"]
-        assert tokens == call["prompt_token_ids"]
+        assert proxy.prompt_ids(call["normalized_request"]) == call["prompt_token_ids"]
 
 
 def _tool_messages(call: dict[str, Any]) -> tuple[list[str], list[str]]:
-    messages = call["normalized_request"]["messages"]
+    messages = chat_form(call["normalized_request"])["messages"]
     called = [c["id"] for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
     answered = [m["tool_call_id"] for m in messages if m["role"] == "tool"]
     return called, answered
@@ -115,8 +104,8 @@ def test_tool_loop(proxy: LiveProxy) -> None:
         ("gemini", MODEL, False, "stop"),
     ]
     assert _tool_messages(calls[1]) == ([call.id], [call.id])
-    assert calls[1]["normalized_request"]["messages"][-1]["content"] == '{"forecast":"sunny"}'
-    assert calls[1]["normalized_request"]["messages"][2]["reasoning"] == "I should look up the weather."
+    assert chat_form(calls[1]["normalized_request"])["messages"][-1]["content"] == '{"forecast":"sunny"}'
+    assert chat_form(calls[1]["normalized_request"])["messages"][2]["reasoning"] == "I should look up the weather."
     # Thoughts shown and sent back: the first turn's prompt and sampled tokens are a prefix of the second prompt.
     sampled = calls[0]["prompt_token_ids"] + calls[0]["completion_token_ids"]
     assert calls[1]["prompt_token_ids"][: len(sampled)] == sampled
@@ -149,7 +138,7 @@ def test_streamed_tool_loop_with_openapi_schema(proxy: LiveProxy) -> None:
 
     calls = proxy.calls(session_id)
     assert [c["stream"] for c in calls] == [True, True]
-    tools = calls[0]["normalized_request"]["tools"]
+    tools = chat_form(calls[0]["normalized_request"])["tools"]
     assert tools[0]["function"]["parameters"] == WEATHER_SCHEMA
     assert _tool_messages(calls[1]) == ([call.id], [call.id])
     _check_tokens(proxy, calls)
@@ -175,10 +164,10 @@ def test_count_tokens_max_tokens_prefill_and_models(proxy: LiveProxy) -> None:
     assert plain.usage_metadata.thoughts_token_count == 0
 
     calls = proxy.calls(session_id)
-    assert calls[0]["normalized_request"]["max_tokens"] == 3
-    assert calls[1]["normalized_request"]["continue_final_message"] is True
-    assert calls[2]["normalized_request"]["chat_template_kwargs"] == {"enable_thinking": False}
-    assert calls[2]["normalized_request"]["stop"] == ["sunny"]
+    assert proxy.sampling(calls[0], "max_tokens") == 3
+    assert chat_form(calls[1]["normalized_request"])["continue_final_message"] is True
+    assert chat_form(calls[2]["normalized_request"])["chat_template_kwargs"] == {"enable_thinking": False}
+    assert proxy.sampling(calls[2], "stop") == ["sunny"]
     _check_tokens(proxy, calls)
 
     assert [m.name for m in client.models.list()] == ["models/polar-reference"]

@@ -4,13 +4,13 @@ every captured call token-exact against the engine's own log and tokenizer."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 
-from tests.support import LiveProxy, live_proxy
+from polar.storage.captured import chat_form
+from tests.support import LiveProxy
 
 TURNS = {
     "turns": [
@@ -30,22 +30,16 @@ TOOLS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def proxy(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveProxy]:
-    with live_proxy(module_database_url, tmp_path_factory.mktemp("chat"), policy_config=json.dumps(TURNS)) as live:
-        yield live
-
-
 def assert_token_exact(proxy: LiveProxy, session_id: object) -> int:
     entries = proxy.engine_entries()
     calls = proxy.calls(session_id)  # type: ignore[arg-type]
     for call in calls:
-        logged = entries[call["response"]["id"]]
+        logged = entries[call["response"]["id"].removeprefix("chatcmpl-") if proxy.engine_api == "sglang" else
+                         call["response"]["id"]]  # fmt: skip
         assert call["completion_token_ids"] == logged["token_ids"]
         assert call["prompt_token_ids"] == logged["prompt_token_ids"]
-        normalized = call["normalized_request"]
-        tokenize = {k: normalized[k] for k in ("model", "messages", "tools") if k in normalized}
-        assert httpx.post(f"{proxy.engine_url}/tokenize", json=tokenize).json()["tokens"] == call["prompt_token_ids"]
+        assert proxy.prompt_ids(call["normalized_request"]) == call["prompt_token_ids"]
+        assert call["engine_kind"] == proxy.engine_api
     return len(calls)
 
 
@@ -74,7 +68,7 @@ def test_tool_loop(proxy: LiveProxy, stream: bool) -> None:
     assert "sunny in Paris" in text
     calls = proxy.calls(session_id)
     assert [c["stream"] for c in calls] == [stream, stream]
-    assert calls[1]["normalized_request"]["messages"][2]["tool_call_id"] == call.id
+    assert chat_form(calls[1]["normalized_request"])["messages"][2]["tool_call_id"] == call.id
     assert assert_token_exact(proxy, session_id) == 2
 
 

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.support import LiveProxy, live_proxy
+from polar.storage.captured import chat_form
+from tests.support import LiveProxy
 
 PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+hello\n*** End Patch"
 TURNS = [
@@ -31,13 +30,6 @@ TOOLS: list[Any] = [
     {"type": "web_search", "external_web_access": True},
 ]  # fmt: skip
 EXPECTED_TYPES = [["reasoning", "function_call"], ["reasoning", "custom_tool_call"], ["reasoning", "message"]]
-
-
-@pytest.fixture(scope="module")
-def proxy(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveProxy]:
-    tmp: Path = tmp_path_factory.mktemp("responses")
-    with live_proxy(module_database_url, tmp, policy_config=json.dumps({"turns": TURNS})) as live:
-        yield live
 
 
 def _client(proxy: LiveProxy, key: str) -> openai.OpenAI:
@@ -69,15 +61,11 @@ def _check_calls(proxy: LiveProxy, session_id: Any, count: int, chained: bool = 
     entries = proxy.engine_entries()
     assert len(calls) == count
     for call in calls:
-        logged = entries[call["response"]["id"]]
+        logged = proxy.logged(entries, call)
         assert call["provider"] == "openai_responses" and call["model"] == "my-model"
         assert call["completion_token_ids"] == logged["token_ids"]
         assert call["prompt_token_ids"] == logged["prompt_token_ids"]
-        normalized = call["normalized_request"]
-        tokenize = {key: normalized[key] for key in ("model", "messages", "tools", "chat_template_kwargs")
-                    if key in normalized}  # fmt: skip
-        tokens = httpx.post(f"{proxy.engine_url}/tokenize", json=tokenize).json()["tokens"]
-        assert call["prompt_token_ids"] == tokens
+        assert call["prompt_token_ids"] == proxy.prompt_ids(call["normalized_request"])
     if chained:  # each turn's prompt extends the previous prompt + sampled tokens: history round-trips exactly
         for before, after in itertools.pairwise(calls):
             sequence = before["prompt_token_ids"] + before["completion_token_ids"]
@@ -101,8 +89,11 @@ def test_tool_loop(proxy: LiveProxy) -> None:
         history += [item.model_dump(exclude_none=True) for item in response.output] + _tool_results(response.output)
     assert response.output_text == "Sunny in Paris; hello.txt written."
     calls = _check_calls(proxy, session_id, 3)
-    assert calls[0]["normalized_request"]["messages"][0] == {"role": "system", "content": "Be brief."}
-    assert [t["function"]["name"] for t in calls[0]["normalized_request"]["tools"]] == ["get_weather", "apply_patch"]
+    assert chat_form(calls[0]["normalized_request"])["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert [t["function"]["name"] for t in chat_form(calls[0]["normalized_request"])["tools"]] == [
+        "get_weather",
+        "apply_patch",
+    ]
     assert response.usage.input_tokens == len(calls[2]["prompt_token_ids"])
 
 
@@ -137,7 +128,10 @@ def test_codex_shaped_stream(proxy: LiveProxy) -> None:
         "input": [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Rules."}]},
                   {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]}],
     }  # fmt: skip
-    with httpx.stream("POST", f"{proxy.base(key)}/v1/responses", json=body, headers={"authorization": "Bearer x"}) as r:
+    # A proxy's first SGLang call loads the model's tokenizer with transformers: seconds on a busy machine, past
+    # httpx's default 5 s (the SDKs wait 600 s).
+    url, headers = f"{proxy.base(key)}/v1/responses", {"authorization": "Bearer x"}
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         text = "".join(r.iter_text())
     assert "[DONE]" not in text
@@ -169,7 +163,7 @@ def test_token_limit_and_count(proxy: LiveProxy) -> None:
     counted = client.responses.input_tokens.count(model="my-model", input="hi")
     assert counted.object == "response.input_tokens" and counted.input_tokens == cut.usage.input_tokens
     calls = _check_calls(proxy, session_id, 2, chained=False)
-    assert calls[0]["finish_reason"] == "length" and calls[0]["normalized_request"]["max_tokens"] == 3
+    assert calls[0]["finish_reason"] == "length" and proxy.sampling(calls[0], "max_tokens") == 3
 
 
 def test_bad_input(proxy: LiveProxy) -> None:

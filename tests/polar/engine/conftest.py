@@ -26,7 +26,7 @@ class RunningEngine:
         self._runner: web.AppRunner | None = None
         self.port = 0
         self._thread.start()
-        if not self._ready.wait(10):
+        if not self._ready.wait(60):  # the torch backend imports torch and builds its model first
             raise RuntimeError("engine did not start")
         self.client = httpx.Client(base_url=self.url, timeout=30)
 

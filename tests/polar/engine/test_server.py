@@ -51,7 +51,7 @@ def test_tool_call_turn_streamed_and_not(start_engine: StartEngine, tok: Tokeniz
     (call,) = choice["message"]["tool_calls"]
     assert call["id"].startswith("chatcmpl-tool-") and call["type"] == "function"
     assert json.loads(call["function"]["arguments"]) == {"expression": "12 * (7 + 3)"}
-    assert choice["message"]["reasoning"] == choice["message"]["reasoning_content"]
+    assert choice["message"]["reasoning"] and "reasoning_content" not in choice["message"]
     ids = choice["token_ids"]
     assert ids[-1] == tok.eos_token_id
     assert len(ids) == body["usage"]["completion_tokens"] == len(choice["logprobs"]["content"])
@@ -121,7 +121,9 @@ def test_tool_choice_none_and_token_id_strings(start_engine: StartEngine) -> Non
     assert auto["finish_reason"] == "tool_calls" and auto["message"]["content"] == "Sure.\n"
     none = _chat(engine, messages=QUESTION, tools=TOOLS, tool_choice="none", **CAPTURE, return_tokens_as_token_ids=True)
     choice = none["choices"][0]
-    assert choice["finish_reason"] == "stop" and choice["message"]["tool_calls"] == []
+    assert (
+        choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+    )  # dropped when empty, as vLLM does
     assert choice["message"]["content"] == "Sure."
     assert [e["token"] for e in choice["logprobs"]["content"]] == [f"token_id:{i}" for i in choice["token_ids"]]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -88,7 +89,9 @@ def test_engine_inflight_gauge_follows_the_calls_an_engine_holds(held_engine: st
         return scraped(metrics.registry).value("polar_engine_inflight_calls", engine=shown)
 
     assert scraped(metrics.registry).has("polar_engine_inflight_calls", engine=shown)  # at 0 from the start
+    assert scraped(metrics.registry).value("polar_engine_call_seconds_total", engine=shown) == 0
     calls = [threading.Thread(target=pool.post, args=(uuid.uuid4(), "/v1/x", {}, "m")) for _ in range(2)]
+    started = time.monotonic()
     for call in calls:
         call.start()
     try:
@@ -98,12 +101,16 @@ def test_engine_inflight_gauge_follows_the_calls_an_engine_holds(held_engine: st
                 break
             deadline.wait(0.05)
         assert inflight() == 2
+        deadline.wait(0.2)
     finally:
         _HeldEngine.release.set()
         for call in calls:
             call.join(10)
         pool.close()
     assert inflight() == 0
+    # Two calls held together: their seconds add up (occupancy = rate / max_num_seqs), bounded by what elapsed.
+    busy = scraped(metrics.registry).value("polar_engine_call_seconds_total", engine=shown)
+    assert 0.4 <= busy <= 2 * (time.monotonic() - started)
     assert "secret" not in exposition(metrics.registry)[0].decode()
 
 

@@ -88,3 +88,43 @@ def test_failures_never_show_an_engine_urls_credentials() -> None:
     with pytest.raises(EngineError) as failed:
         pool.post(uuid.uuid4(), "/v1/chat/completions", dict(CHAT), "m")
     assert "s3cret" not in str(failed.value) and "127.0.0.1" in str(failed.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "parsed"),
+    [
+        ("http://127.0.0.1:8000/", ("http://127.0.0.1:8000", "vllm")),
+        ("sglang+https://gpu-3.internal:30000", ("https://gpu-3.internal:30000", "sglang")),
+        ("vllm+http://user:s3cret@h:1/v?x=1", ("http://user:s3cret@h:1/v?x=1", "vllm")),
+    ],
+)
+def test_engine_urls_that_parse(raw: str, parsed: tuple[str, str]) -> None:
+    from polar.proxy.engines import parse_engine_url
+
+    address = parse_engine_url(raw)
+    assert (address.url, address.kind) == parsed
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "",
+        "127.0.0.1:8000",
+        "ftp://h",
+        "http://",
+        "http://h:65536",
+        "http://[::::]",
+        "tgi+http://h",
+        "http://h h",
+        " http://h",
+    ],
+)
+def test_engine_urls_refused_by_the_parser_and_the_api_schema(raw: str) -> None:
+    import re
+
+    from polar.errors import ValidationError
+    from polar.proxy.engines import ENGINE_URL_PATTERN, parse_engine_url
+
+    with pytest.raises(ValidationError):
+        parse_engine_url(raw)
+    assert re.fullmatch(ENGINE_URL_PATTERN, raw) is None  # what /openapi.json calls valid, the parser takes

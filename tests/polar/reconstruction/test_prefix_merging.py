@@ -156,7 +156,9 @@ def test_parallel_sub_agent_sharing_the_system_prompt() -> None:
     ]
 
 
-def test_compaction_is_a_shorter_prompt_break_where_history_was_rewritten() -> None:
+def test_compaction_right_after_the_task_looks_like_a_new_conversation_to_tokens_alone() -> None:
+    # The summary replaces everything after the task, inside the chain's first prompt: tokens cannot tell this from
+    # a new conversation; break_reasons.explain tells it from the messages (tests/polar/reconstruction).
     p0 = OPENING + cue()
     s0 = [200, 201, END]
     p1 = p0 + s0 + [NL] + turn(TOOL, 400, 401, 402, 403, 404) + cue()
@@ -172,7 +174,7 @@ def test_compaction_is_a_shorter_prompt_break_where_history_was_rewritten() -> N
             "call_id": "c2",
             "seq": 2,
             "agent": "main",
-            "reason": "shorter_prompt",
+            "reason": "new_conversation",
             "position": len(OPENING) + 1,  # both open a turn: assistant cue vs user role
             "expected_token": ASSISTANT,
             "actual_token": USER,

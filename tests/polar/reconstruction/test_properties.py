@@ -107,7 +107,7 @@ def test_every_new_trajectory_after_an_agents_first_is_an_explained_break(calls:
             prompt = list(by_id[record["call_id"]].prompt_token_ids)
             nearest = trajectories[record["trajectory_index"]]
             position = record["position"]
-            assert record["reason"] in {"parallel", "shorter_prompt", "diverged"}
+            assert record["reason"] in {"parallel", "new_conversation", "shorter_prompt", "diverged"}
             assert (record["agent"], record["seq"]) == (trajectory.agent, by_id[record["call_id"]].seq)
             assert nearest.agent == trajectory.agent
             assert by_id[nearest.call_ids[0]].seq < record["seq"]

@@ -1,4 +1,5 @@
-"""Token-id arrays reach Postgres as one text literal (``IntArrayLiteral``) and come back exactly as written."""
+"""Token ids, loss masks and logprobs reach Postgres in the binary array format (``BinaryArray``) and come back
+exactly as written."""
 
 from __future__ import annotations
 
@@ -7,10 +8,17 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from polar.storage.columns import int_array
+from polar.storage.columns import int_array, real_array, small_int_array
 
 _metadata = sa.MetaData()
-_table = sa.Table("ids", _metadata, sa.Column("id", sa.Integer, primary_key=True), sa.Column("ids", int_array()))
+_table = sa.Table(
+    "ids",
+    _metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("ids", int_array()),
+    sa.Column("mask", small_int_array()),
+    sa.Column("logprobs", real_array()),
+)
 
 
 @pytest.fixture
@@ -30,6 +38,21 @@ def test_arrays_round_trip(engine: sa.Engine, ids: list[int] | None) -> None:
     assert kind == "integer[]"
 
 
-def test_the_literal_holds_integers_only(engine: sa.Engine) -> None:
+def test_only_32_bit_integers_are_token_ids(engine: sa.Engine) -> None:
     with engine.begin() as connection, pytest.raises(sa.exc.StatementError):
         connection.execute(sa.insert(_table), {"id": 1, "ids": ["1}", "2"]})
+    with engine.begin() as connection, pytest.raises(sa.exc.StatementError):
+        connection.execute(sa.insert(_table), {"id": 1, "ids": [2**31]})
+
+
+@pytest.mark.parametrize("size", [0, 1, 3, 75_000])
+def test_masks_and_logprobs_round_trip(engine: sa.Engine, size: int) -> None:
+    mask = [i % 2 for i in range(size)]
+    logprobs = [-0.5 - i / 8 for i in range(size)]  # exact in float32
+    if size:
+        logprobs[0] = float("-inf")
+    with engine.begin() as connection:
+        connection.execute(sa.insert(_table), {"id": 1, "mask": mask, "logprobs": logprobs})
+        assert tuple(connection.execute(sa.select(_table.c.mask, _table.c.logprobs)).one()) == (mask, logprobs)
+        kinds = connection.execute(sa.text("SELECT pg_typeof(mask)::text, pg_typeof(logprobs)::text FROM ids")).one()
+    assert tuple(kinds) == ("smallint[]", "real[]")

@@ -93,10 +93,12 @@ def test_submit_and_read_back(client: FlaskClient) -> None:
     assert [s["sample_index"] for s in page["items"]] == [0, 1] and page["next_offset"] == 2
     rest = client.get(f"/v1/batches/{batch_id}/sessions?limit=2&offset=2").json
     assert [s["sample_index"] for s in rest["items"]] == [2] and rest["next_offset"] is None
+    keyset = client.get(f"/v1/batches/{batch_id}/sessions?limit=2&after={page['next_after']}").json
+    assert [s["sample_index"] for s in keyset["items"]] == [2] and keyset["next_after"] is None
     session_id = page["items"][0]["session_id"]
     session = client.get(f"/v1/sessions/{session_id}").json
     assert session["state"] == "pending" and session["task_id"] == "a"
-    assert client.get(f"/v1/sessions/{session_id}/calls").json == {"items": []}
+    assert client.get(f"/v1/sessions/{session_id}/calls").json == {"items": [], "next_after": None}
     assert client.get(f"/v1/sessions/{session_id}/trajectories").json == {"items": []}
 
 
@@ -122,6 +124,9 @@ def test_bad_paging_is_400(client: FlaskClient) -> None:
     batch_id = client.post("/v1/batches", json={"tasks": [command_task("a", "true")]}).json["batch_id"]
     response = client.get(f"/v1/batches/{batch_id}/sessions?limit=zero")
     assert response.status_code == 400 and response.json["error"]["field"] == "limit"
+    for cursor in ("1.2", "0.0.x", "43929059336811134542.5470.444", "\u00b2.0.0"):
+        response = client.get(f"/v1/batches/{batch_id}/sessions", query_string={"after": cursor})
+        assert response.status_code == 400 and response.json["error"]["field"] == "after", cursor
 
 
 def test_idempotency_key_replays_and_conflicts(client: FlaskClient) -> None:

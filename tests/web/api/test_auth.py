@@ -177,7 +177,9 @@ def test_the_admin_token_leaves_an_audit_trail(app: Flask) -> None:
     details = [row[4] for row in rows]
     assert details[0] == {"name": "audited", "num_sessions": 2, "idempotency_key": None}
     assert details[2] == {"cancelled": 2, "stopping": 0}
+    engines = details[3].pop("engines")  # each engine's pause: none listens at the default POLAR_ENGINE_URLS here
     assert details[3] == {"paused": True, "mode": "reject", "policy_version": "v2"}
+    assert [(e["kind"], e["ok"]) for e in engines] == [("vllm", False)]
     # nothing completed (the batch was cancelled), and the row says so
     assert details[5] == {"kind": "sft", "format": "jsonl", "min_reward": 0.5, "sessions": 0, "accepted": 0, "rows": 0}
     submitters = sql(app, "SELECT submitted_by FROM batches WHERE id IN (:a, :b)", a=batch_id, b=again.json["batch_id"])

@@ -64,7 +64,9 @@ def test_pause_and_resume_through_the_proxy(database_url: str, broker_url: str, 
         sdk.chat.completions.create(**ask)
 
         paused = client.post("/v1/engine/pause", json={"policy_version": "v2"}).json
+        engines = paused.pop("engines")  # the API's POLAR_ENGINE_URLS (the default) has no engine listening
         assert paused == {"paused": True, "mode": "reject", "policy_version": "v2"}
+        assert [(e["ok"], e["kind"]) for e in engines] == [(False, "vllm")] and "ConnectError" in engines[0]["error"]
         with pytest.raises(openai.RateLimitError) as caught:
             sdk.chat.completions.create(**ask)
         assert caught.value.response.headers["retry-after"] == "2"

@@ -1,0 +1,116 @@
+"""Rendering a chat request to prompt token ids on the proxy, for engines whose API takes token ids only
+(SGLang's native ``/generate``; ``polar.proxy.sglang``).
+
+    renderer = ChatRenderer.load("/models/Qwen3-8B")            # the model's tokenizer directory
+    ids = renderer.prompt_ids({"messages": [...], "tools": [...], "chat_template_kwargs": {...}})
+
+It uses ``transformers`` (``AutoTokenizer.apply_chat_template``) with the directory's own chat template, and
+hands the template messages the way vLLM does (``vllm/entrypoints/chat_utils.py``), so a model behind SGLang sees
+the prompt it would see behind vLLM: text content parts joined with newlines, ``developer`` as ``system``,
+tool-call arguments parsed from their JSON string into objects, reasoning as ``reasoning_content``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from polar.errors import ValidationError
+
+
+def template_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """Messages as a chat template receives them (see the module docstring)."""
+    out: list[dict[str, Any]] = []
+    for index, raw in enumerate(messages):
+        if not isinstance(raw, Mapping):
+            raise ValidationError(f"messages[{index}] must be an object", field="messages")
+        message = copy.deepcopy(dict(raw))
+        if message.get("role") == "developer":
+            message["role"] = "system"
+        content = message.get("content")
+        if isinstance(content, list):
+            texts = [part if isinstance(part, str) else part.get("text") for part in content]
+            if not all(isinstance(text, str) for text in texts):
+                raise ValidationError(f"messages[{index}].content: only text parts can be rendered", field="messages")
+            message["content"] = "\n".join(texts)  # type: ignore[arg-type]
+        reasoning = message.pop("reasoning", None)
+        if isinstance(reasoning, str) and not isinstance(message.get("reasoning_content"), str):
+            message["reasoning_content"] = reasoning
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                try:
+                    function["arguments"] = json.loads(function["arguments"] or "{}")
+                except json.JSONDecodeError:
+                    pass  # kept verbatim, as vLLM keeps arguments that are not JSON
+        out.append(message)
+    return out
+
+
+class ChatRenderer:
+    """A tokenizer directory's chat template and tokenizer (thread-safe; load once per process)."""
+
+    def __init__(self, tokenizer: Any, source: str) -> None:
+        self._tokenizer = tokenizer
+        self.source = source
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, directory: str) -> ChatRenderer:
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as exc:
+            raise ValidationError(
+                "rendering prompts for SGLang engines needs the transformers package (pip install 'polar[sglang]')",
+                field="POLAR_ENGINE_TOKENIZER",
+            ) from exc
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ValidationError(
+                f"POLAR_ENGINE_TOKENIZER {directory!r} is not a tokenizer directory: {exc}",
+                field="POLAR_ENGINE_TOKENIZER",
+            ) from exc
+        if not getattr(tokenizer, "chat_template", None):
+            message = f"the tokenizer in {directory!r} has no chat template"
+            raise ValidationError(message, field="POLAR_ENGINE_TOKENIZER")
+        return cls(tokenizer, directory)
+
+    def prompt_text(self, chat_body: Mapping[str, Any]) -> str:
+        """The rendered prompt of a chat request (``messages``, ``tools``, ``add_generation_prompt``,
+        ``continue_final_message``, ``chat_template_kwargs``)."""
+        add_generation_prompt = bool(chat_body.get("add_generation_prompt", True))
+        continue_final = bool(chat_body.get("continue_final_message", False))
+        if add_generation_prompt and continue_final:
+            raise ValidationError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        kwargs = dict(chat_body.get("chat_template_kwargs") or {})
+        with self._lock:  # tokenizers' Rust objects are not meant to be shared by threads mid-call
+            try:
+                text = self._tokenizer.apply_chat_template(
+                    template_messages(chat_body.get("messages") or []),
+                    tools=chat_body.get("tools") or None,
+                    add_generation_prompt=add_generation_prompt,
+                    continue_final_message=continue_final,
+                    tokenize=False,
+                    **kwargs,
+                )
+            except ValidationError:
+                raise
+            except Exception as exc:  # the template raised (raise_exception) or the messages do not fit it
+                raise ValidationError(f"the chat template could not render these messages: {exc}") from exc
+        return str(text)
+
+    def prompt_ids(self, chat_body: Mapping[str, Any]) -> list[int]:
+        """The prompt token ids of a chat request (the template writes any special tokens itself)."""
+        return self.encode(self.prompt_text(chat_body))
+
+    def encode(self, text: str) -> list[int]:
+        with self._lock:
+            return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        with self._lock:
+            return str(self._tokenizer.decode(list(ids), skip_special_tokens=False))

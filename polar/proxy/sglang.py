@@ -1,0 +1,146 @@
+"""Chat calls to an SGLang engine through its native ``/generate`` API, token-exactly.
+
+    ids = renderer.prompt_ids(chat_body)                       # polar.proxy.renderers: the model's own template
+    reply = engines.post(session_id, "/generate", generate_body(chat_body, ids), None, kind="sglang")
+    answer = as_chat_answer(reply.body, ids, parse_tools=…)    # a vLLM-shaped chat completion
+
+SGLang's OpenAI-compatible server returns no token ids, so Polar renders the prompt itself and sends
+``input_ids``; the sampled ids are ``output_ids`` with their logprobs in ``meta_info.output_token_logprobs``
+(``[logprob, token_id, text]`` triples, ``return_logprob``), the finish reason is ``meta_info.finish_reason``
+(``{"type": "stop", "matched": id|str}`` / ``{"type": "length", "length": n}`` / ``{"type": "abort"}``) and the
+weight version is ``meta_info.weight_version``. The text is parsed with the same reasoning (``<think>``) and
+Hermes tool-call parser as TITO (``polar.engine.completion_parser``), so the protocol modules see an ordinary
+chat answer. Shapes recorded from SGLang's source: ``tests/contracts/sglang/``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from polar.engine.completion_parser import chat_message
+from polar.errors import EngineError, ValidationError
+
+DEFAULT_MAX_NEW_TOKENS = 8192
+# OpenAI / vLLM chat fields → SGLang sampling_params.
+_SAMPLING = {
+    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty", "stop": "stop", "stop_token_ids": "stop_token_ids",
+    "seed": "sampling_seed", "ignore_eos": "ignore_eos", "min_tokens": "min_new_tokens",
+}  # fmt: skip
+# Chat fields with nothing to translate: rendered into the prompt, or about how Polar itself answers the client.
+_HANDLED = {
+    "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+    "add_generation_prompt", "continue_final_message", "stream", "stream_options", "logprobs", "top_logprobs",
+    "return_token_ids", "return_tokens_as_token_ids", "max_tokens", "max_completion_tokens", "user", "metadata",
+    "store", "n", "skip_special_tokens", "include_stop_str_in_output", "service_tier", "reasoning_effort",
+}  # fmt: skip
+
+
+def generate_body(chat_body: Mapping[str, Any], prompt_ids: list[int], request_id: str | None = None) -> dict[str, Any]:
+    """The ``/generate`` request for a chat request whose prompt renders to ``prompt_ids``."""
+    unknown = sorted(set(chat_body) - set(_SAMPLING) - _HANDLED)
+    if unknown:
+        raise ValidationError(f"{unknown[0]}: not supported with an SGLang engine", field=unknown[0])
+    if chat_body.get("n", 1) not in (1, None):
+        raise ValidationError("n: only 1 is supported with an SGLang engine", field="n")
+    sampling = {target: chat_body[name] for name, target in _SAMPLING.items() if chat_body.get(name) is not None}
+    max_new = chat_body.get("max_completion_tokens") or chat_body.get("max_tokens") or DEFAULT_MAX_NEW_TOKENS
+    sampling.update(max_new_tokens=max_new, skip_special_tokens=False, no_stop_trim=False)
+    return {
+        "input_ids": list(prompt_ids),
+        "sampling_params": sampling,
+        "return_logprob": True,
+        "return_text_in_logprobs": True,  # token strings, as vLLM's logprobs carry them
+        "logprob_start_len": -1,
+        "top_logprobs_num": int(chat_body.get("top_logprobs") or 0),
+        "rid": request_id or uuid.uuid4().hex,
+        "stream": False,
+    }
+
+
+def _finish(meta: Mapping[str, Any]) -> tuple[str, int | str | None]:
+    reason = meta.get("finish_reason") or {}
+    kind = reason.get("type") if isinstance(reason, Mapping) else reason
+    if kind == "abort":
+        raise EngineError(f"the SGLang engine aborted the request: {reason.get('message') or 'abort'}", status_code=502)
+    if kind == "length":
+        return "length", None
+    if kind == "stop":
+        return "stop", reason.get("matched") if isinstance(reason, Mapping) else None
+    raise EngineError(f"the SGLang engine answered an unknown finish_reason {reason!r}", status_code=502)
+
+
+def sampled(body: Mapping[str, Any]) -> tuple[list[int], list[float]]:
+    """The sampled ids and their logprobs; EngineError unless the two agree id for id."""
+    meta = body.get("meta_info")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("output_token_logprobs"), list):
+        raise EngineError("the SGLang engine's answer has no meta_info.output_token_logprobs", status_code=502)
+    triples = meta["output_token_logprobs"]
+    ids = [int(entry[1]) for entry in triples]
+    logprobs = [float(entry[0]) if entry[0] is not None else 0.0 for entry in triples]
+    output_ids = body.get("output_ids")
+    if output_ids is not None and list(output_ids) != ids:
+        raise EngineError("the SGLang engine's output_ids and output_token_logprobs disagree", status_code=502)
+    return ids, logprobs
+
+
+def _token(text: Any, token_id: int) -> dict[str, Any]:
+    """One token as OpenAI logprobs name it: its text, or ``token_id:N`` when the engine sent none."""
+    if isinstance(text, str):
+        return {"token": text, "bytes": list(text.encode())}
+    return {"token": f"token_id:{token_id}", "bytes": None}
+
+
+def _token_logprobs(meta: Mapping[str, Any], ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
+    """``choices[0].logprobs.content``: each sampled token with its text and its alternatives (``top_logprobs``)."""
+    triples = meta["output_token_logprobs"]
+    tops = meta.get("output_top_logprobs") or [None] * len(ids)
+    return [
+        {**_token(triple[2] if len(triple) > 2 else None, token_id), "logprob": logprob,
+         "top_logprobs": [{**_token(alt[2] if len(alt) > 2 else None, int(alt[1])),
+                           "logprob": float(alt[0]) if alt[0] is not None else 0.0} for alt in top or []]}
+        for triple, token_id, logprob, top in zip(triples, ids, logprobs, tops, strict=True)
+    ]  # fmt: skip
+
+
+def as_chat_answer(
+    body: Mapping[str, Any], prompt_ids: list[int], parse_tools: bool, model: str = "default"
+) -> dict[str, Any]:
+    """An SGLang ``/generate`` answer as the vLLM chat completion the protocol modules render."""
+    meta = body.get("meta_info") or {}
+    finish, stop_reason = _finish(meta)
+    ids, logprobs = sampled(body)
+    message = chat_message(str(body.get("text") or ""), parse_tools)
+    token_logprobs = _token_logprobs(meta, ids, logprobs)
+    prompt_tokens = int(meta.get("prompt_tokens", len(prompt_ids)))
+    if prompt_tokens != len(prompt_ids):
+        raise EngineError(f"the SGLang engine read {prompt_tokens} prompt tokens, Polar sent {len(prompt_ids)}",
+                          status_code=502)  # fmt: skip
+    return {
+        "id": f"chatcmpl-{meta.get('id') or uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": {"content": token_logprobs},
+                "finish_reason": "tool_calls" if message["tool_calls"] and finish == "stop" else finish,
+                "stop_reason": stop_reason,
+                "token_ids": ids,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": len(ids),
+            "total_tokens": prompt_tokens + len(ids),
+            "prompt_tokens_details": {"cached_tokens": int(meta.get("cached_tokens") or 0)},
+        },
+        "prompt_token_ids": list(prompt_ids),
+        "weight_version": meta.get("weight_version"),
+    }

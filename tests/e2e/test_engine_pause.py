@@ -1,0 +1,110 @@
+"""A weight update in the middle of a batch of calls on two reference engines: ``POST /v1/engine/pause`` holds new
+calls at the proxy and freezes the ones in flight inside the engines (``keep``), the policy version changes,
+``resume`` lets everything continue. No call is lost or fails; the calls that were frozen across the update are
+marked (policy v1 → v2), exactly those the engines themselves logged as started under v1 and finished under v2;
+every other call carries one version."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from polar.launcher import Stack, engine_spec, free_port, gunicorn_spec, pipeline_env
+from tests.support import LiveProxy, domain_services, wait_until
+
+SAY = {"turns": [{"content": " ".join(["word"] * 40)}]}  # ~40 tokens: ~2 s at 20 tokens/s
+CALLS = 12
+
+
+@pytest.fixture
+def fleet(
+    database_url: str, broker_url: str, tmp_path: Path
+) -> Iterator[tuple[LiveProxy, httpx.Client, list[Path], list[str]]]:
+    ports = {"a": free_port(), "b": free_port(), "api": free_port(), "proxy": free_port(), "engine": 0}
+    env = pipeline_env(database_url, broker_url, ports, tmp_path / "state", 2)
+    env["POLAR_ENGINE_URLS"] = f"http://127.0.0.1:{ports['a']},http://127.0.0.1:{ports['b']}"
+    logs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    engine_args = ["--policy-config", json.dumps(SAY), "--decode-rate", "20", "--weight-version", "v1"]
+    specs = [
+        engine_spec(ports["a"], "scripted", [*engine_args, "--log", str(logs[0])], name="engine-a"),
+        engine_spec(ports["b"], "scripted", [*engine_args, "--log", str(logs[1])], name="engine-b"),
+        gunicorn_spec("api", "web.api:create_app()", ports["api"], workers=1, threads=8),
+        gunicorn_spec("proxy", "web.proxy:create_app()", ports["proxy"]),
+    ]
+    with Stack(specs, env, tmp_path / "logs"):
+        services = domain_services(database_url, tmp_path)
+        api = httpx.Client(base_url=env["POLAR_API_URL"], headers={"Authorization": f"Bearer {env['POLAR_API_TOKEN']}"},
+                           timeout=120)  # fmt: skip
+        try:
+            engines = env["POLAR_ENGINE_URLS"].split(",")
+            yield LiveProxy(env["POLAR_PROXY_URL"], services, "", logs[0]), api, logs, engines
+        finally:
+            api.close()
+            services.db.dispose()
+
+
+def _log(paths: list[Path]) -> dict[str, dict[str, Any]]:
+    entries = [json.loads(line) for path in paths if path.exists() for line in path.read_text().splitlines()]
+    return {entry["request_id"]: entry for entry in entries}
+
+
+def _running(engines: list[str]) -> float:
+    """Sequences the engines are running now (their own vllm:num_requests_running)."""
+    total = 0.0
+    for url in engines:
+        for line in httpx.get(f"{url}/metrics").text.splitlines():
+            if line.startswith("vllm:num_requests_running"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_calls_held_across_a_weight_update_are_marked(fleet: Any) -> None:
+    proxy, api, logs, engines = fleet
+    assert api.post("/v1/engine/resume", json={"policy_version": "v1"}).json()["policy_version"] == "v1"
+    time.sleep(0.6)  # every proxy has read v1
+    sessions = proxy.batch(*[{} for _ in range(CALLS)])
+
+    def call(session: tuple[Any, str]) -> str:
+        client = openai.OpenAI(base_url=f"{proxy.base(session[1])}/v1", api_key=session[1], max_retries=0, timeout=120)
+        return client.chat.completions.create(model="m", messages=[{"role": "user", "content": "talk"}]).id
+
+    with ThreadPoolExecutor(max_workers=CALLS) as pool:
+        first = [pool.submit(call, session) for session in sessions[: CALLS // 2]]
+        wait_until(lambda: _running(engines) >= CALLS // 2, timeout_s=60, message="the first half decoding")
+        paused = api.post("/v1/engine/pause", json={"mode": "wait", "engine_mode": "keep"}).json()
+        assert paused["paused"] and [e["ok"] for e in paused["engines"]] == [True, True], paused
+        later = [pool.submit(call, session) for session in sessions[CALLS // 2 :]]  # held at the proxy
+        time.sleep(1.0)
+        assert not any(f.done() for f in first + later)  # nothing finishes while the engines are paused
+        resumed = api.post("/v1/engine/resume", json={"policy_version": "v2"}).json()
+        assert resumed["policy_version"] == "v2" and all(e["ok"] for e in resumed["engines"]), resumed
+        ids = [f.result(timeout=120) for f in first + later]  # none lost, none failed
+    assert len(set(ids)) == CALLS
+
+    calls = wait_until(lambda: _calls(proxy, sessions), message="every call recorded")
+    engine_log = _log(logs)
+    assert all(c["status_code"] == 200 for c in calls)
+    spanning = [c for c in calls if c["spans_policy_update"]]
+    assert spanning and all((c["policy_version"], c["policy_version_end"]) == ("v1", "v2") for c in spanning)
+    assert all(c["policy_version"] == c["policy_version_end"] for c in calls if not c["spans_policy_update"])
+    for c in calls:  # Polar's marks are the engines' own account of which weights each sequence ran under
+        started, ended = engine_log[c["response"]["id"]]["weight_versions"]
+        assert (started != ended) == c["spans_policy_update"], c["response"]["id"]
+    assert len({c["engine_url"] for c in calls}) == 2  # both engines had calls in flight
+    held = [c for c in calls if c["policy_version"] == "v2"]
+    assert len(held) == CALLS // 2  # the calls held at the proxy started after the update: v2 only
+
+
+def _calls(proxy: LiveProxy, sessions: list[tuple[Any, str]]) -> list[dict[str, Any]] | None:
+    from polar.inspection.calls import call_page
+
+    calls = [item for session_id, _ in sessions for item in call_page(proxy.services, session_id, 0, 10)["items"]]
+    return calls if len(calls) == CALLS else None

@@ -1,0 +1,62 @@
+"""Only what the harness saw: a call is captured before its answer goes out, and marked undelivered when the
+client is gone by then (its own timeout, or its harness killed) or a stream is cut before its end. Postrun leaves
+such calls out of trajectories; they stay stored for audit (``tests/polar/stages``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import sqlalchemy as sa
+
+from polar.storage.models import ModelCall
+from tests.support import LiveProxy, live_proxy
+
+SLOW = json.dumps({"turns": [{"content": "A slow answer.", "delay_s": 1.5}]})
+
+
+@pytest.fixture
+def proxy(database_url: str, tmp_path: Path) -> Iterator[LiveProxy]:
+    with live_proxy(database_url, tmp_path, policy_config=SLOW) as live:
+        yield live
+
+
+def delivered(proxy: LiveProxy) -> list[tuple[int, bool]]:
+    with proxy.services.db.unit() as db:
+        return [tuple(r) for r in db.execute(sa.select(ModelCall.seq, ModelCall.delivered).order_by(ModelCall.seq))]
+
+
+def wait_for(proxy: LiveProxy, expected: list[tuple[int, bool]]) -> list[tuple[int, bool]]:
+    deadline = time.monotonic() + 10
+    while (found := delivered(proxy)) != expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_client_gone_before_the_answer_leaves_the_call_undelivered(proxy: LiveProxy, stream: bool) -> None:
+    _, key = proxy.session()
+    impatient = openai.OpenAI(base_url=f"{proxy.url}/s/{key}/v1", api_key="x", max_retries=0, timeout=0.5)
+    with pytest.raises(openai.APITimeoutError):
+        impatient.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=stream)
+    # The engine answers after 1.5 s; the proxy captures the call, then finds the client gone.
+    assert wait_for(proxy, [(1, False)]) == [(1, False)]
+
+    patient = openai.OpenAI(base_url=f"{proxy.url}/s/{key}/v1", api_key="x", max_retries=0, timeout=30)
+    reply = patient.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].message.content == "A slow answer."
+    assert wait_for(proxy, [(1, False), (2, True)]) == [(1, False), (2, True)]
+
+
+def test_a_stream_read_to_its_end_is_delivered(proxy: LiveProxy) -> None:
+    _, key = proxy.session()
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with httpx.stream("POST", f"{proxy.url}/s/{key}/v1/chat/completions", json=body, timeout=30) as response:
+        text = "".join(response.iter_text())
+    assert "A slow answer" in text and text.rstrip().endswith("[DONE]")
+    assert wait_for(proxy, [(1, True)]) == [(1, True)]
