@@ -24,7 +24,7 @@ ROW_NAMES = ("batch", "attempts", "completed", "accepted", "acceptance rate", "t
 _ROW = re.compile(rf"^({'|'.join(ROW_NAMES)})\s+(\S.*)$")
 
 
-def polar(*args: str | Path, timeout: float = 120, token: str | None = None) -> subprocess.CompletedProcess[str]:
+def polar(*args: str | Path, timeout: float = 360, token: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
     if token is not None:
         env["POLAR_API_TOKEN"] = token

@@ -20,6 +20,9 @@ def create_app(config: Config | None = None) -> Flask:
     """The API for ``config`` (default: the environment); raises ``ValidationError`` without a proper token."""
     config = config or load_config()
     app = Flask(__name__)
+    # ``/v1/batches//sessions`` (an empty id) is a 404, not a 308 to ``/v1/batches/sessions``: a client that lost an
+    # id must hear so, not be redirected to another route.
+    app.url_map.merge_slashes = False
     require_tokens(app, config)  # first: nothing is opened (database, broker) for an app that must not start
     app.config["POLAR"] = config
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes

@@ -134,3 +134,13 @@ def test_query_and_path_values_are_read_strictly(client: FlaskClient, path: str,
 def test_an_id_in_capitals_is_still_the_id(app: Flask, client: FlaskClient) -> None:
     batch_id = client.post("/v1/batches", json={"tasks": [task()]}).json["batch_id"]
     assert client.get(f"/v1/batches/{batch_id.upper()}").json["batch_id"] == batch_id
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/batches//sessions?limit=5", "/v1/batches//export", "/v1/sessions//calls", "/v1//engines"]
+)
+def test_an_empty_id_is_not_found_not_redirected(client: FlaskClient, path: str) -> None:
+    """Werkzeug merges ``//`` and redirects (308) to whatever route the shorter path matches (``/v1/batches/
+    sessions`` would be the batch named "sessions"); schemathesis' CLI found it, an empty id being schema-invalid."""
+    response = client.get(path)
+    assert response.status_code == 404 and "Location" not in response.headers
