@@ -104,7 +104,19 @@ class RuntimeSpec(_Strict):
         return self
 
 
-HarnessName = Literal["command", "python", "claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi"]
+HarnessName = Literal[
+    "command",
+    "python",
+    "claude_code",
+    "codex",
+    "gemini_cli",
+    "qwen_code",
+    "opencode",
+    "pi",
+    "mini_swe_agent",
+    "hermes",
+    "openclaw",
+]
 
 
 class HarnessSpec(_Strict):

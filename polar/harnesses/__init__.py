@@ -1,6 +1,7 @@
 """Harnesses: the agent programs sessions run. ``base`` holds the launch contract and the proxy environment;
 one module per harness (``command``, ``python``, and the coding-agent CLI presets ``claude_code``, ``codex``,
-``gemini_cli``, ``qwen_code``, ``opencode``, ``pi`` sharing ``preset``); ``install`` keeps the CLIs in a cache;
+``gemini_cli``, ``qwen_code``, ``opencode``, ``pi``, ``mini_swe_agent``, ``hermes``, ``openclaw`` sharing
+``preset``); ``install`` keeps the CLIs in a cache;
 the registry maps TaskRequest ``harness.name`` values to them."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from polar.harnesses.claude_code import ClaudeCodeHarness
 from polar.harnesses.codex import CodexHarness
 from polar.harnesses.command import REFUSAL, CommandHarness, placeholder_problem
 from polar.harnesses.gemini_cli import GeminiCliHarness
+from polar.harnesses.mini_swe_agent import MiniSweAgentHarness
 from polar.harnesses.opencode import OpencodeHarness
 from polar.harnesses.pi import PiHarness
 from polar.harnesses.python import PythonHarness, check_python_target
@@ -30,6 +32,7 @@ HARNESSES: dict[str, Harness] = {
         QwenCodeHarness(),
         OpencodeHarness(),
         PiHarness(),
+        MiniSweAgentHarness(),
     )
 }
 

@@ -1,29 +1,48 @@
-"""The harness install cache: the coding-agent CLIs, installed from npm into one folder, never globally.
+"""The harness install cache: the coding-agent CLIs, installed into one folder, never globally nor into Polar's
+own environment.
 
-``install(["codex", "pi"])`` runs ``npm install --no-audit --no-fund --prefix <cache> <package>`` for each preset
-not installed yet; presets find their binary under ``<cache>/node_modules/.bin/``. The cache is
-``POLAR_HARNESS_CACHE``, else ``~/.cache/polar/harnesses``.
+``install(["codex", "hermes"])`` installs each preset not installed yet: the npm CLIs with one
+``npm install --no-audit --no-fund --prefix <cache> <package>…`` (their binaries land in
+``<cache>/node_modules/.bin/``), each Python CLI into a virtualenv of its own, ``<cache>/venvs/<preset>``
+(mini-swe-agent pulls litellm, hermes its own openai and pydantic: they must not meet Polar's). A CLI that needs a
+newer Node.js than the system's gets one from npm's ``node-linux-<arch>`` package under ``<cache>/node/<version>``,
+which its preset puts first on ``PATH`` (``runtime_bin_dirs``). Pinned versions are installed exactly, and a
+different installed version counts as missing. The cache is ``POLAR_HARNESS_CACHE``, else
+``~/.cache/polar/harnesses``.
 """
 
 from __future__ import annotations
 
 import fcntl
+import importlib.metadata
 import json
 import os
+import platform
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from polar.errors import RuntimeFailure, ValidationError
 
 
 @dataclass(frozen=True)
 class CliPackage:
-    """A preset's npm package and the binary it puts in ``node_modules/.bin``."""
+    """A preset's package, where it comes from, the binary it provides and what it needs to run."""
 
     package: str
     binary: str
+    source: Literal["npm", "pypi"] = "npm"
+    version: str | None = None  # pinned: installed as package@version (npm) or package==version (pypi)
+    node: str | None = None  # the Node.js version it needs when the system's is older (npm ``node-linux-<arch>``)
+
+    def spec(self) -> str:
+        """What the package manager is asked for."""
+        if self.version is None:
+            return self.package
+        return f"{self.package}{'==' if self.source == 'pypi' else '@'}{self.version}"
 
 
 PACKAGES: Mapping[str, CliPackage] = {
@@ -33,6 +52,10 @@ PACKAGES: Mapping[str, CliPackage] = {
     "qwen_code": CliPackage("@qwen-code/qwen-code", "qwen"),
     "opencode": CliPackage("opencode-ai", "opencode"),
     "pi": CliPackage("@mariozechner/pi-coding-agent", "pi"),
+    "mini_swe_agent": CliPackage("mini-swe-agent", "mini-swe-agent", "pypi", "2.4.6"),
+    "hermes": CliPackage("hermes-agent", "hermes", "pypi", "0.19.0"),
+    # openclaw 2026.9.6 refuses Node < 24.16 in its preinstall step; these machines have Node 20.
+    "openclaw": CliPackage("openclaw", "openclaw", version="2026.9.6", node="24.21.0"),
 }
 INSTALL_TIMEOUT_S = 900.0
 
@@ -46,34 +69,45 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
 
 def binary_path(name: str, cache: Path | None = None) -> Path:
     """The CLI binary of preset ``name`` in the cache (it may not exist)."""
-    return (cache or cache_dir()) / "node_modules" / ".bin" / _package(name).binary
+    package, cache = _package(name), cache or cache_dir()
+    if package.source == "pypi":
+        return _venv(name, cache) / "bin" / package.binary
+    return cache / "node_modules" / ".bin" / package.binary
+
+
+def runtime_bin_dirs(name: str, cache: Path | None = None) -> list[Path]:
+    """Directories preset ``name`` needs first on ``PATH``: the bin directory of the Node.js it was installed
+    for, when the system's is too old; none otherwise."""
+    package = _package(name)
+    return [] if package.node is None else [_node_binary(package.node, cache or cache_dir()).parent]
 
 
 def require_binary(name: str, cache: Path | None = None) -> Path:
     """The installed CLI binary of preset ``name``; RuntimeFailure saying how to install it when missing."""
+    cache = cache or cache_dir()
     path = binary_path(name, cache)
-    if not path.exists():
+    if installed_version(name, cache) is None:
         raise RuntimeFailure(
-            f"harness {name!r}: the {_package(name).package} CLI is not installed in {path.parent.parent.parent} "
+            f"harness {name!r}: the {_package(name).spec()} CLI is not installed in {cache} "
             f"(run `polar harness install {name}`, or set POLAR_HARNESS_CACHE to the cache that has it)"
         )
     return path
 
 
 def installed_version(name: str, cache: Path | None = None) -> str | None:
-    """The installed version of preset ``name``'s package, or None when it is not installed."""
-    package = _package(name).package
-    manifest = (cache or cache_dir()) / "node_modules" / package / "package.json"
-    if not binary_path(name, cache).exists() or not manifest.exists():
+    """The installed version of preset ``name``'s package, or None when it (or the Node.js it needs) is not
+    installed, or a version other than the pinned one is."""
+    package, cache = _package(name), cache or cache_dir()
+    if not binary_path(name, cache).exists():
         return None
-    try:
-        return str(json.loads(manifest.read_text())["version"])
-    except (OSError, ValueError, KeyError) as exc:
-        raise RuntimeFailure(f"cannot read {manifest}: {exc}") from exc
+    if package.node is not None and not _node_binary(package.node, cache).exists():
+        return None
+    version = _pypi_version(name, package, cache) if package.source == "pypi" else _npm_version(package, cache)
+    return None if package.version is not None and version != package.version else version
 
 
 def install(names: Iterable[str], cache: Path | None = None) -> dict[str, str]:
-    """Install the presets' CLIs that are missing (one npm call for all); their versions by preset name."""
+    """Install the presets' CLIs that are missing; their versions by preset name."""
     names = list(dict.fromkeys(names))
     for name in names:
         _package(name)
@@ -88,20 +122,71 @@ def install(names: Iterable[str], cache: Path | None = None) -> dict[str, str]:
 
 def _install_locked(names: list[str], cache: Path) -> dict[str, str]:
     missing = [name for name in names if installed_version(name, cache) is None]
-    if missing:
+    npm = [PACKAGES[name] for name in missing if PACKAGES[name].source == "npm"]
+    nodes = sorted({package.node for package in npm if package.node is not None})
+    for version in nodes:
+        _run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(cache / "node" / version),
+              f"node-linux-{_node_arch()}@{version}"], "npm install")  # fmt: skip
+    if npm:
+        # Install scripts run with the first ``node`` on PATH: the newer Node for CLIs that check it.
+        path = os.pathsep.join([*(str(_node_binary(v, cache).parent) for v in nodes), os.environ.get("PATH", "")])
         command = ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(cache)]
-        command += [PACKAGES[name].package for name in missing]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise RuntimeFailure(f"npm install failed: {exc}") from exc
-        if done.returncode != 0:
-            raise RuntimeFailure(f"npm install exited {done.returncode}: {done.stderr.strip()[-2000:]}")
+        _run(command + [package.spec() for package in npm], "npm install", {**os.environ, "PATH": path})
+    for name in missing:
+        if PACKAGES[name].source == "pypi":
+            _install_venv(name, cache)
     versions = {name: installed_version(name, cache) for name in names}
     broken = [name for name, version in versions.items() if version is None]
     if broken:
-        raise RuntimeFailure(f"npm install finished but {', '.join(broken)} is still missing from {cache}")
+        raise RuntimeFailure(f"install finished but {', '.join(broken)} is still missing from {cache}")
     return {name: str(version) for name, version in versions.items()}
+
+
+def _install_venv(name: str, cache: Path) -> None:
+    """``python -m venv <cache>/venvs/<name>`` on the interpreter Polar runs on (its base, not Polar's venv:
+    ``venv`` resolves it), then ``pip install package==version`` inside."""
+    venv = _venv(name, cache)
+    _run([sys.executable, "-m", "venv", "--clear", str(venv)], "python -m venv")
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-q"]
+    _run([*pip, PACKAGES[name].spec()], "pip install")
+
+
+def _run(command: list[str], what: str, env: Mapping[str, str] | None = None) -> None:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False, env=env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeFailure(f"{what} failed: {exc}") from exc
+    if done.returncode != 0:
+        raise RuntimeFailure(f"{what} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
+
+
+def _npm_version(package: CliPackage, cache: Path) -> str | None:
+    manifest = cache / "node_modules" / package.package / "package.json"
+    if not manifest.exists():
+        return None
+    try:
+        return str(json.loads(manifest.read_text())["version"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise RuntimeFailure(f"cannot read {manifest}: {exc}") from exc
+
+
+def _pypi_version(name: str, package: CliPackage, cache: Path) -> str | None:
+    site = [str(path) for path in (_venv(name, cache) / "lib").glob("python3*/site-packages")]
+    found = [dist.version for dist in importlib.metadata.distributions(name=package.package, path=site)]
+    return found[0] if found else None
+
+
+def _venv(name: str, cache: Path) -> Path:
+    return cache / "venvs" / name
+
+
+def _node_arch() -> str:
+    machine = platform.machine().lower()
+    return {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
+
+
+def _node_binary(version: str, cache: Path) -> Path:
+    return cache / "node" / version / "node_modules" / f"node-linux-{_node_arch()}" / "bin" / "node"
 
 
 def installed(cache: Path | None = None) -> dict[str, str | None]:

@@ -18,6 +18,10 @@ Other required properties get their schema default, ``False`` for booleans, a sh
 A relative FILE stays relative unless the tool's description (or its path property's) asks for an absolute
 path; then it is joined to the working directory the system prompt names, when it names one. Once a tool result
 is there, or when no tool fits (or ``tool_choice`` is "none"), the policy answers "Created FILE.".
+
+A harness that offers no tools but asks, in its prompt, for one fenced shell block per reply and names a submit
+command (mini-swe-agent's text-based mode, ``polar.engine.policies.shell_blocks``) gets the same ``printf`` in
+such a block, then the submit command alone once the harness has shown that block's output.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 
 from polar.engine.conversation import Message, ToolCall
 from polar.engine.policies.base import AssistantTurn, PolicyRequest
+from polar.engine.policies.shell_blocks import block_protocol
 from polar.engine.policies.tool_fitting import (
     CONTENT_PROPERTIES,
     PATCH_TOOLS,
@@ -102,6 +107,11 @@ class ToolUserPolicy:
         index, task = found
         if any(m.role == "tool" for m in request.messages[index + 1 :]):
             return AssistantTurn(content=f"Created {task.path}.")
+        if not request.tools and (protocol := block_protocol(request.messages)) is not None:
+            if protocol.commands_since(request.messages, index) == 0:
+                script = f"printf '%s' {shlex.quote(task.content)} > {shlex.quote(task.path)}"
+                return AssistantTurn(content=protocol.reply(f"I will create {task.path}.", script))
+            return AssistantTurn(content=protocol.reply(f"{task.path} is created; I submit.", protocol.submit))
         call = choose_call(request.tools if request.tool_names else (), task, working_directory(request.messages))
         if call is None:
             return AssistantTurn(content=f"Created {task.path}.")

@@ -10,27 +10,51 @@ import pytest
 
 from polar.errors import RuntimeFailure, ValidationError
 from polar.harnesses import HARNESSES, HarnessContext, HarnessLaunch
-from polar.harnesses.install import PACKAGES, binary_path, install, installed, installed_version
+from polar.harnesses.install import (
+    PACKAGES,
+    binary_path,
+    install,
+    installed,
+    installed_version,
+    require_binary,
+    runtime_bin_dirs,
+)
 from polar.task_request import HarnessSpec
 from tests.outside import Outside, refusal
 
-PRESETS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi")
+PRESETS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "mini_swe_agent")
 KEY = "pk-test"
 PROXY = "http://127.0.0.1:9"
 BASE = f"{PROXY}/s/{KEY}"
 
 
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A harness cache holding a stand-in binary and package.json for every preset."""
-    cache = tmp_path / "cache"
-    for name, package in PACKAGES.items():
-        binary = binary_path(name, cache)
-        binary.parent.mkdir(parents=True, exist_ok=True)
-        binary.write_text("#!/bin/sh\n")
+def stand_in(cache: Path, name: str, version: str) -> None:
+    """What an install of preset ``name`` leaves in ``cache``: its binary, its package's metadata (package.json,
+    or a dist-info in its own virtualenv) and the Node.js it needs, if any."""
+    package = PACKAGES[name]
+    binary = binary_path(name, cache)
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    binary.write_text("#!/bin/sh\n")
+    if package.source == "pypi":
+        site = cache / "venvs" / name / "lib" / "python3.11" / "site-packages"
+        dist = site / f"{package.package.replace('-', '_')}-{version}.dist-info"  # as pip names it
+        dist.mkdir(parents=True, exist_ok=True)
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package.package}\nVersion: {version}\n")
+    else:
         manifest = cache / "node_modules" / package.package / "package.json"
         manifest.parent.mkdir(parents=True, exist_ok=True)
-        manifest.write_text(json.dumps({"name": package.package, "version": "1.2.3"}))
+        manifest.write_text(json.dumps({"name": package.package, "version": version}))
+    for bin_dir in runtime_bin_dirs(name, cache):
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        (bin_dir / "node").write_text("#!/bin/sh\n")
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A harness cache holding a stand-in install of every preset (at its pinned version, else 1.2.3)."""
+    cache = tmp_path / "cache"
+    for name, package in PACKAGES.items():
+        stand_in(cache, name, package.version or "1.2.3")
     monkeypatch.setenv("POLAR_HARNESS_CACHE", str(cache))
     return cache
 
@@ -164,9 +188,37 @@ def test_bad_settings(name: str, settings: dict, message: str, cache: Path, tmp_
         launch(tmp_path, name, settings=settings)
 
 
+def test_mini_swe_agent_runs_text_based_from_its_own_virtualenv(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "mini_swe_agent", model="m1", settings={"max_turns": 7, "extra_args": ["--x"]})
+    assert result.command[0] == str(cache / "venvs" / "mini_swe_agent" / "bin" / "mini-swe-agent")
+    assert result.command[1:] == [
+        "--yolo", "--exit-immediately", "--cost-limit", "0", "-c", "mini_textbased.yaml",
+        "--model-class", "litellm_textbased", "-c", "agent.step_limit=7", "--model", "openai/m1",
+        "--output", str(home / "trajectory.json"), "--x", "--task", "Create hello.txt containing HI",
+    ]  # fmt: skip
+    assert result.env["OPENAI_API_BASE"] == f"{BASE}/v1" and result.env["OPENAI_API_KEY"] == KEY
+    assert result.env["MSWEA_GLOBAL_CONFIG_DIR"] == str(home / ".config" / "mini-swe-agent")
+    with pytest.raises(RuntimeFailure, match="does not support"):
+        launch(tmp_path, "mini_swe_agent", settings={"mcp_servers": MCP})
+
+
+def test_a_pinned_preset_at_another_version_is_not_installed(tmp_path: Path) -> None:
+    """``pip install hermes-agent`` by hand, or an older pin: the preset's own version is installed over it."""
+    cache = tmp_path / "cache"
+    stand_in(cache, "hermes", "0.18.0")
+    assert installed_version("hermes", cache) is None
+    with pytest.raises(RuntimeFailure, match=r"hermes-agent==0\.19\.0 CLI is not installed"):
+        require_binary("hermes", cache)
+    stand_in(cache, "openclaw", "2026.9.6")
+    assert installed_version("openclaw", cache) == "2026.9.6"
+    (runtime_bin_dirs("openclaw", cache)[0] / "node").unlink()  # the Node.js 24 it runs on went missing
+    assert installed_version("openclaw", cache) is None
+    assert runtime_bin_dirs("pi", cache) == []
+
+
 def test_install_skips_what_is_cached(cache: Path) -> None:
     assert install(["pi", "codex", "pi"], cache) == {"pi": "1.2.3", "codex": "1.2.3"}  # no npm call needed
-    assert installed(cache) == dict.fromkeys(PACKAGES, "1.2.3")
+    assert installed(cache) == {name: package.version or "1.2.3" for name, package in PACKAGES.items()}
     assert installed_version("pi", cache.parent / "none") is None
     with pytest.raises(ValidationError, match="unknown harness preset"):
         install(["vim"], cache)
@@ -181,6 +233,9 @@ CONFIG_FILES = {
     "opencode": ".config/opencode/opencode.json",
     "pi": ".pi/agent/models.json",
 }
+# Where each preset keeps its state: the directory the link tests point elsewhere (mini-swe-agent writes no
+# config of Polar's, but its global config folder is made there).
+CONFIG_DIRS = {**{name: path.split("/")[0] for name, path in CONFIG_FILES.items()}, "mini_swe_agent": ".config"}
 MCP = {"fs": {"command": "mcp-fs", "args": ["/"]}}
 
 
@@ -189,21 +244,21 @@ def _launch_refused(tmp_path: Path, name: str) -> str | None:
     return refusal(lambda: launch(tmp_path, name, settings=settings))
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", CONFIG_DIRS)
 def test_a_linked_config_directory_is_not_written_through(name: str, cache: Path, tmp_path: Path) -> None:
     """A prepare step linked the CLI's config directory to a host directory: the host, often root, would write the
     config (with the session's proxy key) there and chmod it."""
     outside = Outside.make(tmp_path)
     home = tmp_path / "session" / "home"
     home.mkdir(parents=True)
-    top = CONFIG_FILES[name].split("/")[0]
+    top = CONFIG_DIRS[name]
     (home / top).symlink_to(outside.root, target_is_directory=True)
     refused = _launch_refused(tmp_path, name)
     outside.assert_unchanged()
     assert refused is not None and f"home/{top}" in refused
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", CONFIG_FILES)
 def test_a_linked_config_file_is_not_written_through(name: str, cache: Path, tmp_path: Path) -> None:
     outside = Outside.make(tmp_path)
     config = tmp_path / "session" / "home" / CONFIG_FILES[name]

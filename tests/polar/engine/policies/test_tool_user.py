@@ -173,3 +173,35 @@ def test_tool_choice_none_and_no_instruction() -> None:
     policy = ToolUserPolicy({})
     assert not policy.respond(request(Message("user", ASK), tools=PI, tool_choice="none")).tool_calls
     assert policy.respond(request(Message("user", "hi"), tools=PI)).content == "I did not find a file to create."
+
+
+# mini-swe-agent 2.4.6 text-based mode (mini_textbased.yaml, abridged): the format in the system prompt, the
+# submit command in the task; no tools; each command's output comes back as a user message.
+MSWEA_SYSTEM = (
+    "You are a helpful assistant that can interact with a computer.\n\nYour response must contain exactly ONE bash "
+    "code block with ONE command.\n<format_example>\nTHOUGHT: ...\n\n```mswea_bash_command\nyour_command_here\n```\n"
+    "</format_example>"
+)
+MSWEA_TASK = (
+    f"Please solve this issue: {ASK}\n\n6. Submit your changes and finish your work by issuing the following "
+    "command: `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`.\n\n### Create a new file:\n\n```bash\ncat <<'EOF' > f\n```"
+)
+
+
+def test_a_text_based_harness_gets_one_command_block_then_the_submit_command() -> None:
+    policy = ToolUserPolicy({})
+    first = policy.respond(PolicyRequest(messages=(Message("system", MSWEA_SYSTEM), Message("user", MSWEA_TASK))))
+    assert first.tool_calls == ()
+    assert first.content.endswith("```mswea_bash_command\nprintf '%s' HELLO-123 > hello.txt\n```")
+    observed = (
+        Message("system", MSWEA_SYSTEM), Message("user", MSWEA_TASK), Message("assistant", first.content),
+        Message("user", "<returncode>0</returncode>\n<output>\n</output>"),
+    )  # fmt: skip
+    second = policy.respond(PolicyRequest(messages=observed))
+    assert second.content.endswith("```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```")
+
+
+def test_no_submit_command_named_means_no_command_block() -> None:
+    """An untooled call that describes no block protocol (a title generator, say) gets the plain answer."""
+    turn = ToolUserPolicy({}).respond(PolicyRequest(messages=(Message("user", f"{ASK}\n```bash\nls\n```"),)))
+    assert turn.content == "Created hello.txt." and turn.tool_calls == ()
