@@ -3,6 +3,7 @@ and a full stack (engine, gunicorn API and proxy, four Celery stage workers) on 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -79,6 +80,16 @@ class RunningStack:
 
     def wait(self, batch_id: str, timeout_s: float = 120) -> dict[str, Any]:
         return self.client.wait(batch_id, timeout_s=timeout_s, poll_s=0.2)
+
+    def engine_entries(self) -> dict[str, dict[str, Any]]:
+        return engine_entries(self.engine_log)
+
+
+def engine_entries(engine_log: Path) -> dict[str, dict[str, Any]]:
+    """What the reference engine served (its ``--log``), by request id: the token ids it read and sampled."""
+    if not engine_log.exists():
+        return {}
+    return {e["request_id"]: e for e in map(json.loads, engine_log.read_text().splitlines())}
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float = 30, message: str = "condition") -> Any:
@@ -242,11 +253,7 @@ class LiveProxy:
         return session_calls(self.services, session_id)
 
     def engine_entries(self) -> dict[str, dict[str, Any]]:
-        import json
-
-        if not self.engine_log.exists():
-            return {}
-        return {e["request_id"]: e for e in map(json.loads, self.engine_log.read_text().splitlines())}
+        return engine_entries(self.engine_log)
 
 
 @contextmanager

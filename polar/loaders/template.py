@@ -34,9 +34,10 @@ def compile_template(text: str, name: str = "template") -> jinja2.Template:
         raise ValidationError(f"{name}:{exc.lineno}: template syntax error: {exc.message}", field=name) from exc
 
 
-def render(template: jinja2.Template, row: Row, index: int) -> str:
-    """``template`` rendered for ``row``; a failure (an undefined name, a bad filter argument) names the row."""
-    variables = {**row.data, "row": row.data, "index": index}
+def render(template: jinja2.Template, row: Row, index: int, extra: Mapping[str, Any] | None = None) -> str:
+    """``template`` rendered for ``row`` (and ``extra`` variables); a failure (an undefined name, a bad filter
+    argument) names the row."""
+    variables = {**row.data, **(extra or {}), "row": row.data, "index": index}
     try:
         return template.render(variables)
     except jinja2.UndefinedError as exc:
@@ -46,8 +47,12 @@ def render(template: jinja2.Template, row: Row, index: int) -> str:
         raise ValidationError(f"{row.where}: template: cannot render: {exc}", field=row.where) from exc
 
 
-def _task(template: jinja2.Template, row: Row, index: int) -> dict[str, Any]:
-    text = render(template, row, index)
+def render_task(
+    template: jinja2.Template, row: Row, index: int, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The task ``template`` renders for ``row``: a JSON object, not validated yet (``ValidationError`` naming the
+    row when it is not JSON or not an object)."""
+    text = render(template, row, index, extra)
     try:
         task = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -72,4 +77,4 @@ def tasks_from_template(
     """One task dict per row: ``template_text`` rendered with the row's fields and parsed as JSON. The tasks are
     not validated here (``make_batch`` does that, after the batch defaults are merged in)."""
     template = compile_template(template_text, template_name)
-    return [_task(template, row, index) for index, row in enumerate(numbered(rows))]
+    return [render_task(template, row, index) for index, row in enumerate(numbered(rows))]

@@ -3,7 +3,6 @@ the gunicorn-served proxy in front of the reference engine, Postgres and Redis."
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import httpx
@@ -47,9 +46,7 @@ def test_batch_end_to_end_is_token_exact(database_url: str, broker_url: str, tmp
         assert final["counts"] == {"completed": 5}, errors
         assert final["finished_at"] is not None
 
-        engine_log = {
-            entry["request_id"]: entry for entry in map(json.loads, stack.engine_log.read_text().splitlines())
-        }
+        engine_log = stack.engine_entries()
         sessions = list(stack.client.sessions(submitted["batch_id"]))
         total_calls = 0
         for session in sessions:
