@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -394,6 +395,31 @@ def demo(state_dir: Path, tasks: int, samples: int, out: Path, run_concurrency: 
         raise click.ClickException("some sessions did not complete; see the logs above")
 
 
+@main.command("gym-agent")
+@click.option(
+    "--template",
+    "template_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The task each dataset row becomes: a TaskRequest as JSON with Jinja2 (variables: the row's fields, row, "
+    "instruction).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8500, show_default=True, type=int)
+@click.option("--threads", default=8, show_default=True, type=click.IntRange(1, 256),
+              help="Threads for Postgres and submission work (waiting rows hold none).")  # fmt: skip
+@click.option("--poll", "poll_s", default=0.25, show_default=True, type=click.FloatRange(0.01, 60),
+              help="Seconds between the checks of which waiting rows have settled.")  # fmt: skip
+def gym_agent(template_path: Path, host: str, port: int, threads: int, poll_s: float) -> None:
+    """Serve NeMo Gym's agent contract (POST /run) over this deployment (docs/nemo-gym.md)."""
+    from polar.loaders.template import compile_template
+
+    compile_template(template_path.read_text(), str(template_path))  # a syntax error is reported here, plainly
+    args = ["--template", str(template_path), "--host", host, "--port", str(port), "--threads", str(threads)]
+    # The server is a web process (web.gym); the domain CLI names it by module, as the launcher names gunicorn apps.
+    os.execv(sys.executable, [sys.executable, "-m", "web.gym", *args, "--poll", str(poll_s)])
+
+
 @main.group()
 def harness() -> None:
     """Coding-agent CLIs the harness presets drive."""
@@ -403,7 +429,8 @@ def harness() -> None:
 @click.argument("names", nargs=-1)
 @click.option("--list", "show", is_flag=True, help="Show the installed versions instead.")
 def harness_install(names: tuple[str, ...], show: bool) -> None:
-    """Install the CLIs of presets NAME… (npm, into POLAR_HARNESS_CACHE); skips those already installed."""
+    """Install the CLIs of presets NAME… into POLAR_HARNESS_CACHE (npm; a virtualenv of its own for a Python CLI);
+    skips those already installed."""
     from polar.errors import PolarError
     from polar.harnesses.install import PACKAGES, cache_dir, install, installed
 

@@ -1,0 +1,45 @@
+"""Which of many samples have settled: one query for all of them, however many rows are waiting.
+
+A row's sample is ``(batch_id, task_position)``: rows are submitted together, one task each.
+
+A sample is settled when its latest attempt (``retried_as`` unset: an attempt lost to the infrastructure with
+attempts left has a successor already) is terminal. Its outcome class says whether that attempt is training
+signal (``task``) or was the last allowed one and lost (``infrastructure``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection
+
+import sqlalchemy as sa
+
+from polar.gym.answers import Settled
+from polar.lifecycle.attempts import is_latest_attempt
+from polar.lifecycle.states import TERMINAL
+from polar.services import Services
+from polar.storage.models import Session
+
+Sample = tuple[uuid.UUID, int]  # (batch_id, task_position)
+
+
+def settled_samples(services: Services, samples: Collection[Sample]) -> dict[Sample, Settled]:
+    """Those of ``samples`` that have settled, with how."""
+    if not samples:
+        return {}
+    wanted = set(samples)
+    query = sa.select(
+        Session.batch_id, Session.task_position, Session.id, Session.state, Session.outcome_class, Session.reward,
+        Session.attempt, Session.error,
+    ).where(
+        Session.batch_id.in_({batch_id for batch_id, _ in wanted}), is_latest_attempt(),
+        Session.state.in_([str(s) for s in TERMINAL]),
+    )  # fmt: skip
+    with services.db.unit() as db:
+        rows = db.execute(query).all()
+    return {
+        (row.batch_id, row.task_position): Settled(row.id, row.state, row.outcome_class, row.reward, row.attempt,
+                                                   row.error)
+        for row in rows
+        if (row.batch_id, row.task_position) in wanted
+    }  # fmt: skip

@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from polar.errors import ValidationError
+from polar.gym.answers import Settled, gym_answer, sequences
+from polar.gym.rows import check_row, checked_task, row_instruction, rows_batch
+from polar.loaders.template import compile_template
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "contracts" / "nemo_gym"
+VERIFY = jsonschema.Draft202012Validator(json.loads((SCHEMAS / "verify_response.json").read_text()))
+ROW = {"responses_create_params": {"input": "What is 2 + 2?"}, "_ng_task_index": 3, "_rowidx": 7, "expected": "4"}
+DONE = Settled(uuid.uuid4(), "completed", "task", 1.0, 1, None)
+
+
+def call(prompt: list[int], completion: list[int], *, tool: bool = False, reasoning: str | None = None) -> Any:
+    message: dict[str, Any] = {"role": "assistant", "content": None if tool else "The answer is 4."}
+    if reasoning:
+        message["reasoning"] = reasoning
+    if tool:
+        function = {"name": "calculator", "arguments": '{"expression": "2+2"}'}
+        message["tool_calls"] = [{"id": "call_1", "type": "function", "function": function}]
+    return {
+        "call_id": str(uuid.uuid4()), "delivered": True, "status_code": 200, "prompt_token_ids": prompt,
+        "completion_token_ids": completion, "logprobs": [-0.5] * len(completion),
+        "response": {"choices": [{"message": message, "token_ids": completion}], "prompt_token_ids": prompt},
+    }  # fmt: skip
+
+
+def test_one_sequence_of_calls_is_a_trainable_sample() -> None:
+    calls = [call([1, 2], [3, 4], tool=True, reasoning="add"), call([1, 2, 3, 4, 5], [6])]
+    answer = gym_answer(ROW, DONE, calls, "m")
+    assert answer.status == 200 and not list(VERIFY.iter_errors(answer.body))
+    assert answer.body["reward"] == 1.0 and "mask_sample" not in answer.body
+    output = answer.body["response"]["output"]
+    assert [item["type"] for item in output] == ["reasoning", "function_call", "message"]
+    assert "generation_token_ids" not in output[0]  # only the last item of a call carries its tokens
+    assert (output[1]["prompt_token_ids"], output[1]["generation_token_ids"]) == ([1, 2], [3, 4])
+    assert output[2]["generation_log_probs"] == [-0.5]
+    assert {k: answer.body[k] for k in ROW} == ROW
+
+
+def test_calls_that_break_into_sequences_are_masked_never_scored_silently() -> None:
+    calls = [call([1, 2], [3]), call([9, 9], [4]), call([9, 9, 4, 5], [6])]  # a compaction between 1 and 2
+    assert [len(run) for run in sequences(calls)] == [1, 2]
+    answer = gym_answer(ROW, DONE, calls, "m")
+    assert answer.status == 200 and not list(VERIFY.iter_errors(answer.body))
+    assert answer.body["instance_config"] == {"mask_sample": True} and answer.body["mask_sample"] is True
+    assert answer.body["polar"]["calls_returned"] == 2 and "2 token sequences" in answer.body["polar"]["mask_reason"]
+    unscored = gym_answer(ROW, Settled(DONE.session_id, "completed", "task", None, 1, None), calls[:1], "m")
+    assert unscored.body["mask_sample"] is True and "no evaluator" in unscored.body["polar"]["mask_reason"]
+
+
+@pytest.mark.parametrize(
+    ("settled", "calls", "status"),
+    [
+        (Settled(uuid.uuid4(), "failed", "infrastructure", None, 3, "run worker lost"), [], 503),
+        (Settled(uuid.uuid4(), "failed", "task", 0.0, 1, "harness exited 2"), [], 422),
+    ],
+)
+def test_no_sample_is_an_error_in_http_terms(settled: Settled, calls: list[Any], status: int) -> None:
+    answer = gym_answer(ROW, settled, calls, "m")
+    assert answer.status == status and "reward" not in answer.body and answer.body["error"]["message"]
+
+
+def test_rows_become_one_sample_tasks() -> None:
+    template = compile_template(
+        '{"instruction": {{ instruction | tojson }}, "metadata": {"expected": {{ expected }}},'
+        ' "harness": {"name": "python", "command": "polar.agents.calculator:run"}}'
+    )
+    batch = rows_batch([checked_task(template, dict(ROW)), checked_task(template, {**ROW, "_ng_task_index": 4})])
+    task = batch.tasks[0]
+    assert [t.task_id for t in batch.tasks] == ["gym-3", "gym-4"]
+    assert (task.task_id, task.num_samples, task.instruction) == ("gym-3", 1, "What is 2 + 2?")
+    assert task.metadata == {"expected": 4, "nemo_gym": {"_ng_task_index": 3, "_rowidx": 7}}
+    listed = {"responses_create_params": {"input": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Add"}, {"type": "input_text", "text": "2+2"}]},
+    ]}}  # fmt: skip
+    assert row_instruction(listed) == "Add\n2+2"
+
+
+def test_a_task_polar_refuses_names_the_row() -> None:
+    template = compile_template('{"instruction": {{ instruction | tojson }}, "harness": {"name": "vim"}}')
+    with pytest.raises(ValidationError, match=r"row \(_ng_task_index=3, _rowidx=7\).*harness"):
+        checked_task(template, dict(ROW))
+
+
+@pytest.mark.parametrize("body", [[], {"input": "x"}, {"responses_create_params": {"input": 3}}])
+def test_a_body_that_is_not_a_row_is_refused(body: Any) -> None:
+    with pytest.raises(ValidationError):
+        check_row(body)

@@ -1,0 +1,127 @@
+"""``polar gym-agent``: NeMo Gym's agent-server contract over Polar's pipeline.
+
+    POST /run     a dataset row -> the row + ``response`` (token-carrying output items) + ``reward``
+                  (status codes: ``polar.gym.answers``; 400/422 for a row that cannot run, the reason in ``error``)
+    POST /aggregate_metrics   NeMo Gym's end-of-run summary (``gym eval``; NeMo RL's training does not call it):
+                  the mean reward and the masked count of the answers posted back
+    GET  /        liveness, and how many rows are waiting
+
+Each ``/run`` row becomes one session of a batch (``Submitter``: the rows that arrive together share a batch and a
+transaction), waits for its sample to settle (``SettlementWaiter``: one poll for every waiting row) and reads its
+calls. The blocking parts (Postgres,
+the engine probe at submission, Celery's send) run on a small thread pool; a waiting row holds only a coroutine,
+so one process holds thousands of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+import orjson
+import sqlalchemy as sa
+from aiohttp import web
+
+from polar.errors import PolarError, ValidationError
+from polar.gym.answers import Answer, gym_answer
+from polar.gym.rows import check_row, row_where
+from polar.lifecycle.sessions import session_calls
+from polar.services import Services
+from web.gym.submitter import Submitter
+from web.gym.waiter import SettlementWaiter
+
+log = logging.getLogger(__name__)
+DEFAULT_THREADS = 8
+
+
+@dataclass
+class GymAgent:
+    services: Services
+    executor: ThreadPoolExecutor
+    submitter: Submitter
+    waiter: SettlementWaiter
+
+    async def run(self, row: dict[str, Any]) -> Answer:
+        sample = await self.submitter.submit(row)
+        settled = await self.waiter.settled(sample)
+        calls = await blocking(self.executor, session_calls, self.services, settled.session_id)
+        return gym_answer(row, settled, calls, str(row["responses_create_params"].get("model") or "polar"))
+
+
+async def blocking(executor: ThreadPoolExecutor, function: Any, *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
+
+
+AGENT = web.AppKey("agent", GymAgent)
+
+
+def _json(status: int, body: dict[str, Any]) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    return _json(status, {"error": {"message": message, "type": kind}})
+
+
+async def run(request: web.Request) -> web.Response:
+    agent = request.app[AGENT]
+    try:
+        row = check_row(orjson.loads(await request.read()))
+    except orjson.JSONDecodeError as exc:
+        return _error(400, f"the body is not JSON: {exc}", "invalid_request")
+    except ValidationError as exc:
+        return _error(422, str(exc), "invalid_row")
+    try:
+        answer = await agent.run(row)
+    except ValidationError as exc:  # the template rendered a task Polar refuses: the row's (or template's) fault
+        return _error(422, str(exc), "invalid_task")
+    except (PolarError, sa.exc.SQLAlchemyError, OSError) as exc:  # Polar could not run it now: NeMo RL retries 5xx
+        log.warning("gym agent: %s could not run: %s", row_where(row), exc)
+        return _error(503, f"Polar could not run the row: {exc}", "unavailable")
+    return _json(answer.status, answer.body)
+
+
+async def aggregate_metrics(request: web.Request) -> web.Response:
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        return _error(400, f"the body is not JSON: {exc}", "invalid_request")
+    answers = body.get("verify_responses") if isinstance(body, dict) else None
+    if not isinstance(answers, list) or not all(isinstance(a, dict) for a in answers):
+        return _error(422, "verify_responses: required, a list of /run answers", "invalid_request")
+    rewards = [float(a["reward"]) for a in answers if isinstance(a.get("reward"), int | float)]
+    masked = sum(1 for a in answers if (a.get("instance_config") or {}).get("mask_sample"))
+    metrics = {"mean/reward": sum(rewards) / len(rewards) if rewards else 0.0, "rows": len(answers), "masked": masked}
+    return _json(200, {"group_level_metrics": [], "agent_metrics": metrics, "key_metrics": metrics})
+
+
+async def alive(request: web.Request) -> web.Response:
+    return _json(200, {"status": "ok", "waiting": len(request.app[AGENT].waiter.waiting)})
+
+
+def create_app(services: Services, template: jinja2.Template, threads: int = DEFAULT_THREADS,
+               poll_s: float = 0.25) -> web.Application:  # fmt: skip
+    """The agent app; its waiter loop starts and stops with the app, the database closes with it."""
+    executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gym-agent")
+    submitter = Submitter(services, template, lambda function, *args: blocking(executor, function, *args))
+    agent = GymAgent(services, executor, submitter, SettlementWaiter(services, executor, poll_s))
+    app = web.Application(client_max_size=64 * 1024 * 1024)  # a row may carry a long conversation
+    app[AGENT] = agent
+    app.router.add_post("/run", run)
+    app.router.add_post("/aggregate_metrics", aggregate_metrics)
+    app.router.add_get("/", alive)
+
+    async def lifecycle(app: web.Application) -> Any:
+        loops = [asyncio.create_task(agent.submitter.run()), asyncio.create_task(agent.waiter.run())]
+        yield
+        for loop in loops:
+            loop.cancel()
+        executor.shutdown(wait=False, cancel_futures=True)
+        services.db.dispose()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app

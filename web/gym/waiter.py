@@ -1,0 +1,55 @@
+"""Rows waiting for their sessions, told by one polling loop: a waiting row is a future, not a thread.
+
+Every ``poll_s`` the loop asks Postgres, in one query on the executor, which of the awaited samples have settled
+(``polar.gym.settlement``) and resolves their futures. A failed poll (a database blip) is logged and retried on
+the next tick: the rows wait on, nothing is answered from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import Executor
+
+import sqlalchemy as sa
+
+from polar.errors import PolarError
+from polar.gym.answers import Settled
+from polar.gym.settlement import Sample, settled_samples
+from polar.services import Services
+
+log = logging.getLogger(__name__)
+
+
+class SettlementWaiter:
+    """``await waiter.settled(sample)`` until the sample (``(batch_id, task_position)``) settles."""
+
+    def __init__(self, services: Services, executor: Executor, poll_s: float = 0.25) -> None:
+        self.services = services
+        self.executor = executor
+        self.poll_s = poll_s
+        self.waiting: dict[Sample, asyncio.Future[Settled]] = {}
+
+    async def settled(self, sample: Sample) -> Settled:
+        future = self.waiting.setdefault(sample, asyncio.get_running_loop().create_future())
+        try:
+            return await future
+        finally:
+            self.waiting.pop(sample, None)  # answered, or the client went away
+
+    async def run(self) -> None:
+        """Poll until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.poll_s)
+            if not self.waiting:
+                continue
+            try:
+                found = await loop.run_in_executor(self.executor, settled_samples, self.services, list(self.waiting))
+            except (PolarError, sa.exc.SQLAlchemyError) as exc:
+                log.warning("gym agent: polling %d waiting rows failed, retrying: %s", len(self.waiting), exc)
+                continue
+            for sample, settled in found.items():
+                future = self.waiting.get(sample)
+                if future is not None and not future.done():
+                    future.set_result(settled)
