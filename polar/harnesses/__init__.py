@@ -15,6 +15,7 @@ from polar.harnesses.codex import CodexHarness
 from polar.harnesses.command import REFUSAL, CommandHarness, placeholder_problem
 from polar.harnesses.gemini_cli import GeminiCliHarness
 from polar.harnesses.mini_swe_agent import MiniSweAgentHarness
+from polar.harnesses.openclaw import OpenclawHarness
 from polar.harnesses.opencode import OpencodeHarness
 from polar.harnesses.pi import PiHarness
 from polar.harnesses.python import PythonHarness, check_python_target
@@ -33,6 +34,7 @@ HARNESSES: dict[str, Harness] = {
         OpencodeHarness(),
         PiHarness(),
         MiniSweAgentHarness(),
+        OpenclawHarness(),
     )
 }
 

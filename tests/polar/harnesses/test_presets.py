@@ -22,7 +22,7 @@ from polar.harnesses.install import (
 from polar.task_request import HarnessSpec
 from tests.outside import Outside, refusal
 
-PRESETS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "mini_swe_agent")
+PRESETS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "mini_swe_agent", "openclaw")
 KEY = "pk-test"
 PROXY = "http://127.0.0.1:9"
 BASE = f"{PROXY}/s/{KEY}"
@@ -202,6 +202,19 @@ def test_mini_swe_agent_runs_text_based_from_its_own_virtualenv(cache: Path, tmp
         launch(tmp_path, "mini_swe_agent", settings={"mcp_servers": MCP})
 
 
+def test_openclaw_runs_on_the_caches_node_with_only_the_proxy_configured(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "openclaw", model="m1", settings={"mcp_servers": MCP, "extra_args": ["--x"]})
+    config = home / ".openclaw" / "openclaw.json"
+    assert result.command[1:] == ["agent", "exec", "--json", "--config", str(config), "--model", "polar/m1",
+                                  "--timeout", "0", "--x", "--", "Create hello.txt containing HI"]  # fmt: skip
+    assert result.env["PATH"].split(":")[0] == str(runtime_bin_dirs("openclaw", cache)[0])
+    written = json.loads(config.read_text())
+    assert written["models"]["providers"]["polar"]["baseUrl"] == f"{BASE}/v1"
+    assert written["memory"]["search"]["enabled"] is False and written["mcp"] == {"servers": MCP}
+    with pytest.raises(RuntimeFailure, match="does not support"):
+        launch(tmp_path, "openclaw", settings={"max_turns": 3})
+
+
 def test_a_pinned_preset_at_another_version_is_not_installed(tmp_path: Path) -> None:
     """``pip install hermes-agent`` by hand, or an older pin: the preset's own version is installed over it."""
     cache = tmp_path / "cache"
@@ -232,6 +245,7 @@ CONFIG_FILES = {
     "qwen_code": ".qwen/settings.json",
     "opencode": ".config/opencode/opencode.json",
     "pi": ".pi/agent/models.json",
+    "openclaw": ".openclaw/openclaw.json",
 }
 # Where each preset keeps its state: the directory the link tests point elsewhere (mini-swe-agent writes no
 # config of Polar's, but its global config folder is made there).
