@@ -14,6 +14,7 @@ from polar.harnesses.claude_code import ClaudeCodeHarness
 from polar.harnesses.codex import CodexHarness
 from polar.harnesses.command import REFUSAL, CommandHarness, placeholder_problem
 from polar.harnesses.gemini_cli import GeminiCliHarness
+from polar.harnesses.hermes import HermesHarness
 from polar.harnesses.mini_swe_agent import MiniSweAgentHarness
 from polar.harnesses.openclaw import OpenclawHarness
 from polar.harnesses.opencode import OpencodeHarness
@@ -34,6 +35,7 @@ HARNESSES: dict[str, Harness] = {
         OpencodeHarness(),
         PiHarness(),
         MiniSweAgentHarness(),
+        HermesHarness(),
         OpenclawHarness(),
     )
 }

@@ -37,12 +37,14 @@ class CliPackage:
     source: Literal["npm", "pypi"] = "npm"
     version: str | None = None  # pinned: installed as package@version (npm) or package==version (pypi)
     node: str | None = None  # the Node.js version it needs when the system's is older (npm ``node-linux-<arch>``)
+    extras: str | None = None  # pip extras installed with it (``mcp`` for hermes' MCP servers)
 
     def spec(self) -> str:
         """What the package manager is asked for."""
+        name = f"{self.package}[{self.extras}]" if self.extras else self.package
         if self.version is None:
-            return self.package
-        return f"{self.package}{'==' if self.source == 'pypi' else '@'}{self.version}"
+            return name
+        return f"{name}{'==' if self.source == 'pypi' else '@'}{self.version}"
 
 
 PACKAGES: Mapping[str, CliPackage] = {
@@ -53,7 +55,7 @@ PACKAGES: Mapping[str, CliPackage] = {
     "opencode": CliPackage("opencode-ai", "opencode"),
     "pi": CliPackage("@mariozechner/pi-coding-agent", "pi"),
     "mini_swe_agent": CliPackage("mini-swe-agent", "mini-swe-agent", "pypi", "2.4.6"),
-    "hermes": CliPackage("hermes-agent", "hermes", "pypi", "0.19.0"),
+    "hermes": CliPackage("hermes-agent", "hermes", "pypi", "0.19.0", extras="mcp"),
     # openclaw 2026.9.6 refuses Node < 24.16 in its preinstall step; these machines have Node 20.
     "openclaw": CliPackage("openclaw", "openclaw", version="2026.9.6", node="24.21.0"),
 }

@@ -10,8 +10,8 @@ fitted to THAT tool's JSON schema:
    ``file_path``/``path``/``filePath``/``absolute_path``/``filename`` the schema has, the text in
    ``content``/``text``/``contents``;
 2. else a shell tool (``Bash``, ``bash``, ``shell``, ``exec_command``, ``run_shell_command``, ``local_shell``,
-   ``shell_command``, OpenClaw's ``exec``): ``printf '%s' 'CONTENT' > 'FILE'`` in ``command`` or ``cmd``, as a
-   string or, when the schema says array, as ``["bash", "-lc", script]``;
+   ``shell_command``, OpenClaw's ``exec``, hermes' ``terminal``): ``printf '%s' 'CONTENT' > 'FILE'`` in
+   ``command`` or ``cmd``, as a string or, when the schema says array, as ``["bash", "-lc", script]``;
 3. else Codex's free-form ``apply_patch`` (offered to the engine as a function taking ``input``): an Add File patch.
 
 Other required properties get their schema default, ``False`` for booleans, a short description for strings.

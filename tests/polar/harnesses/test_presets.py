@@ -22,7 +22,7 @@ from polar.harnesses.install import (
 from polar.task_request import HarnessSpec
 from tests.outside import Outside, refusal
 
-PRESETS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "mini_swe_agent", "openclaw")
+PRESETS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "mini_swe_agent", "hermes", "openclaw")
 KEY = "pk-test"
 PROXY = "http://127.0.0.1:9"
 BASE = f"{PROXY}/s/{KEY}"
@@ -215,12 +215,27 @@ def test_openclaw_runs_on_the_caches_node_with_only_the_proxy_configured(cache: 
         launch(tmp_path, "openclaw", settings={"max_turns": 3})
 
 
+def test_hermes_gets_a_home_with_only_the_proxy_and_no_side_traffic(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "hermes", model="m1", settings={"max_turns": 4, "extra_args": ["--x"]})
+    assert result.command[1:] == ["--yolo", "chat", "--quiet", "--provider", "polar", "--model", "m1",
+                                  "--max-turns", "4", "--x", "--query=Create hello.txt containing HI"]  # fmt: skip
+    assert result.env["HERMES_HOME"] == str(home / ".hermes")
+    config = json.loads((home / ".hermes" / "config.yaml").read_text())
+    assert config["providers"]["polar"] == {"base_url": f"{BASE}/v1", "key_env": "OPENAI_API_KEY",
+                                            "api_mode": "chat_completions"}  # fmt: skip
+    assert config["memory"]["memory_enabled"] is False and config["security"]["allow_lazy_installs"] is False
+    update_check = json.loads((home / ".hermes" / ".update_check").read_text())
+    assert update_check["ver"] == PACKAGES["hermes"].version  # seeded fresh: no question to PyPI
+    with pytest.raises(RuntimeFailure, match=r"hermes-agent\[mcp\]"):  # the stand-in install has no mcp package
+        launch(tmp_path, "hermes", settings={"mcp_servers": MCP})
+
+
 def test_a_pinned_preset_at_another_version_is_not_installed(tmp_path: Path) -> None:
     """``pip install hermes-agent`` by hand, or an older pin: the preset's own version is installed over it."""
     cache = tmp_path / "cache"
     stand_in(cache, "hermes", "0.18.0")
     assert installed_version("hermes", cache) is None
-    with pytest.raises(RuntimeFailure, match=r"hermes-agent==0\.19\.0 CLI is not installed"):
+    with pytest.raises(RuntimeFailure, match=r"hermes-agent\[mcp\]==0\.19\.0 CLI is not installed"):
         require_binary("hermes", cache)
     stand_in(cache, "openclaw", "2026.9.6")
     assert installed_version("openclaw", cache) == "2026.9.6"
@@ -246,6 +261,7 @@ CONFIG_FILES = {
     "opencode": ".config/opencode/opencode.json",
     "pi": ".pi/agent/models.json",
     "openclaw": ".openclaw/openclaw.json",
+    "hermes": ".hermes/config.yaml",
 }
 # Where each preset keeps its state: the directory the link tests point elsewhere (mini-swe-agent writes no
 # config of Polar's, but its global config folder is made there).
