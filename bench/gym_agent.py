@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import redis
 import sqlalchemy as sa
@@ -60,13 +61,16 @@ def _process(pid: int) -> tuple[int, float]:
 
 
 async def _post_all(url: str, rows: list[dict[str, Any]], answered: dict[int, float]) -> list[int]:
-    limits = httpx.Limits(max_connections=len(rows) + 10, max_keepalive_connections=len(rows) + 10)
-    async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+    """Every row at once on one aiohttp session, as NeMo Gym's client sends them (no timeout, no connection cap
+    below the batch)."""
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout()) as session:
 
         async def one(row: dict[str, Any]) -> int:
-            response = await client.post(f"{url}/run", json=row)
-            answered[row["_rowidx"]] = time.perf_counter()
-            return response.status_code
+            async with session.post(f"{url}/run", json=row) as response:
+                await response.read()
+                answered[row["_rowidx"]] = time.perf_counter()
+                return response.status
 
         return await asyncio.gather(*(one(row) for row in rows))
 

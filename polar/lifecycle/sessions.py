@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Collection
 from typing import Any
 
 import sqlalchemy as sa
@@ -21,7 +22,7 @@ from polar.serialization import (
     trajectory_json,
 )
 from polar.services import Services
-from polar.storage.captured import rebuild, session_rows
+from polar.storage.captured import rebuild, rows_by_session, session_rows
 from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
 
 # What a call's JSON reads besides the rebuilt prompt and payloads (polar.storage.captured.STORED).
@@ -133,6 +134,18 @@ def session_calls(services: Services, session_id: uuid.UUID) -> list[CallJSON]:
         items += page["items"]
         after = page["next_after"]
     return items
+
+
+def calls_by_session(services: Services, session_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, list[CallJSON]]:
+    """Every call of each of ``session_ids``, whole, in ``seq`` order: ``session_calls`` for many sessions in one
+    query (a session without calls, or unknown, gets an empty list)."""
+    with services.db.unit() as db:
+        grouped = rows_by_session(db, session_ids, columns=_CALL_COLUMNS)
+    found: dict[uuid.UUID, list[CallJSON]] = {}
+    for session_id, rows in grouped.items():
+        whole = rebuild(rows)
+        found[session_id] = [call_json(row, whole[row.id]) for row in rows]
+    return found
 
 
 def session_trajectories(services: Services, session_id: uuid.UUID) -> list[TrajectoryJSON]:

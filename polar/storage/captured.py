@@ -53,11 +53,32 @@ def session_rows(
 ) -> list[Any]:
     """The session's rows (what the rebuild needs of the payload ``parts``, and ``columns``) in ``seq`` order, up
     to ``up_to_seq`` when given."""
-    payloads = [getattr(ModelCall, part) for part in parts]
-    query = sa.select(*_KEYS, *payloads, *columns).where(ModelCall.session_id == session_id).order_by(ModelCall.seq)
+    query = _rows(columns, parts).where(ModelCall.session_id == session_id).order_by(ModelCall.seq)
     if up_to_seq is not None:
         query = query.where(ModelCall.seq <= up_to_seq)
     return list(connection.execute(query).all())
+
+
+def rows_by_session(
+    connection: sa.Connection | Any,
+    session_ids: Collection[uuid.UUID],
+    columns: Sequence[Any] = (),
+    parts: Sequence[str] = PARTS,
+) -> dict[uuid.UUID, list[Any]]:
+    """``session_rows`` of every one of ``session_ids`` in one query (each session's rows in ``seq`` order; a
+    session without calls has an empty list)."""
+    grouped: dict[uuid.UUID, list[Any]] = {session_id: [] for session_id in session_ids}
+    if not grouped:
+        return grouped
+    query = _rows([ModelCall.session_id.label("of_session"), *columns], parts)
+    query = query.where(ModelCall.session_id.in_(list(grouped))).order_by(ModelCall.session_id, ModelCall.seq)
+    for row in connection.execute(query):
+        grouped[row.of_session].append(row)
+    return grouped
+
+
+def _rows(columns: Sequence[Any], parts: Sequence[str]) -> sa.Select[Any]:
+    return sa.select(*_KEYS, *(getattr(ModelCall, part) for part in parts), *columns)
 
 
 def rebuild(

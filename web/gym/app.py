@@ -29,7 +29,6 @@ from aiohttp import web
 from polar.errors import PolarError, ValidationError
 from polar.gym.answers import Answer, gym_answer
 from polar.gym.rows import check_row, row_where
-from polar.lifecycle.sessions import session_calls
 from polar.services import Services
 from web.gym.submitter import Submitter
 from web.gym.waiter import SettlementWaiter
@@ -47,8 +46,7 @@ class GymAgent:
 
     async def run(self, row: dict[str, Any]) -> Answer:
         sample = await self.submitter.submit(row)
-        settled = await self.waiter.settled(sample)
-        calls = await blocking(self.executor, session_calls, self.services, settled.session_id)
+        settled, calls = await self.waiter.settled(sample)
         return gym_answer(row, settled, calls, str(row["responses_create_params"].get("model") or "polar"))
 
 

@@ -1,8 +1,9 @@
 """Rows waiting for their sessions, told by one polling loop: a waiting row is a future, not a thread.
 
 Every ``poll_s`` the loop asks Postgres, in one query on the executor, which of the awaited samples have settled
-(``polar.gym.settlement``) and resolves their futures. A failed poll (a database blip) is logged and retried on
-the next tick: the rows wait on, nothing is answered from it.
+(``polar.gym.settlement``), reads the calls of those sessions (``CHUNK`` sessions a query) and resolves their
+futures. A failed poll or read (a database blip) is logged and retried on the next tick: the rows wait on,
+nothing is answered from it.
 """
 
 from __future__ import annotations
@@ -16,21 +17,26 @@ import sqlalchemy as sa
 from polar.errors import PolarError
 from polar.gym.answers import Settled
 from polar.gym.settlement import Sample, settled_samples
+from polar.lifecycle.sessions import calls_by_session
+from polar.serialization import CallJSON
 from polar.services import Services
 
 log = logging.getLogger(__name__)
+CHUNK = 64  # sessions whose calls are read in one query: a tick of 1,000 settled rows is 16 reads, not 1,000
+Ended = tuple[Settled, list[CallJSON]]
 
 
 class SettlementWaiter:
-    """``await waiter.settled(sample)`` until the sample (``(batch_id, task_position)``) settles."""
+    """``await waiter.settled(sample)`` until the sample (``(batch_id, task_position)``) settles: how, and the
+    calls of the session that settled it."""
 
     def __init__(self, services: Services, executor: Executor, poll_s: float = 0.25) -> None:
         self.services = services
         self.executor = executor
         self.poll_s = poll_s
-        self.waiting: dict[Sample, asyncio.Future[Settled]] = {}
+        self.waiting: dict[Sample, asyncio.Future[Ended]] = {}
 
-    async def settled(self, sample: Sample) -> Settled:
+    async def settled(self, sample: Sample) -> Ended:
         future = self.waiting.setdefault(sample, asyncio.get_running_loop().create_future())
         try:
             return await future
@@ -46,10 +52,14 @@ class SettlementWaiter:
                 continue
             try:
                 found = await loop.run_in_executor(self.executor, settled_samples, self.services, list(self.waiting))
+                ended = list(found.items())
+                for start in range(0, len(ended), CHUNK):
+                    chunk = ended[start : start + CHUNK]
+                    ids = [settled.session_id for _, settled in chunk]
+                    calls = await loop.run_in_executor(self.executor, calls_by_session, self.services, ids)
+                    for sample, settled in chunk:
+                        future = self.waiting.get(sample)
+                        if future is not None and not future.done():
+                            future.set_result((settled, calls[settled.session_id]))
             except (PolarError, sa.exc.SQLAlchemyError) as exc:
                 log.warning("gym agent: polling %d waiting rows failed, retrying: %s", len(self.waiting), exc)
-                continue
-            for sample, settled in found.items():
-                future = self.waiting.get(sample)
-                if future is not None and not future.done():
-                    future.set_result(settled)

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polar.errors import PolarError
-from polar.lifecycle.sessions import call_page, session_calls
+from polar.lifecycle.sessions import call_page, calls_by_session, session_calls
 from polar.proxy.capture import CallRecord, record_call
 from polar.services import Services
 from polar.stages.postrun import final_message
@@ -209,6 +209,17 @@ def test_a_page_of_calls_needs_only_its_own_prompts(services: Services) -> None:
     assert (first["next_after"], second["next_after"], third["next_after"]) == (3, 6, None)
     assert [uuid.UUID(c["call_id"]) for c in second["items"]] == ids[3:6]
     assert second["items"][0]["response"]["prompt_token_ids"] == _agent_call(3).prompt_token_ids
+
+
+def test_many_sessions_read_back_in_one_go_as_one_by_one(services: Services) -> None:
+    sessions = [running_session(services) for _ in range(3)]
+    for index, session_id in enumerate(sessions[:2]):
+        for turn in range(3 + index):
+            record_call(services.db, dataclasses.replace(_agent_call(turn), session_id=session_id))
+    unknown = uuid.uuid4()
+    together = calls_by_session(services, [*sessions, unknown])
+    assert together == {**{s: session_calls(services, s) for s in sessions}, unknown: []}
+    assert [len(together[s]) for s in sessions] == [3, 4, 0]
 
 
 @pytest.mark.parametrize("backend", ["postgres", "sqlite"])
