@@ -37,6 +37,8 @@ NOT_RUN = {
     "runs `polar up` and checks what it prints",
     ("docs/operations.md", "# on a second machine"): "starts a second machine's workers; tests/e2e/test_two_nodes.py "
     "runs that layout",
+    ("docs/nemo-gym.md", "polar gym-agent"): "serves until stopped; tests/e2e/test_gym_agent.py starts it the same "
+    "way against a live stack and posts NeMo Gym rows to it",
     ("docs/evaluators.md", "polar submit swe.jsonl"): "needs SWE-bench images and a Claude Code login; "
     "tests/e2e/test_swebench.py submits SWE-bench rows the same way",
 }

@@ -14,7 +14,10 @@ uses the tool the harness offers for it (``Read``/``read_file``, ``LS``/``list_d
 tool's schema, ``polar.engine.policies.tool_fitting``), falling back to the shell tool, then to a write or patch
 tool. The step is the number of tool results since the task message, so a harness that retries or re-sends a
 turn gets the same step again. After the last step it answers "Done: created FILE in N steps.". A request
-offering no tools (a title generator, a summariser, a next-speaker check) gets a short plain answer.
+offering no tools (a title generator, a summariser, a next-speaker check) gets a short plain answer, unless its
+prompt asks for one fenced shell block per reply (mini-swe-agent, ``polar.engine.policies.shell_blocks``): then
+each step is the same plan as a shell command in such a block, counted by the blocks already replied, and the
+harness's submit command ends it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 from polar.engine.conversation import ToolCall
 from polar.engine.policies.base import AssistantTurn, PolicyRequest
+from polar.engine.policies.shell_blocks import BlockProtocol, block_protocol
 from polar.engine.policies.tool_fitting import (
     CONTENT_PROPERTIES,
     EDIT_TOOLS,
@@ -69,6 +73,8 @@ class PlanPolicy:
         index, task = found
         done = sum(1 for message in request.messages[index + 1 :] if message.role == "tool")
         offered = functions(request.tools) if request.tool_names else []
+        if not request.tools and (protocol := block_protocol(request.messages)) is not None:
+            return self._block_turn(protocol, protocol.commands_since(request.messages, index), task)
         if not offered:
             return AssistantTurn(content=f"Working on {task.path}.")
         if done >= self.steps:
@@ -97,6 +103,27 @@ class PlanPolicy:
             "read_scratch": lambda: _read(offered, SCRATCH, cwd),
         }
         return builders[kind]() or _shell(offered, f"ls -la && cat {shlex.quote(task.path)}", "Look around")
+
+    def _block_turn(self, protocol: BlockProtocol, step: int, task: FileTask) -> AssistantTurn:
+        """Step ``step`` as one fenced shell command; the submit command once every step ran."""
+        if step >= self.steps:
+            return AssistantTurn(content=protocol.reply(f"All {self.steps} steps are done.", protocol.submit))
+        return AssistantTurn(content=protocol.reply(f"Step {step + 1} of {self.steps}.", self.step_script(step, task)))
+
+    def step_script(self, step: int, task: FileTask) -> str:
+        """Plan step ``step`` (0-based) as a shell command: what the shell-tool fallback of each step runs."""
+        if step == 0:
+            return f"printf '%s' {shlex.quote(task.content)} > {shlex.quote(task.path)}"
+        kind = CYCLE[(step - 1) % len(CYCLE)]
+        scripts = {
+            "read": f"cat {shlex.quote(task.path)}",
+            "list": "ls -la",
+            "run": _run_script(task.path, step, self.long_output_lines),
+            "write": f"printf '%s' {shlex.quote(f'{DRAFT} note {step}')} > {SCRATCH}",
+            "edit": f"sed -i 's/{DRAFT} note {step - 1}/{REVISED} note {step - 1}/' {SCRATCH}",
+            "read_scratch": f"cat {SCRATCH}",
+        }
+        return scripts[kind]
 
     def _turn(self, thought: str, content: str = "", tool_call: ToolCall | None = None) -> AssistantTurn:
         return AssistantTurn(
@@ -137,11 +164,14 @@ def _list(offered: list[Function], cwd: str | None) -> ToolCall | None:
     return _shell(offered, "ls -la", "List the directory")
 
 
-def _run(offered: list[Function], path: str, step: int, long_output_lines: int) -> ToolCall | None:
-    script = f"wc -c {shlex.quote(path)} && echo step {step}"
+def _run_script(path: str, step: int, long_output_lines: int) -> str:
     if long_output_lines:
-        script = f"seq 1 {long_output_lines} | sed 's/^/line of a long build log: /' && echo step {step}"
-    return _shell(offered, script, f"Run step {step}")
+        return f"seq 1 {long_output_lines} | sed 's/^/line of a long build log: /' && echo step {step}"
+    return f"wc -c {shlex.quote(path)} && echo step {step}"
+
+
+def _run(offered: list[Function], path: str, step: int, long_output_lines: int) -> ToolCall | None:
+    return _shell(offered, _run_script(path, step, long_output_lines), f"Run step {step}")
 
 
 def _write(offered: list[Function], path: str, content: str, cwd: str | None) -> ToolCall | None:

@@ -7,7 +7,17 @@ import pytest
 from polar.engine.conversation import Message, ToolCall
 from polar.engine.policies import POLICIES, PlanPolicy, PolicyRequest
 from polar.engine.policies.plan import SCRATCH
-from tests.polar.engine.policies.test_tool_user import CLAUDE, CODEX, GEMINI, OPENCODE, PI, QWEN, tool
+from tests.polar.engine.policies.test_tool_user import (
+    CLAUDE,
+    CODEX,
+    GEMINI,
+    MSWEA_SYSTEM,
+    MSWEA_TASK,
+    OPENCODE,
+    PI,
+    QWEN,
+    tool,
+)
 
 ASK = "Create hello.txt containing HELLO-123"
 
@@ -80,3 +90,16 @@ def test_a_harness_without_a_fitting_tool_still_finishes() -> None:
 def test_bad_config_is_refused() -> None:
     with pytest.raises(ValueError, match="steps"):
         PlanPolicy({"steps": 0})
+
+
+def test_a_text_based_harness_gets_the_plan_as_command_blocks_then_the_submit_command() -> None:
+    policy = PlanPolicy({"steps": 3})
+    messages = [Message("system", MSWEA_SYSTEM), Message("user", MSWEA_TASK)]
+    commands = []
+    for _ in range(4):
+        turn = policy.respond(PolicyRequest(messages=tuple(messages)))
+        assert turn.tool_calls == () and turn.content.count("```mswea_bash_command\n") == 1
+        commands.append(turn.content.split("```mswea_bash_command\n")[1].split("\n```")[0])
+        messages += [Message("assistant", turn.content), Message("user", "<returncode>0</returncode>")]
+    assert commands == ["printf '%s' HELLO-123 > hello.txt", "cat hello.txt", "ls -la",
+                        "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]  # fmt: skip
