@@ -29,7 +29,7 @@ from polar.datasets import ARITHMETIC_ROWS
 from polar.launcher import free_port
 from tests.support import RunningStack, running_stack, wait_until
 
-pytestmark = pytest.mark.long  # dealt to a test process first (tests/conftest.py)
+pytestmark = [pytest.mark.long, pytest.mark.timeout(600)]  # dealt to a test process first (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
 POLAR = Path(sys.executable).parent / "polar"
