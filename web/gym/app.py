@@ -7,10 +7,9 @@
     GET  /        liveness, and how many rows are waiting
 
 Each ``/run`` row becomes one session of a batch (``Submitter``: the rows that arrive together share a batch and a
-transaction), waits for its sample to settle (``SettlementWaiter``: one poll for every waiting row) and reads its
-calls. The blocking parts (Postgres,
-the engine probe at submission, Celery's send) run on a small thread pool; a waiting row holds only a coroutine,
-so one process holds thousands of them.
+transaction) and waits for its sample to settle (``SettlementWaiter``: one poll for every waiting row, which also
+reads the settled sessions' calls). The blocking parts (Postgres, the engine probe at submission, Celery's send)
+run on a small thread pool; a waiting row holds only a coroutine, so one process holds thousands of them.
 """
 
 from __future__ import annotations
@@ -39,8 +38,6 @@ DEFAULT_THREADS = 8
 
 @dataclass
 class GymAgent:
-    services: Services
-    executor: ThreadPoolExecutor
     submitter: Submitter
     waiter: SettlementWaiter
 
@@ -106,7 +103,7 @@ def create_app(services: Services, template: jinja2.Template, threads: int = DEF
     """The agent app; its waiter loop starts and stops with the app, the database closes with it."""
     executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gym-agent")
     submitter = Submitter(services, template, lambda function, *args: blocking(executor, function, *args))
-    agent = GymAgent(services, executor, submitter, SettlementWaiter(services, executor, poll_s))
+    agent = GymAgent(submitter, SettlementWaiter(services, executor, poll_s))
     app = web.Application(client_max_size=64 * 1024 * 1024)  # a row may carry a long conversation
     app[AGENT] = agent
     app.router.add_post("/run", run)

@@ -17,7 +17,6 @@ from typing import Any
 
 import jinja2
 
-from polar.errors import ValidationError
 from polar.gym.rows import checked_task, rows_batch
 from polar.gym.settlement import Sample
 from polar.lifecycle.batches import request_hash, submit_batch
@@ -66,15 +65,16 @@ class Submitter:
         for queued in group:
             try:
                 accepted.append((queued, checked_task(self.template, queued.row)))
-            except ValidationError as exc:
-                queued.sample.set_exception(exc)
+            except Exception as exc:  # a ValidationError is the row's 422; anything else its 500, never a hang
+                if not queued.sample.done():  # done: the caller went away (its wait was cancelled)
+                    queued.sample.set_exception(exc)
         if not accepted:
             return
         tasks = [task for _, task in accepted]
         try:
             batch = rows_batch(tasks)
             submitted = await self.blocking(submit_batch, self.services, batch, request_hash(tasks))
-        except Exception as exc:  # every row of the group hears it (the caller turns it into a 503)
+        except Exception as exc:  # every row of the group hears it: a 503 (Polar or its database away) or a 500
             log.warning("gym agent: submitting %d rows failed: %s", len(accepted), exc)
             for queued, _ in accepted:
                 if not queued.sample.done():

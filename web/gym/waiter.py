@@ -3,7 +3,8 @@
 Every ``poll_s`` the loop asks Postgres, in one query on the executor, which of the awaited samples have settled
 (``polar.gym.settlement``), reads the calls of those sessions (``CHUNK`` sessions a query) and resolves their
 futures. A failed poll or read (a database blip) is logged and retried on the next tick: the rows wait on,
-nothing is answered from it.
+nothing is answered from it. Anything else (a bug) fails the rows then waiting, which answer 500 and are sent
+again by NeMo RL, rather than leaving them to wait for a loop that died.
 """
 
 from __future__ import annotations
@@ -63,3 +64,8 @@ class SettlementWaiter:
                             future.set_result((settled, calls[settled.session_id]))
             except (PolarError, sa.exc.SQLAlchemyError) as exc:
                 log.warning("gym agent: polling %d waiting rows failed, retrying: %s", len(self.waiting), exc)
+            except Exception as exc:
+                log.exception("gym agent: the settlement loop failed; failing the %d waiting rows", len(self.waiting))
+                for future in self.waiting.values():
+                    if not future.done():
+                        future.set_exception(exc)
