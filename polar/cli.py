@@ -437,7 +437,7 @@ def harness_install(names: tuple[str, ...], show: bool) -> None:
     if show:
         click.echo(f"cache: {cache_dir()}")
         for name, version in installed().items():
-            click.echo(f"{name:12} {PACKAGES[name].package:32} {version or '-'}")
+            click.echo(f"{name:15} {PACKAGES[name].spec():36} {version or '-'}")
         return
     if not names:
         raise click.UsageError(f"name at least one preset: {', '.join(PACKAGES)} (or --list)")
@@ -446,7 +446,7 @@ def harness_install(names: tuple[str, ...], show: bool) -> None:
     except PolarError as exc:
         raise click.ClickException(str(exc)) from exc
     for name, version in versions.items():
-        click.echo(f"{name:12} {version}")
+        click.echo(f"{name:15} {version}")
 
 
 @harness.command("check")
