@@ -47,12 +47,14 @@ from polar.engine.policies.tool_fitting import (
     path_call,
     properties,
     shell_call,
+    write_script,
 )
-from polar.engine.policies.tool_user import FileTask, choose_call, parse_file_task, working_directory
+from polar.engine.policies.tool_user import FileTask, choose_call, last_task, working_directory
 
 SCRATCH = "polar-plan-notes.txt"
 CYCLE = ("read", "list", "run", "write", "edit", "read_scratch")
 DRAFT, REVISED = "draft", "revised"  # the scratch line the edit step rewrites
+LIST_SCRIPT = "ls -la"
 
 
 class PlanPolicy:
@@ -67,7 +69,7 @@ class PlanPolicy:
 
     def respond(self, request: PolicyRequest) -> AssistantTurn:
         """The next step's tool call, or the closing answer."""
-        found = _last_task(request)
+        found = last_task(request.messages)
         if found is None:
             return AssistantTurn(content="Nothing to do: no file was asked for.")
         index, task = found
@@ -98,11 +100,11 @@ class PlanPolicy:
             "read": lambda: _read(offered, task.path, cwd),
             "list": lambda: _list(offered, cwd),
             "run": lambda: _run(offered, task.path, step, self.long_output_lines),
-            "write": lambda: _write(offered, SCRATCH, f"{DRAFT} note {step}\n", cwd),
-            "edit": lambda: _edit(offered, SCRATCH, f"{DRAFT} note {step - 1}", f"{REVISED} note {step - 1}", cwd),
+            "write": lambda: _write(offered, SCRATCH, f"{_draft(step)}\n", cwd),
+            "edit": lambda: _edit(offered, SCRATCH, *_revision(step), cwd),
             "read_scratch": lambda: _read(offered, SCRATCH, cwd),
         }
-        return builders[kind]() or _shell(offered, f"ls -la && cat {shlex.quote(task.path)}", "Look around")
+        return builders[kind]() or _shell(offered, f"{LIST_SCRIPT} && {_cat(task.path)}", "Look around")
 
     def _block_turn(self, protocol: BlockProtocol, step: int, task: FileTask) -> AssistantTurn:
         """Step ``step`` as one fenced shell command; the submit command once every step ran."""
@@ -113,17 +115,17 @@ class PlanPolicy:
     def step_script(self, step: int, task: FileTask) -> str:
         """Plan step ``step`` (0-based) as a shell command: what the shell-tool fallback of each step runs."""
         if step == 0:
-            return f"printf '%s' {shlex.quote(task.content)} > {shlex.quote(task.path)}"
+            return write_script(task.path, task.content)
         kind = CYCLE[(step - 1) % len(CYCLE)]
-        scripts = {
-            "read": f"cat {shlex.quote(task.path)}",
-            "list": "ls -la",
-            "run": _run_script(task.path, step, self.long_output_lines),
-            "write": f"printf '%s' {shlex.quote(f'{DRAFT} note {step}')} > {SCRATCH}",
-            "edit": f"sed -i 's/{DRAFT} note {step - 1}/{REVISED} note {step - 1}/' {SCRATCH}",
-            "read_scratch": f"cat {SCRATCH}",
+        scripts: dict[str, Callable[[], str]] = {
+            "read": lambda: _cat(task.path),
+            "list": lambda: LIST_SCRIPT,
+            "run": lambda: _run_script(task.path, step, self.long_output_lines),
+            "write": lambda: write_script(SCRATCH, _draft(step)),
+            "edit": lambda: _sed(SCRATCH, *_revision(step)),
+            "read_scratch": lambda: _cat(SCRATCH),
         }
-        return scripts[kind]
+        return scripts[kind]()
 
     def _turn(self, thought: str, content: str = "", tool_call: ToolCall | None = None) -> AssistantTurn:
         return AssistantTurn(
@@ -133,13 +135,22 @@ class PlanPolicy:
         )
 
 
-def _last_task(request: PolicyRequest) -> tuple[int, FileTask] | None:
-    for index in range(len(request.messages) - 1, -1, -1):
-        if request.messages[index].role == "user":
-            task = parse_file_task(request.messages[index].content)
-            if task is not None:
-                return index, task
-    return None
+def _draft(step: int) -> str:
+    """The scratch line the write step of ``step`` writes."""
+    return f"{DRAFT} note {step}"
+
+
+def _revision(step: int) -> tuple[str, str]:
+    """What the edit step of ``step`` replaces (the line the write step before it wrote) and with what."""
+    return _draft(step - 1), f"{REVISED} note {step - 1}"
+
+
+def _cat(path: str) -> str:
+    return f"cat {shlex.quote(path)}"
+
+
+def _sed(path: str, old: str, new: str) -> str:
+    return f"sed -i 's/{old}/{new}/' {shlex.quote(path)}"
 
 
 def _shell(offered: list[Function], script: str, purpose: str) -> ToolCall | None:
@@ -151,7 +162,7 @@ def _read(offered: list[Function], path: str, cwd: str | None) -> ToolCall | Non
         call = path_call(function, path, cwd, {}, f"Read {path}")
         if call is not None:
             return call
-    return _shell(offered, f"cat {shlex.quote(path)}", f"Read {path}")
+    return _shell(offered, _cat(path), f"Read {path}")
 
 
 def _list(offered: list[Function], cwd: str | None) -> ToolCall | None:
@@ -161,7 +172,7 @@ def _list(offered: list[Function], cwd: str | None) -> ToolCall | None:
         call = path_call(function, cwd or ".", None, {}, "List the directory")
         if call is not None:
             return call
-    return _shell(offered, "ls -la", "List the directory")
+    return _shell(offered, LIST_SCRIPT, "List the directory")
 
 
 def _run_script(path: str, step: int, long_output_lines: int) -> str:
@@ -182,7 +193,7 @@ def _write(offered: list[Function], path: str, content: str, cwd: str | None) ->
         )
         if call is not None:
             return call
-    call = _shell(offered, f"printf '%s' {shlex.quote(content)} > {shlex.quote(path)}", f"Write {path}")
+    call = _shell(offered, write_script(path, content), f"Write {path}")
     if call is None:
         for function in named(offered, PATCH_TOOLS):
             return patch_call(function, f"*** Begin Patch\n*** Add File: {path}\n+{content.rstrip()}\n*** End Patch\n")
@@ -201,4 +212,4 @@ def _edit(offered: list[Function], path: str, old: str, new: str, cwd: str | Non
             return call
     for function in named(offered, PATCH_TOOLS):
         return patch_call(function, f"*** Begin Patch\n*** Update File: {path}\n@@\n-{old}\n+{new}\n*** End Patch\n")
-    return _shell(offered, f"sed -i 's/{old}/{new}/' {shlex.quote(path)}", f"Edit {path}")
+    return _shell(offered, _sed(path, old, new), f"Edit {path}")

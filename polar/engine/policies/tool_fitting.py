@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -115,6 +116,12 @@ def shell_call(function: Function, script: str, purpose: str) -> ToolCall | None
     schema = props[command_name] if isinstance(props[command_name], Mapping) else {}
     command: Any = ["bash", "-lc", script] if schema.get("type") == "array" else script
     return ToolCall(str(function["name"]), fill_required(function, {command_name: command}, purpose))
+
+
+def write_script(path: str, content: str) -> str:
+    """The shell command that writes exactly ``content`` to ``path`` (what a shell tool, or a command block, runs
+    when no write tool fits)."""
+    return f"printf '%s' {shlex.quote(content)} > {shlex.quote(path)}"
 
 
 def patch_call(function: Function, patch: str) -> ToolCall:

@@ -27,7 +27,6 @@ such a block, then the submit command alone once the harness has shown that bloc
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +47,7 @@ from polar.engine.policies.tool_fitting import (
     path_call,
     properties,
     shell_call,
+    write_script,
 )
 
 _INSTRUCTION_RE = re.compile(
@@ -101,7 +101,7 @@ class ToolUserPolicy:
 
     def respond(self, request: PolicyRequest) -> AssistantTurn:
         """A tool call creating the file, or the closing answer."""
-        found = _last_task(request.messages)
+        found = last_task(request.messages)
         if found is None:
             return AssistantTurn(content="I did not find a file to create.")
         index, task = found
@@ -109,7 +109,7 @@ class ToolUserPolicy:
             return AssistantTurn(content=f"Created {task.path}.")
         if not request.tools and (protocol := block_protocol(request.messages)) is not None:
             if protocol.commands_since(request.messages, index) == 0:
-                script = f"printf '%s' {shlex.quote(task.content)} > {shlex.quote(task.path)}"
+                script = write_script(task.path, task.content)
                 return AssistantTurn(content=protocol.reply(f"I will create {task.path}.", script))
             return AssistantTurn(content=protocol.reply(f"{task.path} is created; I submit.", protocol.submit))
         call = choose_call(request.tools if request.tool_names else (), task, working_directory(request.messages))
@@ -131,7 +131,7 @@ def choose_call(tools: tuple[Mapping[str, Any], ...], task: FileTask, cwd: str |
             return call
     for function in named(offered, SHELL_TOOLS):
         path = fit_path(task.path, function, None, cwd)
-        call = shell_call(function, f"printf '%s' {shlex.quote(task.content)} > {shlex.quote(path)}", purpose)
+        call = shell_call(function, write_script(path, task.content), purpose)
         if call is not None:
             return call
     for function in named(offered, PATCH_TOOLS):
@@ -139,7 +139,8 @@ def choose_call(tools: tuple[Mapping[str, Any], ...], task: FileTask, cwd: str |
     return None
 
 
-def _last_task(messages: tuple[Message, ...]) -> tuple[int, FileTask] | None:
+def last_task(messages: tuple[Message, ...]) -> tuple[int, FileTask] | None:
+    """The last user message holding a file task: its index and the task."""
     for index in range(len(messages) - 1, -1, -1):
         if messages[index].role == "user":
             task = parse_file_task(messages[index].content)
