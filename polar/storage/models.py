@@ -29,6 +29,11 @@ class Base(DeclarativeBase):
     metadata = sa.MetaData(naming_convention=NAMING)
 
 
+def _partial_index(name: str, *columns: str, where: str) -> sa.Index:
+    """An index of the rows where ``where`` holds, on Postgres and SQLite alike (the one condition, written once)."""
+    return sa.Index(name, *columns, postgresql_where=sa.text(where), sqlite_where=sa.text(where))
+
+
 def _uuid() -> Mapped[uuid.UUID]:
     return mapped_column(sa.Uuid(), primary_key=True, default=uuid.uuid4)
 
@@ -60,18 +65,9 @@ class Task(Base):
     __tablename__ = "tasks"
     __table_args__ = (
         sa.UniqueConstraint("batch_id", "position"),
-        sa.Index(
-            "ix_tasks_group_feed_seq",
-            "group_feed_seq",
-            postgresql_where=sa.text("group_feed_seq IS NOT NULL"),
-            sqlite_where=sa.text("group_feed_seq IS NOT NULL"),
-        ),
-        sa.Index(
-            "ix_tasks_batch_id_group_feed_seq",
-            "batch_id",
-            "group_feed_seq",
-            postgresql_where=sa.text("group_feed_seq IS NOT NULL"),
-            sqlite_where=sa.text("group_feed_seq IS NOT NULL"),
+        _partial_index("ix_tasks_group_feed_seq", "group_feed_seq", where="group_feed_seq IS NOT NULL"),
+        _partial_index(
+            "ix_tasks_batch_id_group_feed_seq", "batch_id", "group_feed_seq", where="group_feed_seq IS NOT NULL"
         ),
     )
 
@@ -96,40 +92,14 @@ class Session(Base):
         sa.Index("ix_sessions_batch_id_task_position", "batch_id", "task_position", "sample_index", "attempt"),
         # A batch's progress and its number of sessions, read from the index alone (polar.lifecycle.batches).
         sa.Index("ix_sessions_batch_id_state", "batch_id", "state", postgresql_include=["retried_as", "outcome_class"]),
-        sa.Index(
-            "ix_sessions_batch_id_retries",
-            "batch_id",
-            postgresql_where=sa.text("retry_of IS NOT NULL"),
-            sqlite_where=sa.text("retry_of IS NOT NULL"),
-        ),
+        _partial_index("ix_sessions_batch_id_retries", "batch_id", where="retry_of IS NOT NULL"),
         # One batch's feed among many (polar.training.feed).
-        sa.Index(
-            "ix_sessions_batch_id_feed_seq",
-            "batch_id",
-            "feed_seq",
-            postgresql_where=sa.text("feed_seq IS NOT NULL"),
-            sqlite_where=sa.text("feed_seq IS NOT NULL"),
-        ),
+        _partial_index("ix_sessions_batch_id_feed_seq", "batch_id", "feed_seq", where="feed_seq IS NOT NULL"),
         # Deleting a session (polar gc) makes Postgres look for attempts linked to it: without these, one scan of
         # the whole table per deleted session. Partial: few sessions are retries.
-        sa.Index(
-            "ix_sessions_retry_of",
-            "retry_of",
-            postgresql_where=sa.text("retry_of IS NOT NULL"),
-            sqlite_where=sa.text("retry_of IS NOT NULL"),
-        ),
-        sa.Index(
-            "ix_sessions_retried_as",
-            "retried_as",
-            postgresql_where=sa.text("retried_as IS NOT NULL"),
-            sqlite_where=sa.text("retried_as IS NOT NULL"),
-        ),
-        sa.Index(
-            "ix_sessions_due_unsent",
-            "due_at",
-            postgresql_where=sa.text("due_stage IS NOT NULL AND stage_enqueued_at IS NULL"),
-            sqlite_where=sa.text("due_stage IS NOT NULL AND stage_enqueued_at IS NULL"),
-        ),
+        _partial_index("ix_sessions_retry_of", "retry_of", where="retry_of IS NOT NULL"),
+        _partial_index("ix_sessions_retried_as", "retried_as", where="retried_as IS NOT NULL"),
+        _partial_index("ix_sessions_due_unsent", "due_at", where="due_stage IS NOT NULL AND stage_enqueued_at IS NULL"),
     )
 
     id: Mapped[uuid.UUID] = _uuid()
@@ -197,12 +167,7 @@ class ModelCall(Base):
         sa.UniqueConstraint("session_id", "seq"),
         sa.Index("ix_model_calls_prompt_parent_id", "prompt_parent_id"),
         sa.Index("ix_model_calls_payload_parent_id", "payload_parent_id"),
-        sa.Index(
-            "ix_model_calls_spans_policy_update",
-            "session_id",
-            postgresql_where=sa.text("spans_policy_update"),
-            sqlite_where=sa.text("spans_policy_update"),
-        ),
+        _partial_index("ix_model_calls_spans_policy_update", "session_id", where="spans_policy_update"),
     )
 
     id: Mapped[uuid.UUID] = _uuid()
@@ -297,11 +262,8 @@ class CallbackEvent(Base):
 
     __tablename__ = "callback_events"
     __table_args__ = (
-        sa.Index(
-            "ix_callback_events_pending",
-            "next_attempt_at",
-            postgresql_where=sa.text("delivered_at IS NULL AND failed_at IS NULL"),
-            sqlite_where=sa.text("delivered_at IS NULL AND failed_at IS NULL"),
+        _partial_index(
+            "ix_callback_events_pending", "next_attempt_at", where="delivered_at IS NULL AND failed_at IS NULL"
         ),
         sa.Index("ix_callback_events_batch_id", "batch_id"),
     )
