@@ -94,6 +94,25 @@ def engine_label(address: EngineAddress) -> str:
 
 
 @dataclass(frozen=True)
+class EngineHealth:
+    """What an engine says of itself: ``/health``, and its load (running + waiting requests) from ``/metrics``."""
+
+    healthy: bool
+    load: float | None  # None: healthy, but no load gauges (or no /metrics) to read
+    error: str | None
+
+
+def read_health(client: httpx.Client, url: str, timeout: float) -> EngineHealth:
+    """Ask the engine at ``url``; httpx errors (unreachable, timed out) propagate to the caller."""
+    health = client.get(url + "/health", timeout=timeout)
+    if health.status_code != 200:
+        return EngineHealth(False, None, f"/health answered {health.status_code}")
+    metrics = client.get(url + "/metrics", timeout=timeout)
+    values = [float(v) for v in _LOAD_GAUGES.findall(metrics.text)] if metrics.status_code == 200 else []
+    return EngineHealth(True, sum(values) if values else None, None)
+
+
+@dataclass(frozen=True)
 class EngineReply:
     url: str | None  # None for a call no engine answered
     status_code: int
@@ -351,26 +370,19 @@ class EnginePool:
             state.error = state.error or f"engine registry unreadable: {type(exc).__name__}"
 
     def _check_one(self, state: _State) -> None:
-        url = state.address.url
         try:
-            health = self._client.get(url + "/health", timeout=2.0)
-            healthy = health.status_code == 200
-            load = None
-            if healthy:
-                metrics = self._client.get(url + "/metrics", timeout=2.0)
-                values = [float(v) for v in _LOAD_GAUGES.findall(metrics.text)] if metrics.status_code == 200 else []
-                load = sum(values) if values else None
+            found = read_health(self._client, state.address.url, timeout=2.0)
         except httpx.HTTPError as exc:
-            healthy, load = False, None
             state.error = f"{type(exc).__name__}: {exc}"
+            found = EngineHealth(False, None, state.error)
         with self._lock:
             state.checked_at = time.monotonic()
-            if healthy:
+            if found.healthy:
                 state.failures, state.down_until, state.error = 0, 0.0, None
-                state.reported_load = load or 0.0
+                state.reported_load = found.load or 0.0
             else:
                 state.failures += 1
-                state.error = state.error or f"/health answered {health.status_code}"
+                state.error = state.error or found.error
                 if state.failures >= self.unhealthy_after:
                     state.down_until = time.monotonic() + max(self.cooldown_s, self.health_interval_s * 2)
 

@@ -28,7 +28,7 @@ from polar.clock import utcnow
 from polar.config import Config
 from polar.errors import NotFound
 from polar.lifecycle.states import State
-from polar.proxy.engines import _LOAD_GAUGES, EngineAddress, EnginePool, engine_label, parse_engine_url
+from polar.proxy.engines import EngineAddress, EnginePool, engine_label, parse_engine_url, read_health
 from polar.redaction import shown_url
 from polar.storage.database import Database
 from polar.storage.models import EngineRecord, ModelCall, SessionEvent
@@ -107,14 +107,10 @@ def _probe(client: httpx.Client, address: EngineAddress) -> dict[str, Any]:
     """Health, load and versions as the engine reports them."""
     facts: dict[str, Any] = {"healthy": False, "load": None, "version": None, "weight_version": None, "error": None}
     try:
-        health = client.get(address.url + "/health")
-        facts["healthy"] = health.status_code == 200
-        if not facts["healthy"]:
-            facts["error"] = f"/health answered {health.status_code}"
+        health = read_health(client, address.url, timeout=PROBE_TIMEOUT_S)
+        facts.update(healthy=health.healthy, load=health.load, error=health.error)
+        if not health.healthy:
             return facts
-        metrics = client.get(address.url + "/metrics")
-        values = [float(v) for v in _LOAD_GAUGES.findall(metrics.text)] if metrics.status_code == 200 else []
-        facts["load"] = sum(values) if values else None
         info_paths = ("/get_server_info",) if address.kind == "sglang" else ("/version", "/weight_info")
         for path in info_paths:
             answer = client.get(address.url + path)
