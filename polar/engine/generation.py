@@ -25,7 +25,7 @@ from polar.engine.settings import EngineSettings
 from polar.engine.tokenizer import IM_END, IM_START, Tokenizer
 
 _LOGPROB_FLOOR = -9999.0
-_TOP_LOGPROBS_MAX = 20
+TOP_LOGPROBS_MAX = 20
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,7 @@ class Generator:
             piece = "" if hidden else decoder.decode(tok.token_bytes(token_id))
             pieces.append(piece)
             text += piece
-            matched = _find_stop(text, len(piece), sampling.stop)
+            matched = find_stop(text, len(piece), sampling.stop)
             if matched is not None:
                 text = text[: text.index(matched, max(0, len(text) - len(piece) - len(matched)))]
                 finish_reason, stop_reason = "stop", matched
@@ -256,7 +256,7 @@ class Generator:
         if top:
             alternatives.append((token_id, logprob))
             value = logprob
-            while len(alternatives) < min(top, _TOP_LOGPROBS_MAX):
+            while len(alternatives) < min(top, TOP_LOGPROBS_MAX):
                 other = top_rng.randrange(self._tokenizer.vocab_size)
                 if any(other == seen for seen, _ in alternatives):
                     continue
@@ -265,7 +265,7 @@ class Generator:
         return TokenLogprob(token_id, logprob, tuple(alternatives))
 
 
-def _find_stop(text: str, new_chars: int, stops: Sequence[str]) -> str | None:
+def find_stop(text: str, new_chars: int, stops: Sequence[str]) -> str | None:
     """The first stop string (in request order) that the newest characters completed."""
     for stop in stops:
         if stop and stop in text[max(0, len(text) - new_chars - len(stop) + 1) :]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from polar.engine.chat_template import ChatTemplate
-from polar.engine.generation import _TOP_LOGPROBS_MAX, Generation, GenerationInput, Generator, TokenLogprob, _find_stop
+from polar.engine.generation import TOP_LOGPROBS_MAX, Generation, GenerationInput, Generator, TokenLogprob, find_stop
 from polar.engine.policies import SamplingParams
 from polar.engine.settings import EngineSettings
 from polar.engine.tokenizer import Tokenizer
@@ -105,9 +105,9 @@ class TorchGenerator(Generator):
             token = _pick(logits, sampling, rng)
             alternatives: tuple[tuple[int, float], ...] = ()
             if top:
-                best = torch.topk(raw, min(top, _TOP_LOGPROBS_MAX))
+                best = torch.topk(raw, min(top, TOP_LOGPROBS_MAX))
                 others = [(int(i), float(v)) for v, i in zip(best.values, best.indices, strict=True) if int(i) != token]
-                alternatives = ((token, float(raw[token])), *others[: min(top, _TOP_LOGPROBS_MAX) - 1])
+                alternatives = ((token, float(raw[token])), *others[: min(top, TOP_LOGPROBS_MAX) - 1])
             ids.append(token)
             logprobs.append(TokenLogprob(token, float(raw[token]), alternatives))
             if token in stops:
@@ -116,7 +116,7 @@ class TorchGenerator(Generator):
                 hidden = sampling.skip_special_tokens and tok.is_special(token)
                 piece = "" if hidden else decoder.decode(tok.token_bytes(token))
                 text += piece
-                if _find_stop(text, len(piece), sampling.stop) is not None:
+                if find_stop(text, len(piece), sampling.stop) is not None:
                     break
             step_input = torch.tensor([[token]], dtype=torch.long)
         return ids, logprobs
