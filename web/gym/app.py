@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -45,10 +46,6 @@ class GymAgent:
         sample = await self.submitter.submit(row)
         settled, calls = await self.waiter.settled(sample)
         return gym_answer(row, settled, calls, str(row["responses_create_params"].get("model") or "polar"))
-
-
-async def blocking(executor: ThreadPoolExecutor, function: Any, *args: Any) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
 
 
 AGENT = web.AppKey("agent", GymAgent)
@@ -102,8 +99,11 @@ def create_app(services: Services, template: jinja2.Template, threads: int = DEF
                poll_s: float = 0.25) -> web.Application:  # fmt: skip
     """The agent app; its waiter loop starts and stops with the app, the database closes with it."""
     executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gym-agent")
-    submitter = Submitter(services, template, lambda function, *args: blocking(executor, function, *args))
-    agent = GymAgent(submitter, SettlementWaiter(services, executor, poll_s))
+
+    def on_pool(function: Any, *args: Any) -> Awaitable[Any]:  # the blocking parts, off the event loop
+        return asyncio.get_running_loop().run_in_executor(executor, function, *args)
+
+    agent = GymAgent(Submitter(services, template, on_pool), SettlementWaiter(services, on_pool, poll_s))
     app = web.Application(client_max_size=64 * 1024 * 1024)  # a row may carry a long conversation
     app[AGENT] = agent
     app.router.add_post("/run", run)

@@ -1,6 +1,6 @@
 """Rows waiting for their sessions, told by one polling loop: a waiting row is a future, not a thread.
 
-Every ``poll_s`` the loop asks Postgres, in one query on the executor, which of the awaited samples have settled
+Every ``poll_s`` the loop asks Postgres, in one query on the thread pool, which of the awaited samples have settled
 (``polar.gym.settlement``), reads the calls of those sessions (``CHUNK`` sessions a query) and resolves their
 futures. A failed poll or read (a database blip) is logged and retried on the next tick: the rows wait on,
 nothing is answered from it. Anything else (a bug) fails the rows then waiting, which answer 500 and are sent
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import Executor
 
 import sqlalchemy as sa
 
@@ -21,6 +20,7 @@ from polar.gym.settlement import Sample, settled_samples
 from polar.lifecycle.sessions import calls_by_session
 from polar.serialization import CallJSON
 from polar.services import Services
+from web.gym.submitter import Blocking
 
 log = logging.getLogger(__name__)
 CHUNK = 64  # sessions whose calls are read in one query: a tick of 1,000 settled rows is 16 reads, not 1,000
@@ -31,9 +31,9 @@ class SettlementWaiter:
     """``await waiter.settled(sample)`` until the sample (``(batch_id, task_position)``) settles: how, and the
     calls of the session that settled it."""
 
-    def __init__(self, services: Services, executor: Executor, poll_s: float = 0.25) -> None:
+    def __init__(self, services: Services, blocking: Blocking, poll_s: float = 0.25) -> None:
         self.services = services
-        self.executor = executor
+        self.blocking = blocking
         self.poll_s = poll_s
         self.waiting: dict[Sample, asyncio.Future[Ended]] = {}
 
@@ -46,18 +46,17 @@ class SettlementWaiter:
 
     async def run(self) -> None:
         """Poll until cancelled."""
-        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.poll_s)
             if not self.waiting:
                 continue
             try:
-                found = await loop.run_in_executor(self.executor, settled_samples, self.services, list(self.waiting))
+                found = await self.blocking(settled_samples, self.services, list(self.waiting))
                 ended = list(found.items())
                 for start in range(0, len(ended), CHUNK):
                     chunk = ended[start : start + CHUNK]
                     ids = [settled.session_id for _, settled in chunk]
-                    calls = await loop.run_in_executor(self.executor, calls_by_session, self.services, ids)
+                    calls = await self.blocking(calls_by_session, self.services, ids)
                     for sample, settled in chunk:
                         future = self.waiting.get(sample)
                         if future is not None and not future.done():
