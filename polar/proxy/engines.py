@@ -108,8 +108,13 @@ def read_health(client: httpx.Client, url: str, timeout: float) -> EngineHealth:
     if health.status_code != 200:
         return EngineHealth(False, None, f"/health answered {health.status_code}")
     metrics = client.get(url + "/metrics", timeout=timeout)
-    values = [float(v) for v in _LOAD_GAUGES.findall(metrics.text)] if metrics.status_code == 200 else []
-    return EngineHealth(True, sum(values) if values else None, None)
+    return EngineHealth(True, reported_load(metrics.text) if metrics.status_code == 200 else None, None)
+
+
+def reported_load(metrics_text: str) -> float | None:
+    """Running + waiting requests from an engine's Prometheus text (vLLM's or SGLang's gauges); None without them."""
+    values = [float(v) for v in _LOAD_GAUGES.findall(metrics_text)]
+    return sum(values) if values else None
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import httpx
 
 from polar.errors import ValidationError
-from polar.proxy.engines import _LOAD_GAUGES, EngineAddress
+from polar.proxy.engines import EngineAddress, reported_load
 from polar.redaction import shown_url
 
 EngineMode = Literal["keep", "wait", "abort"]
@@ -83,7 +83,7 @@ def _answer(response: httpx.Response) -> str | None:
 
 def _running(client: httpx.Client, address: EngineAddress) -> float:
     response = client.get(address.url + "/metrics", timeout=5.0)
-    return sum(float(value) for value in _LOAD_GAUGES.findall(response.text))
+    return reported_load(response.text) or 0.0
 
 
 def _pause_one(client: httpx.Client, address: EngineAddress, mode: EngineMode, clear_cache: bool) -> dict[str, Any]:
