@@ -31,6 +31,7 @@ from polar.runtimes import check_runtime
 from polar.runtimes.copy_steps import check_task_copies
 from polar.services import Services
 from polar.storage import db_clock
+from polar.storage.locks import FEED, exclusive
 from polar.storage.models import Batch, Session, SessionEvent, Task
 from polar.task_request import BatchRequest, task_to_json
 from polar.training.callback_targets import check_callback_url
@@ -190,8 +191,9 @@ def _counts(db: Any, batch_id: uuid.UUID) -> tuple[dict[str, int], dict[str, int
 
 def batch_status(services: Services, batch_id: uuid.UUID) -> dict[str, Any]:
     """The batch's counts per state (each sample once), attempts lost to the infrastructure, and an overall status
-    (pending, running, finished)."""
-    with services.db.unit() as db:
+    (pending, running, finished). Read in one snapshot: the batch row and the counts agree, so a reader never sees
+    every sample terminal while ``finished_at`` is still unset (the stamp commits with the last terminal state)."""
+    with services.db.snapshot() as db:
         batch = db.get(Batch, batch_id)
         if batch is None:
             raise NotFound(f"batch {batch_id} not found")
@@ -212,7 +214,10 @@ def overall_status(num_sessions: int, counts: dict[str, int], retried: int) -> s
 
 def mark_batch_finished(db: Any, batch_id: uuid.UUID) -> bool:
     """Stamp ``finished_at`` once no session of the batch is left outside a terminal state; True when this call
-    stamped it (the batch finished in this transaction)."""
+    stamped it (the batch finished in this transaction). Called in the transaction that made a session terminal,
+    under the feed lock: two sessions ending at once each count the other's state only after it committed, so the
+    last of them always stamps (without the lock each could count the other as still open, and neither would)."""
+    exclusive(db, FEED)  # the terminal transactions already hold it (feed positions); taken again, it is a no-op
     open_sessions = db.scalar(
         sa.select(sa.func.count())
         .select_from(Session)

@@ -87,6 +87,18 @@ class Database:
         with self._sessions() as session, session.begin():
             yield session
 
+    @contextmanager
+    def snapshot(self) -> Iterator[Session]:
+        """A read-only transaction whose statements all see one snapshot (Postgres ``REPEATABLE READ``), for reads
+        that must agree with each other: under the default ``READ COMMITTED`` each statement sees the commits made
+        before it, so a batch row read before its last session's terminal commit and counts read after it
+        disagree. SQLite's transactions are serialisable already."""
+        with self._sessions() as session, session.begin():
+            if self.is_postgres:
+                session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+                session.execute(sa.text("SET TRANSACTION READ ONLY"))
+            yield session
+
     def dispose(self) -> None:
         self.engine.dispose()
 
