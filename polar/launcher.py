@@ -251,6 +251,17 @@ class Stack:
     def log(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 
+    def log_tails(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of every process's log, for a failure report."""
+        parts = []
+        for name in self.specs:
+            try:
+                tail = self.log(name).read_bytes()[-64 * 1024 :].decode(errors="replace").splitlines()[-lines:]
+            except OSError as exc:
+                tail = [f"(no log: {exc})"]
+            parts.append(f"--- {name} ({self.log(name)}) ---\n" + "\n".join(tail))
+        return "\n".join(parts)
+
     def signal(self, name: str, sig: int) -> None:
         os.killpg(self.processes[name].pid, sig)
 

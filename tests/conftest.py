@@ -12,16 +12,32 @@ import redis
 
 from polar.storage.migration import upgrade
 from polar.storage.scratch import admin, scratch_database, sqlalchemy_url
+from tests.support import LIVE_STACKS
 
 ADMIN_DSN = os.environ.get("POLAR_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_BASE = os.environ.get("POLAR_TEST_REDIS", "redis://127.0.0.1:6379")
 TEMPLATE = f"polar_template_{os.getpid()}"
 
 
+def _expected_seconds(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("long")
+    return float(marker.kwargs.get("seconds", 60)) if marker else 0.0
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules marked ``long`` first: `make test` deals whole files to two test processes in collection order, and
-    a four-minute module dealt last would run alone at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable: the rest keep their order
+    """Modules marked ``long(seconds=N)`` first, the longest first: `make test` deals whole files to two test
+    processes in collection order, and a three-minute module dealt last would run alone at the end."""
+    items.sort(key=lambda item: -_expected_seconds(item))  # stable: modules stay whole, the rest keep their order
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    """A failing test's report carries the log tails of every stack up in this process (a timeout included), so
+    a failure on a loaded CI machine says what the services were doing."""
+    report: pytest.TestReport = yield
+    if report.failed and LIVE_STACKS:
+        report.sections.append(("stack logs", "\n".join(stack.log_tails() for stack in LIVE_STACKS)))
+    return report
 
 
 def _admin(sql: str) -> None:

@@ -25,6 +25,12 @@ from polar.storage.database import Database
 
 PYTHON = sys.executable
 
+# Client timeouts and waits in the tests guard against hangs; they are not speed claims. They are sized for a
+# machine running the whole suite beside other work (load averages of 9 on 2 cores were seen in CI), where a
+# request a quiet machine answers in milliseconds can take seconds. httpx's own default (5 s) is too short there,
+# so every test request names this one.
+HANG_GUARD_S = 120.0
+
 
 @dataclass
 class RecordingDispatcher:
@@ -78,8 +84,34 @@ class RunningStack:
         with self.db.engine.connect() as connection:
             return list(connection.execute(sa.text(query), params).all())
 
-    def wait(self, batch_id: str, timeout_s: float = 120) -> dict[str, Any]:
-        return self.client.wait(batch_id, timeout_s=timeout_s, poll_s=0.2)
+    def wait(self, batch_id: str, timeout_s: float = 240) -> dict[str, Any]:
+        """The batch's final status; past ``timeout_s`` (a hang guard), fail with the batch's state and the tails of
+        every process's log, so a CI failure says what the stack was doing."""
+        try:
+            return self.client.wait(batch_id, timeout_s=timeout_s, poll_s=0.2)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnosis(batch_id)}") from None
+
+    def wait_until(self, predicate: Callable[[], Any], timeout_s: float = 120, message: str = "condition") -> Any:
+        """:func:`wait_until`, failing with the stack's log tails."""
+        try:
+            return wait_until(predicate, timeout_s, message)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnosis()}") from None
+
+    def diagnosis(self, batch_id: str | None = None) -> str:
+        """What to read when a wait on this stack failed: the batch's sessions (state, outcome, error) and the last
+        lines of each process's log."""
+        parts = []
+        if batch_id is not None:
+            rows = self.sql(
+                "SELECT task_id, sample_index, attempt, state, outcome, error FROM sessions WHERE batch_id = :b "
+                "ORDER BY task_id, sample_index, attempt",
+                b=batch_id,
+            )
+            parts.append("sessions:\n" + "\n".join(f"  {tuple(row)}" for row in rows))
+        parts.append(self.stack.log_tails())
+        return "\n".join(parts)
 
     def engine_entries(self) -> dict[str, dict[str, Any]]:
         return engine_entries(self.engine_log)
@@ -92,7 +124,27 @@ def engine_entries(engine_log: Path) -> dict[str, dict[str, Any]]:
     return {e["request_id"]: e for e in map(json.loads, engine_log.read_text().splitlines())}
 
 
-def wait_until(predicate: Callable[[], Any], timeout_s: float = 30, message: str = "condition") -> Any:
+# A stack's processes start within seconds on a quiet machine; this bounds a hang, not a start-up time.
+STACK_START_S = 180.0
+
+# The stacks up in this test process: a failing test's report carries their log tails (tests/conftest.py), so a
+# failure in CI says what the services were doing, whichever fixture started them.
+LIVE_STACKS: list[Stack] = []
+
+
+@contextmanager
+def _live(stack: Stack) -> Iterator[Stack]:
+    """Start ``stack`` (bounded by :data:`STACK_START_S`), list it in :data:`LIVE_STACKS` while it runs, stop it."""
+    stack.start(timeout_s=STACK_START_S)
+    LIVE_STACKS.append(stack)
+    try:
+        yield stack
+    finally:
+        LIVE_STACKS.remove(stack)
+        stack.stop()
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float = 60, message: str = "condition") -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
@@ -137,21 +189,19 @@ def running_stack(
     node_specs = [NodeSpec(name, tmp / name / "sessions") for name in nodes]
     args = ["--policy-config", policy_config, "--log", str(engine_log), *engine_args]
     specs = pipeline_specs(ports, policy, args, run_concurrency, nodes=node_specs)
-    stack = Stack(specs, stack_env, tmp / "logs", cwd=cwd)
-    stack.start()
-    if supervise:  # restart what exits, as a service manager would (a worker may, on a broker restart)
-        stack.supervise()
-    db = Database(database_url)
-    client = PolarClient(stack_env["POLAR_API_URL"], stack_env["POLAR_API_TOKEN"])
-    try:
-        yield RunningStack(
-            stack, client, db, f"http://127.0.0.1:{ports['engine']}", stack_env["POLAR_PROXY_URL"],
-            stack_env["POLAR_API_URL"], engine_log, stack_env,
-        )  # fmt: skip
-    finally:
-        client.close()
-        db.dispose()
-        stack.stop()
+    with _live(Stack(specs, stack_env, tmp / "logs", cwd=cwd)) as stack:
+        if supervise:  # restart what exits, as a service manager would (a worker may, on a broker restart)
+            stack.supervise()
+        db = Database(database_url)
+        client = PolarClient(stack_env["POLAR_API_URL"], stack_env["POLAR_API_TOKEN"])
+        try:
+            yield RunningStack(
+                stack, client, db, f"http://127.0.0.1:{ports['engine']}", stack_env["POLAR_PROXY_URL"],
+                stack_env["POLAR_API_URL"], engine_log, stack_env,
+            )  # fmt: skip
+        finally:
+            client.close()
+            db.dispose()
 
 
 def session_dirs(work_root: str | Path, session_id: object) -> list[Path]:
@@ -205,7 +255,7 @@ class LiveProxy:
             return ChatRenderer.load(str(self.tokenizer_dir)).prompt_ids(normalized_request["polar_chat"])
         keys = ("model", "messages", "tools", "add_generation_prompt", "continue_final_message", "chat_template_kwargs")
         body = {k: normalized_request[k] for k in keys if k in normalized_request}
-        return list(httpx.post(f"{self.engine_url}/tokenize", json=body).json()["tokens"])
+        return list(httpx.post(f"{self.engine_url}/tokenize", json=body, timeout=HANG_GUARD_S).json()["tokens"])
 
     def sampling(self, call: dict[str, Any], name: str) -> Any:
         """A sampling field the engine got for a call: the chat request's (vLLM), or its ``/generate`` translation
@@ -287,7 +337,7 @@ def live_proxy(
         stack_env,
         tmp / "logs",
     )
-    with stack:
+    with _live(stack):
         services = domain_services(database_url, tmp)
         try:
             yield LiveProxy(f"http://127.0.0.1:{proxy_port}", services, f"http://127.0.0.1:{engine_port}", engine_log,

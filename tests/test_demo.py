@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support import process_alive
+from tests.support import HANG_GUARD_S, process_alive
 
 
 def test_demo_runs_end_to_end_on_embedded_defaults(tmp_path: Path) -> None:
@@ -51,11 +51,13 @@ def test_up_stays_up_and_stops_cleanly(tmp_path: Path) -> None:
             assert up.poll() is None and time.monotonic() < deadline, (tmp_path / "up.log").read_text()
             time.sleep(0.2)
         api = re.search(r"API (http://\S+)", (tmp_path / "up.log").read_text()).group(1)  # type: ignore[union-attr]
-        assert httpx.get(f"{api}/healthz").json() == {"status": "ok"}
+        assert httpx.get(f"{api}/healthz", timeout=HANG_GUARD_S).json() == {"status": "ok"}
         token = re.search(r"export POLAR_API_TOKEN=(\S+)", (tmp_path / "up.log").read_text())
         assert token, (tmp_path / "up.log").read_text()
-        assert httpx.get(f"{api}/v1/engine").status_code == 401  # a token was generated: never open
-        assert httpx.get(f"{api}/v1/engine", headers={"Authorization": f"Bearer {token.group(1)}"}).status_code == 200
+        engine = f"{api}/v1/engine"
+        assert httpx.get(engine, timeout=HANG_GUARD_S).status_code == 401  # a token was generated: never open
+        authorized = {"Authorization": f"Bearer {token.group(1)}"}
+        assert httpx.get(engine, headers=authorized, timeout=HANG_GUARD_S).status_code == 200
         children = [
             int(p) for p in subprocess.run(["pgrep", "-P", str(up.pid)], capture_output=True, text=True).stdout.split()
         ]

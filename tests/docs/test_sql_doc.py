@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,11 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "sql.md"
 EXAMPLES = re.findall(r"```sql\n(.*?)```", DOC.read_text(), flags=re.S)
 
 
-@pytest.fixture
-def services(database_url: str, tmp_path: Path) -> Services:
-    services = domain_services(database_url, tmp_path, ready_buffer=100, plugin_modules=("tests.e2e",))
+@pytest.fixture(scope="module")
+def services(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    """One database holding real pipeline output, shared by every example: they only read."""
+    tmp = tmp_path_factory.mktemp("sql-doc")
+    services = domain_services(module_database_url, tmp, ready_buffer=100, plugin_modules=("tests.e2e",))
     # "c": an attempt the infrastructure lost (its evaluator's runtime broke), out of attempts.
     lost = command_task(
         "c", "true", evaluator={"name": "tests.e2e.evaluator_plugins.broken:RuntimeGone"}, max_attempts=1
@@ -37,7 +40,8 @@ def services(database_url: str, tmp_path: Path) -> Services:
         break_ = {"call_id": trajectory.call_ids[0], "seq": 1, "agent": None, "reason": "diverged", "position": 2,
                   "expected_token": 3, "actual_token": 9, "trajectory_index": 0}  # fmt: skip
         trajectory.stats = {**trajectory.stats, "breaks": [break_], "num_breaks": 1}
-    return services
+    yield services
+    services.db.dispose()
 
 
 def test_the_doc_has_examples() -> None:

@@ -29,7 +29,9 @@ def test_submission_while_the_broker_is_down(database_url: str, redis_server: Pr
         redis_server.kill()
         started = time.monotonic()
         submitted = stack.client.submit({"tasks": [command_task("t", "true", samples=15)]})
-        assert submitted["num_sessions"] == 15 and time.monotonic() - started < 15
+        # A hang guard, not a speed claim: a submission that waited for the broker would wait for as long as it is
+        # down (Celery retries its connection forever); this one is answered with the broker still down.
+        assert submitted["num_sessions"] == 15 and time.monotonic() - started < 60
         due = stack.sql("SELECT count(*) FROM sessions WHERE state = 'init' AND stage_enqueued_at IS NULL")[0][0]
         assert due == 6  # admitted, due, unsent: the outbox holds them
         time.sleep(2)

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from polar import cli_views
 from polar.cli import main
 from polar.datasets import ARITHMETIC_ROWS, ARITHMETIC_TEMPLATE
-from tests.support import RunningStack, command_task, running_stack
+from tests.support import HANG_GUARD_S, RunningStack, command_task, running_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -143,7 +143,7 @@ def test_open_prints_the_console_page(stack: RunningStack, runner: CliRunner, mo
     printed = runner.invoke(main, ["open", batch_id])
     url = f"{stack.api_url}/ui/batches/{batch_id}"
     assert printed.exit_code == 0 and printed.output == f"{url}\n"
-    page = httpx.get(url, headers=stack.api_headers)  # the console takes the API's token
+    page = httpx.get(url, headers=stack.api_headers, timeout=HANG_GUARD_S)  # the console takes the API's token
     assert page.status_code == 200 and batch_id in page.text
     opened: list[Any] = []
     monkeypatch.setattr(cli_views.webbrowser, "open", lambda target: opened.append(target) or True)

@@ -19,7 +19,7 @@ import pytest
 from tests.browser import Browser, Page
 from tests.conftest import redis_database
 from tests.e2e.agents.rewriting import REWRITTEN
-from tests.support import RunningStack, running_stack
+from tests.support import HANG_GUARD_S, RunningStack, running_stack
 
 REPO = str(Path(__file__).resolve().parents[2])
 READ_TOKEN = "console-reader-" + "r" * 32
@@ -97,7 +97,9 @@ def texts(page: Page, selector: str) -> list[str]:
 
 
 def detokenize(stack: RunningStack, ids: list[int]) -> str:
-    return str(httpx.post(f"{stack.engine_url}/detokenize", json={"tokens": ids}).json()["prompt"])
+    return str(
+        httpx.post(f"{stack.engine_url}/detokenize", json={"tokens": ids}, timeout=HANG_GUARD_S).json()["prompt"]
+    )
 
 
 def sign_in(page: Page, token: str) -> None:

@@ -16,7 +16,7 @@ from polar.storage.migration import upgrade
 from tests.private_services import PrivatePostgres
 from tests.support import command_task, running_stack, wait_until
 
-pytestmark = pytest.mark.long  # dealt to a test process first (tests/conftest.py)
+pytestmark = pytest.mark.long(seconds=77)  # dealt out first, longest first (tests/conftest.py)
 
 
 @pytest.fixture

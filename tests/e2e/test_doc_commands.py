@@ -25,7 +25,9 @@ import pytest
 
 from tests.conftest import redis_database
 from tests.doc_blocks import ROOT, Block, blocks
-from tests.support import RunningStack, running_stack
+from tests.support import HANG_GUARD_S, RunningStack, running_stack
+
+pytestmark = pytest.mark.long(seconds=164)  # dealt out first, longest first (tests/conftest.py)
 
 T = TypeVar("T")
 READ_TOKEN = "doc-reader-" + "d" * 32
@@ -178,7 +180,9 @@ def test_the_block_runs_as_written(block: Block, reader: Reader, monkeypatch: py
         ran = run_python(block, reader, monkeypatch)
         if "iter_groups" in block.body:
             assert len(ran["seen"]["train_on"]) == len(ran["seen"]["sync_weights"]) == 1  # batch.json: one task
-            engine = httpx.get(f"{reader.stack.api_url}/v1/engine", headers=reader.stack.api_headers).json()
+            engine = httpx.get(
+                f"{reader.stack.api_url}/v1/engine", headers=reader.stack.api_headers, timeout=HANG_GUARD_S
+            ).json()
             assert engine["paused"] is False  # the loop resumed after its last sync
         return
     ran = run_shell(block, reader)

@@ -22,7 +22,7 @@ def docker_image() -> None:
 def _running_session(stack, task_id: str) -> object:  # type: ignore[no-untyped-def]
     rows = wait_until(
         lambda: stack.sql("SELECT id FROM sessions WHERE task_id = :t AND state = 'running'", t=task_id),
-        timeout_s=60,
+        timeout_s=120,
         message=f"{task_id} to run",
     )
     return rows[0][0]
@@ -40,7 +40,7 @@ def test_a_session_runs_inside_its_container(database_url: str, broker_url: str,
         final = stack.wait(submitted["batch_id"], timeout_s=90)
         errors = stack.sql("SELECT error FROM sessions")
         assert final["counts"] == {"completed": 1}, errors
-        wait_until(lambda: containers_of(session_id) == [], timeout_s=30, message="postrun to remove the container")
+        wait_until(lambda: containers_of(session_id) == [], timeout_s=120, message="postrun to remove the container")
 
 
 def test_a_killed_run_worker_still_ends_terminal_and_removes_the_container(
@@ -62,4 +62,4 @@ def test_a_killed_run_worker_still_ends_terminal_and_removes_the_container(
         (row,) = stack.sql("SELECT state, outcome, retried_as FROM sessions WHERE id = :id", id=session_id)
         assert row.state == "failed" and row.outcome == "worker_lost"
         both = (session_id, row.retried_as)
-        wait_until(lambda: all(containers_of(s) == [] for s in both), timeout_s=30, message="containers to go")
+        wait_until(lambda: all(containers_of(s) == [] for s in both), timeout_s=120, message="containers to go")

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from polar.launcher import Stack, engine_spec, free_port, gunicorn_spec, pipeline_env
-from tests.support import LiveProxy, domain_services, wait_until
+from tests.support import HANG_GUARD_S, LiveProxy, domain_services, wait_until
 
 SAY = {"turns": [{"content": " ".join(["word"] * 40)}]}  # ~40 tokens: ~2 s at 20 tokens/s
 CALLS = 12
@@ -60,7 +60,7 @@ def _running(engines: list[str]) -> float:
     """Sequences the engines are running now (their own vllm:num_requests_running)."""
     total = 0.0
     for url in engines:
-        for line in httpx.get(f"{url}/metrics").text.splitlines():
+        for line in httpx.get(f"{url}/metrics", timeout=HANG_GUARD_S).text.splitlines():
             if line.startswith("vllm:num_requests_running"):
                 total += float(line.rsplit(" ", 1)[1])
     return total
@@ -78,7 +78,7 @@ def test_calls_held_across_a_weight_update_are_marked(fleet: Any) -> None:
 
     with ThreadPoolExecutor(max_workers=CALLS) as pool:
         first = [pool.submit(call, session) for session in sessions[: CALLS // 2]]
-        wait_until(lambda: _running(engines) >= CALLS // 2, timeout_s=60, message="the first half decoding")
+        wait_until(lambda: _running(engines) >= CALLS // 2, timeout_s=180, message="the first half decoding")
         paused = api.post("/v1/engine/pause", json={"mode": "wait", "engine_mode": "keep"}).json()
         assert paused["paused"] and [e["ok"] for e in paused["engines"]] == [True, True], paused
         later = [pool.submit(call, session) for session in sessions[CALLS // 2 :]]  # held at the proxy

@@ -208,7 +208,7 @@ def test_a_fresh_runtime_judges_and_is_removed(stack: RunningStack, batch_ids: d
     cleared = (
         "SELECT bool_and(runtime_handle IS NULL AND evaluator_runtime_handle IS NULL) FROM sessions WHERE batch_id = :b"
     )
-    wait_until(lambda: stack.sql(cleared, b=batch_ids["fresh"])[0][0], 10, "runtime handles cleared")
+    wait_until(lambda: stack.sql(cleared, b=batch_ids["fresh"])[0][0], 120, "runtime handles cleared")
     work_root = Path(stack.env["POLAR_WORK_ROOT"])
     for session in sessions.values():
         assert session_dirs(work_root, session["session_id"]) == []

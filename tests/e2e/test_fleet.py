@@ -4,7 +4,6 @@ engine's sessions move (a session event says so) and the added engine takes new 
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -13,9 +12,9 @@ import pytest
 
 from polar.launcher import Stack, engine_spec, free_port
 from tests.e2e.test_pipeline import calculator_task
-from tests.support import running_stack, wait_until
+from tests.support import HANG_GUARD_S, running_stack, wait_until
 
-pytestmark = pytest.mark.long
+pytestmark = pytest.mark.long(seconds=40)
 SESSIONS = 16
 
 
@@ -31,12 +30,12 @@ def test_kill_one_add_one(database_url: str, broker_url: str, tmp_path: Path) ->
         batch_id = stack.client.submit(batch)["batch_id"]
         wait_until(lambda: _calls_on(stack, urls["e2"]) >= 1, timeout_s=120, message="a call on e2")
         engines.stop_one("e2")
-        killed_at = time.monotonic()
-        added = httpx.post(f"{stack.api_url}/v1/engines", json={"url": urls["e4"]}, headers=stack.api_headers)
+        added = httpx.post(
+            f"{stack.api_url}/v1/engines", json={"url": urls["e4"]}, headers=stack.api_headers, timeout=HANG_GUARD_S
+        )
         assert added.status_code == 201 and added.json()["kind"] == "vllm"
         final = stack.wait(batch_id, timeout_s=300)
         assert final["counts"] == {"completed": SESSIONS}, [s["error"] for s in stack.client.sessions(batch_id)]
-        assert time.monotonic() - killed_at > 0
 
         calls = stack.sql("SELECT session_id, seq, engine_url, status_code FROM model_calls ORDER BY session_id, seq")
         assert all(call.status_code == 200 for call in calls)  # the dropped calls were retried on another engine
@@ -53,7 +52,8 @@ def test_kill_one_add_one(database_url: str, broker_url: str, tmp_path: Path) ->
         assert on_e2_then_elsewhere <= moved_sessions
         assert all(f"{urls['e2']} ->" in row.detail and "prefix cache lost" in row.detail for row in moves)
 
-        listing = httpx.get(f"{stack.api_url}/v1/engines", headers=stack.api_headers).json()["engines"]
+        listed = httpx.get(f"{stack.api_url}/v1/engines", headers=stack.api_headers, timeout=HANG_GUARD_S)
+        listing = listed.json()["engines"]
         by_url = {engine["url"]: engine for engine in listing}
         assert by_url[urls["e2"]]["healthy"] is False and by_url[urls["e4"]]["source"] == "api"
         assert by_url[urls["e1"]]["healthy"] and by_url[urls["e1"]]["kind"] == "vllm"

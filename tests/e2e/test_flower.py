@@ -13,7 +13,7 @@ import pytest
 
 from tests.support import command_task, free_port, running_stack, wait_until
 
-pytestmark = pytest.mark.long  # dealt to a test process first (tests/conftest.py)
+pytestmark = pytest.mark.long(seconds=35)  # dealt out first, longest first (tests/conftest.py)
 
 USER, PASSWORD = "ops", "flower-password"
 
@@ -30,7 +30,7 @@ def test_flower_sees_every_stage(database_url: str, broker_url: str, tmp_path: P
         )
         api = f"http://127.0.0.1:{port}/api"
         try:
-            wait_until(lambda: _get(f"{api}/workers?refresh=true"), timeout_s=30, message="flower to answer")
+            wait_until(lambda: _get(f"{api}/workers?refresh=true"), timeout_s=120, message="flower to answer")
             for url in (f"http://127.0.0.1:{port}/", f"{api}/workers", f"{api}/tasks"):
                 assert httpx.get(url, timeout=10).status_code == 401, url
                 assert httpx.get(url, timeout=10, auth=(USER, "wrong")).status_code == 401, url
@@ -39,7 +39,7 @@ def test_flower_sees_every_stage(database_url: str, broker_url: str, tmp_path: P
             stack.wait(submitted["batch_id"])
             session_ids = [s["session_id"] for s in stack.client.sessions(submitted["batch_id"])]
 
-            workers = wait_until(lambda: _workers_with_queues(api), timeout_s=30, message="workers in flower")
+            workers = wait_until(lambda: _workers_with_queues(api), timeout_s=120, message="workers in flower")
             queues = {q["name"] for w in workers.values() for q in w.get("active_queues") or []}
             assert {"init", "ready", "run", "postrun"} <= queues
 
@@ -48,7 +48,7 @@ def test_flower_sees_every_stage(database_url: str, broker_url: str, tmp_path: P
                 seen = {(t["name"], s) for t in tasks.values() for s in session_ids if s in str(t.get("args"))}
                 return seen if len(seen) == 8 else None
 
-            seen = wait_until(stage_tasks, timeout_s=60, message="the batch's stage tasks in flower")
+            seen = wait_until(stage_tasks, timeout_s=180, message="the batch's stage tasks in flower")
             assert {name for name, _ in seen} == {"polar.init", "polar.ready", "polar.run", "polar.postrun"}
         finally:
             flower.terminate()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.long, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.long(seconds=108), pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 

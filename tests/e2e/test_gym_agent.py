@@ -27,9 +27,9 @@ import pytest
 
 from polar.datasets import ARITHMETIC_ROWS
 from polar.launcher import free_port
-from tests.support import RunningStack, running_stack, wait_until
+from tests.support import HANG_GUARD_S, RunningStack, running_stack, wait_until
 
-pytestmark = [pytest.mark.long, pytest.mark.timeout(600)]  # dealt to a test process first (tests/conftest.py)
+pytestmark = [pytest.mark.long(seconds=41), pytest.mark.timeout(600)]  # dealt out first (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
 POLAR = Path(sys.executable).parent / "polar"
@@ -81,7 +81,7 @@ def agent(
                                    env={**os.environ, **stack.env}, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         try:
-            wait_until(lambda: _alive(url), timeout_s=30, message="the gym agent to listen")
+            wait_until(lambda: _alive(url), timeout_s=120, message="the gym agent to listen")
             yield stack, url, pids
         finally:
             process.terminate()
@@ -110,7 +110,7 @@ def test_a_batch_of_rows_is_answered_token_exactly_and_a_lost_attempt_is_retried
     poster = threading.Thread(target=lambda: sent.append(asyncio.run(_post_all(url, rows))))
     poster.start()
     # The victim made its call and works on: kill the run worker under it (and under whatever else runs there).
-    wait_until(lambda: any(pids.iterdir()), timeout_s=90, message="the victim's harness to start")
+    wait_until(lambda: any(pids.iterdir()), timeout_s=180, message="the victim's harness to start")
     wait_until(lambda: stack.sql("SELECT 1 FROM sessions WHERE task_id = 'victim' AND num_calls = 1"),
                message="the victim's call")  # fmt: skip
     stack.stack.signal("worker-run", signal.SIGKILL)
@@ -153,7 +153,7 @@ def test_a_batch_of_rows_is_answered_token_exactly_and_a_lost_attempt_is_retried
     lost = stack.sql("SELECT outcome_class FROM sessions WHERE task_id = 'victim' AND attempt = 1")
     assert [row.outcome_class for row in lost] == ["infrastructure"]
     assert set(rewards[1:]) <= {0.0, 1.0} and len(rewards) == len(rows)  # accuracy 0.5: scored by the evaluator
-    assert httpx.get(f"{url}/").json()["waiting"] == 0
+    assert httpx.get(f"{url}/", timeout=HANG_GUARD_S).json()["waiting"] == 0
 
 
 def test_a_row_that_cannot_run_is_refused_in_gym_terms(agent: tuple[RunningStack, str, Path]) -> None:
@@ -166,5 +166,7 @@ def test_a_row_that_cannot_run_is_refused_in_gym_terms(agent: tuple[RunningStack
     assert httpx.post(f"{url}/run", content=b"{not json", timeout=30).status_code == 400
     bad_task = gym_row(1, responses_create_params={"input": []})  # no user message to take the instruction from
     assert httpx.post(f"{url}/run", json=bad_task, timeout=30).status_code == 422
-    metrics = httpx.post(f"{url}/aggregate_metrics", json={"verify_responses": [{"reward": 1.0}, {"reward": 0.0}]})
+    metrics = httpx.post(
+        f"{url}/aggregate_metrics", json={"verify_responses": [{"reward": 1.0}, {"reward": 0.0}]}, timeout=HANG_GUARD_S
+    )
     assert metrics.json()["agent_metrics"]["mean/reward"] == 0.5

@@ -18,7 +18,7 @@ import pytest
 from polar.harnesses.install import install
 from tests.support import RunningStack, running_stack
 
-pytestmark = [pytest.mark.long, pytest.mark.timeout(900)]  # installs three CLIs first; dealt to a process first
+pytestmark = [pytest.mark.long(seconds=112), pytest.mark.timeout(900)]  # installs three CLIs first
 
 REPO = str(Path(__file__).resolve().parents[2])
 HARNESSES = ("mini_swe_agent", "hermes", "openclaw")

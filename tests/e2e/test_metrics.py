@@ -15,7 +15,7 @@ import pytest
 from polar.launcher import metrics_urls
 from tests.conftest import redis_database
 from tests.prometheus import Scrape, scrape
-from tests.support import RunningStack, running_stack, wait_until
+from tests.support import HANG_GUARD_S, RunningStack, running_stack, wait_until
 
 REPO = str(Path(__file__).resolve().parents[2])
 STAGES = ("init", "ready", "run", "postrun")
@@ -54,7 +54,7 @@ def scrape_all(stack: RunningStack) -> dict[str, Scrape]:
 
 
 def test_every_endpoint_scrapes_and_the_series_move_with_a_batch(stack: RunningStack) -> None:
-    assert httpx.get(f"{stack.api_url}/metrics").status_code == 401  # the API's takes a token
+    assert httpx.get(f"{stack.api_url}/metrics", timeout=HANG_GUARD_S).status_code == 401  # the API's takes a token
     before = scrape_all(stack)
     assert set(before) == {"api", "proxy", *(f"worker-{stage}" for stage in STAGES)}
     assert before["proxy"].value("polar_proxy_requests_total") == 0
@@ -90,7 +90,7 @@ def test_every_endpoint_scrapes_and_the_series_move_with_a_batch(stack: RunningS
         api = scrape_all(stack)["api"]
         return api if api.value("polar_sessions", state="completed") == 3 else None
 
-    api = wait_until(completed, timeout_s=15, message="the API's metrics to show 3 completed sessions")
+    api = wait_until(completed, timeout_s=120, message="the API's metrics to show 3 completed sessions")
     assert api.value("polar_sessions") == 3
     (node,) = api.labels("polar_node_up", "node")
     assert api.value("polar_node_up", node=node) == 1
@@ -109,7 +109,7 @@ def test_every_endpoint_scrapes_and_the_series_move_with_a_batch(stack: RunningS
         )
         return found if settled else None
 
-    workers = wait_until(stages_done, timeout_s=15, message="every stage worker to count its tasks")
+    workers = wait_until(stages_done, timeout_s=120, message="every stage worker to count its tasks")
     for stage in STAGES:
         found = workers[f"worker-{stage}"]
         assert found.labels("polar_stage_tasks_total", "node") == {node}, stage

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support import running_stack
+from tests.support import HANG_GUARD_S, running_stack
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -63,7 +63,8 @@ def test_batch_end_to_end_is_token_exact(database_url: str, broker_url: str, tmp
                 tokenize = {"model": normalized["model"], "messages": normalized["messages"]}
                 if normalized.get("tools"):
                     tokenize["tools"] = normalized["tools"]
-                tokens = httpx.post(f"{stack.engine_url}/tokenize", json=tokenize).json()["tokens"]
+                tokenized = httpx.post(f"{stack.engine_url}/tokenize", json=tokenize, timeout=HANG_GUARD_S)
+                tokens = tokenized.json()["tokens"]
                 assert call["prompt_token_ids"] == tokens
                 assert len(call["logprobs"]) == len(call["completion_token_ids"])
                 assert call["status_code"] == 200 and call["finish_reason"] in {"stop", "tool_calls"}

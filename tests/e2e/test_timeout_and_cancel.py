@@ -59,7 +59,7 @@ def test_cancel_stops_a_running_session(database_url: str, broker_url: str, tmp_
         batch_id = submitted["batch_id"]
         wait_until(
             lambda: any(s["state"] == "running" and s["num_calls"] == 2 for s in stack.client.sessions(batch_id)),
-            timeout_s=60,
+            timeout_s=120,
             message="a session to be running with its two calls",
         )
         result = stack.client.cancel(batch_id)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from polar.storage.captured import chat_form
-from tests.support import LiveProxy
+from tests.support import HANG_GUARD_S, LiveProxy
 
 TURNS = [
     {"reasoning": "I should check the weather.",
@@ -146,6 +146,7 @@ def test_prefill_stop_sequences_max_tokens_and_thinking_off(proxy: LiveProxy) ->
     raw = httpx.post(
         f"{proxy.base(key)}/v1/messages?beta=true", headers={"anthropic-version": "2023-06-01", "x-api-key": key},
         json={"model": MODEL, "max_tokens": 256, "messages": after_tool, "stop_sequences": ["STOP"], "stream": True},
+        timeout=HANG_GUARD_S,
     )  # fmt: skip
     assert raw.headers["content-type"].startswith("text/event-stream")
     sse = [chunk.split("\n") for chunk in raw.text.split("\n\n") if chunk]
@@ -186,11 +187,13 @@ def test_models_head_and_bad_input(proxy: LiveProxy) -> None:
     session_id, key = proxy.session()
     client = _client(proxy, key)
     assert [model.id for model in client.models.list()] == ["polar-reference"]
-    listed = httpx.get(f"{proxy.base(key)}/v1/models", headers={"anthropic-version": "2023-06-01"}).json()
+    listed = httpx.get(
+        f"{proxy.base(key)}/v1/models", headers={"anthropic-version": "2023-06-01"}, timeout=HANG_GUARD_S
+    ).json()
     assert listed["data"][0]["type"] == "model" and listed["has_more"] is False
     assert listed["first_id"] == listed["last_id"] == "polar-reference"
-    assert httpx.head(f"{proxy.base(key)}/").status_code == 200
-    assert httpx.head(f"{proxy.base(key)}/?beta=true").status_code == 200
+    assert httpx.head(f"{proxy.base(key)}/", timeout=HANG_GUARD_S).status_code == 200
+    assert httpx.head(f"{proxy.base(key)}/?beta=true", timeout=HANG_GUARD_S).status_code == 200
 
     def bad_request(body: dict[str, Any]) -> anthropic.BadRequestError:
         with pytest.raises(anthropic.BadRequestError) as caught:
@@ -210,7 +213,12 @@ def test_models_head_and_bad_input(proxy: LiveProxy) -> None:
     with pytest.raises(anthropic.BadRequestError):
         client.messages.create(model=MODEL, max_tokens=5, messages="hi")  # type: ignore[arg-type]
 
-    raw = httpx.post(f"{proxy.base(key)}/v1/messages", content=b"{oops", headers={"content-type": "application/json"})
+    raw = httpx.post(
+        f"{proxy.base(key)}/v1/messages",
+        content=b"{oops",
+        headers={"content-type": "application/json"},
+        timeout=HANG_GUARD_S,
+    )
     assert raw.status_code == 400
     assert raw.json()["type"] == "error" and raw.json()["error"]["type"] == "invalid_request_error"
     assert raw.json()["request_id"].startswith("req_")

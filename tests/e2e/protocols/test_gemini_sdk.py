@@ -13,7 +13,7 @@ from google import genai
 from google.genai import errors, types
 
 from polar.storage.captured import chat_form
-from tests.support import LiveProxy
+from tests.support import HANG_GUARD_S, LiveProxy
 
 MODEL = "gemini-2.5-flash"
 TURNS = {
@@ -216,16 +216,19 @@ def test_errors(proxy: LiveProxy) -> None:
         ),
     ]
     for raw, needle in cases:
-        reply = httpx.post(url, content=raw, headers={"content-type": "application/json"})
+        reply = httpx.post(url, content=raw, headers={"content-type": "application/json"}, timeout=HANG_GUARD_S)
         error = reply.json()["error"]
         assert (reply.status_code, error["code"], error["status"]) == (400, 400, "INVALID_ARGUMENT"), raw
         assert needle in error["message"], (raw, error)
-    bare = httpx.post(f"{proxy.url}/v1beta/models/{MODEL}:countTokens", params={"key": "pk-nope"}, json={})
+    bare = httpx.post(
+        f"{proxy.url}/v1beta/models/{MODEL}:countTokens", params={"key": "pk-nope"}, json={}, timeout=HANG_GUARD_S
+    )
     assert bare.status_code == 401 and bare.json()["error"]["status"] == "UNAUTHENTICATED"
     array = httpx.post(
         f"{proxy.url}/v1beta/models/{MODEL}:streamGenerateContent",
         params={"key": key},
         json={"contents": [{"parts": [{"text": "hi"}]}], "toolConfig": {"functionCallingConfig": {"mode": "NONE"}}},
+        timeout=HANG_GUARD_S,
     )
     chunks = json.loads(array.text)
     assert isinstance(chunks, list) and chunks[-1]["candidates"][0]["finishReason"] == "STOP"

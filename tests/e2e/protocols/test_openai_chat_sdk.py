@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from polar.storage.captured import chat_form
-from tests.support import LiveProxy
+from tests.support import HANG_GUARD_S, LiveProxy
 
 TURNS = {
     "turns": [
@@ -82,12 +82,17 @@ def test_bad_input_gets_openai_errors(proxy: LiveProxy) -> None:
             model="m", messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:"}}]}]
         )
     raw = httpx.post(
-        f"{proxy.base(key)}/v1/chat/completions", content=b"[1,", headers={"content-type": "application/json"}
+        f"{proxy.base(key)}/v1/chat/completions",
+        content=b"[1,",
+        headers={"content-type": "application/json"},
+        timeout=HANG_GUARD_S,
     )
     assert raw.status_code == 400 and raw.json()["error"]["type"] == "invalid_request_error"
-    wrong = httpx.post(f"{proxy.base(key)}/v1/chat/completions", json={"model": "m", "messages": [{"role": 1}]})
+    wrong = httpx.post(
+        f"{proxy.base(key)}/v1/chat/completions", json={"model": "m", "messages": [{"role": 1}]}, timeout=HANG_GUARD_S
+    )
     assert wrong.status_code == 400 and "role" in wrong.json()["error"]["message"]
-    big = httpx.post(f"{proxy.base(key)}/v1/chat/completions", content=b"x" * (33 * 1024 * 1024))
+    big = httpx.post(f"{proxy.base(key)}/v1/chat/completions", content=b"x" * (33 * 1024 * 1024), timeout=HANG_GUARD_S)
     assert big.status_code == 413 and "error" in big.json()
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{proxy.url}/s/pk-unknown/v1", api_key="x", max_retries=0).models.list()

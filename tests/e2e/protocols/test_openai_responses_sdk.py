@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from polar.storage.captured import chat_form
-from tests.support import LiveProxy
+from tests.support import HANG_GUARD_S, LiveProxy
 
 PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+hello\n*** End Patch"
 TURNS = [
@@ -184,7 +184,7 @@ def test_bad_input(proxy: LiveProxy) -> None:
         assert word in caught.value.message and caught.value.status_code == 400
     url = f"{proxy.base(key)}/v1/responses"
     for content in (b"{oops", b'{"input": "hi"}', b'{"model": "m"}'):
-        raw = httpx.post(url, content=content, headers={"content-type": "application/json"})
+        raw = httpx.post(url, content=content, headers={"content-type": "application/json"}, timeout=HANG_GUARD_S)
         assert raw.status_code == 400 and raw.json()["error"]["type"] == "invalid_request_error"
     with pytest.raises(openai.AuthenticationError) as unknown:
         _client(proxy, "pk-nope").responses.create(model="my-model", input="hi")
