@@ -35,7 +35,7 @@ def parse(text: str) -> Scrape:
 
 
 def scrape(url: str, headers: dict[str, str] | None = None) -> Scrape:
-    response = httpx.get(url, headers=headers or {}, timeout=10)
+    response = httpx.get(url, headers=headers or {}, timeout=120)  # a hang guard on a loaded machine, not a speed claim
     assert response.status_code == 200, (url, response.status_code, response.text[:300])
     assert response.headers["content-type"].startswith("text/plain"), response.headers["content-type"]
     return parse(response.text)

@@ -12,7 +12,7 @@ import pytest
 from polar.lifecycle.dispatch import Stage
 from polar.services import Services
 from polar.storage.models import ModelCall
-from polar.training.feed import read_feed, wait_for_feed
+from polar.training.feed import FeedPage, read_feed, wait_for_feed
 from tests.support import command_task, domain_services, stage_functions, submit_tasks
 
 
@@ -83,8 +83,16 @@ def test_long_poll_returns_when_a_session_ends(services: Services) -> None:
     started = time.monotonic()
     empty = wait_for_feed(services, batch, after=0, limit=10, groups=False, wait_s=0.5)
     assert empty.items == [] and empty.next_cursor == 0 and time.monotonic() - started >= 0.5
-    threading.Timer(0.5, finish, args=(services, {session})).start()
-    started = time.monotonic()
-    page = wait_for_feed(services, batch, after=0, limit=10, groups=False, wait_s=20)
-    assert [item["session_id"] for item in page.items] == [str(session)]
-    assert 0.4 < time.monotonic() - started < 10
+    # A long-poll that may wait 600 s is woken by the session's end: it returns with the session long before its
+    # wait is over (the 120 s join below is a hang guard, not a speed claim).
+    pages: list[FeedPage] = []
+    poll = threading.Thread(
+        target=lambda: pages.append(wait_for_feed(services, batch, after=0, limit=10, groups=False, wait_s=600))
+    )
+    poll.start()
+    time.sleep(0.5)
+    assert poll.is_alive() and not pages  # nothing has ended: it waits
+    finish(services, {session})
+    poll.join(120)
+    assert not poll.is_alive(), "the long-poll was not woken by the session's end"
+    assert [item["session_id"] for item in pages[0].items] == [str(session)]

@@ -28,7 +28,7 @@ class RunningEngine:
         self._thread.start()
         if not self._ready.wait(60):  # the torch backend imports torch and builds its model first
             raise RuntimeError("engine did not start")
-        self.client = httpx.Client(base_url=self.url, timeout=30)
+        self.client = httpx.Client(base_url=self.url, timeout=120)  # a hang guard, not a speed claim
 
     @property
     def url(self) -> str:
@@ -50,9 +50,9 @@ class RunningEngine:
     def stop(self) -> None:
         self.client.close()
         if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(60)  # hang guards
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        self._thread.join(60)
         self._loop.close()
 
 

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
+import pytest
+
+from polar.engine import capacity as capacity_module
 from polar.engine.capacity import Capacity
 from polar.engine.settings import EngineSettings
 
@@ -30,9 +32,10 @@ def test_latency_model() -> None:
     assert capacity.prefill_seconds(500) == 0.5 and capacity.decode_seconds(10) == 0.1
     instant = Capacity(EngineSettings())
     assert instant.prefill_seconds(10**6) == 0 and instant.decode_seconds(10**6) == 0
-    started = time.perf_counter()
-    asyncio.run(instant.sleep(0))
-    assert time.perf_counter() - started < 0.05
+    # No latency at all: the simulated time ends on its first step, never suspending (not even for a 0 s sleep).
+    step = instant.sleep(instant.prefill_seconds(10**6) + instant.decode_seconds(10**6))
+    with pytest.raises(StopIteration):
+        step.send(None)
 
 
 def test_metrics_text() -> None:
@@ -51,18 +54,32 @@ def test_metrics_text() -> None:
     assert "# TYPE vllm:num_requests_waiting gauge" in after
 
 
-def test_busy_slot_seconds_integrate_running_sequences() -> None:
+class _Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_busy_slot_seconds_integrate_running_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()  # exact slot-seconds, however slowly a loaded machine runs the event loop
+    monkeypatch.setattr(capacity_module, "time", clock)
     capacity = Capacity(EngineSettings(max_num_seqs=4))
 
-    async def one() -> None:
-        async with capacity.slot():
-            await asyncio.sleep(0.2)
-
     async def main() -> None:
-        await asyncio.gather(one(), one())  # two slots busy for 0.2 s
-        await asyncio.sleep(0.1)  # idle: adds nothing
+        async with capacity.slot(), capacity.slot():
+            clock.now += 0.2  # two slots busy for 0.2 s
+        clock.now += 0.1  # idle: adds nothing
+        async with capacity.slot():
+            clock.now += 0.05  # one slot busy for 0.05 s
 
     asyncio.run(main())
-    assert 0.38 < capacity.busy_slot_seconds() < 0.5
+    assert capacity.busy_slot_seconds() == pytest.approx(0.45)
+    clock.now += 1.0
+    assert capacity.busy_slot_seconds() == pytest.approx(0.45)  # idle again: still nothing added
     text = capacity.metrics_text()
     assert "polar_engine_slots 4" in text and "# TYPE polar_engine_busy_slot_seconds_total counter" in text
+    assert "polar_engine_busy_slot_seconds_total 0.450000" in text

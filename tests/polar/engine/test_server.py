@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,10 +11,12 @@ import openai
 import pytest
 
 from polar.engine.tokenizer import Tokenizer
+from tests.support import wait_until
 
 from .conftest import RunningEngine, stream_events
 
 StartEngine = Callable[..., RunningEngine]
+HANG_GUARD_S = 60  # waits and client timeouts below are hang guards, not speed claims
 TOOLS = [
     {
         "type": "function",
@@ -180,21 +181,34 @@ def test_models_health_version_and_metrics(start_engine: StartEngine) -> None:
 
 
 def test_waiting_requests_show_in_metrics(start_engine: StartEngine) -> None:
-    engine = start_engine(max_num_seqs=1, decode_tokens_per_s=10.0)
-    threads = [threading.Thread(target=_chat, args=(engine,), kwargs={"messages": QUESTION}) for _ in range(3)]
+    # Decoding so slowly that the first request holds the only slot for minutes: the other two find it taken
+    # however long a loaded machine takes to send them. The test then cuts the sequences short (abort).
+    engine = start_engine(max_num_seqs=1, decode_tokens_per_s=0.1)
+    answers: list[httpx.Response] = []
+    ask = {"messages": QUESTION}
+    threads = [threading.Thread(target=lambda: answers.append(engine.client.post("/v1/chat/completions", json=ask)))
+               for _ in range(3)]  # fmt: skip
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 5
-    seen = ""
-    while time.monotonic() < deadline:
-        seen = engine.client.get("/metrics").text
-        if 'vllm:num_requests_waiting{engine="0",model_name="polar-reference"} 2.0' in seen:
-            break
-        time.sleep(0.02)
-    for thread in threads:
-        thread.join()
-    assert 'num_requests_waiting{engine="0",model_name="polar-reference"} 2.0' in seen
-    assert 'vllm:num_requests_running{engine="0",model_name="polar-reference"} 1.0' in seen
+    try:
+        waiting = 'vllm:num_requests_waiting{engine="0",model_name="polar-reference"} 2.0'
+
+        def two_waiting() -> str | None:
+            text = engine.client.get("/metrics").text
+            return text if waiting in text else None
+
+        seen = wait_until(two_waiting, HANG_GUARD_S, "two requests waiting")
+        assert 'vllm:num_requests_running{engine="0",model_name="polar-reference"} 1.0' in seen
+    finally:
+
+        def cut_short() -> bool:  # whichever sequence runs now ends with what it decoded
+            engine.client.post("/pause", params={"mode": "abort"})
+            engine.client.post("/resume")
+            return not any(thread.is_alive() for thread in threads)
+
+        wait_until(cut_short, HANG_GUARD_S, "every request answered")
+    assert [a.status_code for a in answers] == [200] * 3
+    assert [a.json()["choices"][0]["finish_reason"] for a in answers] == ["abort"] * 3
 
 
 @pytest.mark.parametrize(
@@ -224,7 +238,9 @@ def test_errors_have_vllm_shape(start_engine: StartEngine, path: str, body: Any,
 
 def test_official_openai_client(start_engine: StartEngine) -> None:
     engine = start_engine(policy="arithmetic", policy_config={"accuracy": 1.0})
-    client = openai.OpenAI(base_url=f"{engine.url}/v1", api_key="unused", http_client=httpx.Client())
+    client = openai.OpenAI(
+        base_url=f"{engine.url}/v1", api_key="unused", http_client=httpx.Client(timeout=HANG_GUARD_S)
+    )
     result = client.chat.completions.create(model="polar-reference", messages=QUESTION, tools=TOOLS, seed=1)
     assert result.choices[0].message.tool_calls[0].function.name == "calculator"
     stream = client.chat.completions.create(

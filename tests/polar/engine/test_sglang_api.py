@@ -11,10 +11,13 @@ import pytest
 
 from polar.engine import ChatTemplate, normalise_messages
 from polar.engine.tokenizer import Tokenizer
+from tests.prometheus import parse
+from tests.support import wait_until
 
 from .conftest import RunningEngine
 
 StartEngine = Callable[..., RunningEngine]
+HANG_GUARD_S = 60  # waits and joins below are hang guards for a loaded machine, not speed claims
 TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
 
 
@@ -99,23 +102,28 @@ def test_tokenizer_info_models_and_metrics(start_engine: StartEngine, tok: Token
 def test_pause_in_place_and_continue(start_engine: StartEngine, tok: Tokenizer) -> None:
     import threading
 
+    # About 2 s of decoding (16 tokens): the pause below lands while it runs, on however loaded a machine.
     engine = start_engine(
         api="sglang",
         policy="scripted",
-        decode_tokens_per_s=20,
+        decode_tokens_per_s=8,
         policy_config={"turns": [{"content": "one two three four five six seven eight"}]},
     )
     ids = _prompt(tok, [{"role": "user", "content": "count"}])
     out: list[Any] = []
     thread = threading.Thread(target=lambda: out.append(engine.client.post("/generate", json={"input_ids": ids})))
     thread.start()
-    time.sleep(0.2)
+
+    def running() -> float:
+        return parse(engine.client.get("/metrics").text).value("sglang:num_running_reqs")
+
+    wait_until(lambda: running() == 1, HANG_GUARD_S, "the sequence generating")
     assert engine.client.post("/pause_generation", json={"mode": "in_place"}).status_code == 200
     engine.client.post("/update_weight_version", json={"new_version": "w2"})
-    time.sleep(1.2)
-    assert not out
+    time.sleep(2.5)  # longer than the whole decode: a frozen sequence does not finish
+    assert not out and running() == 1
     engine.client.post("/continue_generation", json={})
-    thread.join(10)
+    thread.join(HANG_GUARD_S)
     assert out[0].json()["meta_info"]["weight_version"] == "w2"
     bad = engine.client.post("/pause_generation", json={"mode": "sometimes"})
     assert bad.status_code == 400 and "Invalid mode" in bad.json()["error"]["message"]

@@ -48,7 +48,9 @@ def _run(tmp_path: Path, template: str, instruction: str) -> subprocess.Complete
         runtime_env={},
     )
     launch = HARNESSES["command"].launch(context)
-    return subprocess.run(launch.command, env=launch.env, cwd=tmp_path, capture_output=True, text=True, timeout=10)
+    return subprocess.run(
+        launch.command, env=launch.env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )  # a hang guard
 
 
 @pytest.mark.parametrize("template", list(UNSAFE))

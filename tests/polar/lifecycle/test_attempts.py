@@ -109,7 +109,9 @@ def test_harness_exit_nonzero_is_a_task_outcome(services: Services) -> None:
 
 
 def test_budget_timeout_is_a_task_outcome(services: Services) -> None:
-    submit_tasks(services, command_task("t", "sleep 30", timeout_seconds=1.0))
+    # The budget starts at init: 10 s leaves a loaded machine room to reach the run before it is spent there
+    # (which would be a queue_timeout), and the harness (30 s) still outlasts it.
+    submit_tasks(services, command_task("t", "sleep 30", timeout_seconds=10.0))
     deliver_all(services)
     assert ended(only(services)) == ("timed_out", "timeout", "task")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,8 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from polar.observability import ApiMetrics, ProxyMetrics, StageMetrics, exposition
+from polar.observability import metrics as metrics_module
 from polar.proxy.engines import EnginePool
 from tests.prometheus import Scrape, parse
+from tests.support import wait_until
 
 
 def scraped(registry: object) -> Scrape:
@@ -48,14 +49,22 @@ def test_proxy_series_count_calls_phases_tokens_and_refusals() -> None:
     assert scrape.value("polar_proxy_rejected_calls_total", protocol="anthropic", reason="paused") == 1
 
 
+HANG_GUARD_S = 60  # a hang guard, not a speed claim
+
+
 class _HeldEngine(BaseHTTPRequestHandler):
-    """Answers each POST once the test releases it, so a call can be watched while in flight."""
+    """Answers each POST once the test releases it, so a call can be watched while in flight; ``arrived`` counts
+    the POSTs that reached it."""
 
     release = threading.Event()
+    arrived = 0
+    lock = threading.Lock()
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
-        self.release.wait(10)
+        with self.lock:
+            _HeldEngine.arrived += 1
+        self.release.wait(HANG_GUARD_S)
         body = json.dumps({"ok": True}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -71,6 +80,7 @@ class _HeldEngine(BaseHTTPRequestHandler):
 def held_engine() -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _HeldEngine)
     _HeldEngine.release.clear()
+    _HeldEngine.arrived = 0
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://user:secret@127.0.0.1:{server.server_address[1]}"
@@ -80,9 +90,23 @@ def held_engine() -> Iterator[str]:
         server.server_close()
 
 
-def test_engine_inflight_gauge_follows_the_calls_an_engine_holds(held_engine: str) -> None:
+class _Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_engine_inflight_gauge_follows_the_calls_an_engine_holds(
+    held_engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = _Clock()  # the call seconds are read on it: exact, however slowly a loaded machine runs the calls
+    monkeypatch.setattr(metrics_module, "time", clock)
     metrics = ProxyMetrics()
-    pool = EnginePool([held_engine], timeout_s=10, metrics=metrics)
+    pool = EnginePool([held_engine], timeout_s=HANG_GUARD_S, metrics=metrics)
     shown = held_engine.replace("user:secret@", "")  # the label never carries credentials
 
     def inflight() -> float:
@@ -91,26 +115,22 @@ def test_engine_inflight_gauge_follows_the_calls_an_engine_holds(held_engine: st
     assert scraped(metrics.registry).has("polar_engine_inflight_calls", engine=shown)  # at 0 from the start
     assert scraped(metrics.registry).value("polar_engine_call_seconds_total", engine=shown) == 0
     calls = [threading.Thread(target=pool.post, args=(uuid.uuid4(), "/v1/x", {}, "m")) for _ in range(2)]
-    started = time.monotonic()
     for call in calls:
         call.start()
     try:
-        deadline = threading.Event()
-        for _ in range(100):
-            if inflight() == 2:
-                break
-            deadline.wait(0.05)
+        # Both calls reached the engine (their clocks started before they were sent) and are held there.
+        wait_until(lambda: _HeldEngine.arrived == 2, HANG_GUARD_S, "both calls at the engine")
         assert inflight() == 2
-        deadline.wait(0.2)
+        clock.now += 0.2  # both held for 0.2 s
     finally:
         _HeldEngine.release.set()
         for call in calls:
-            call.join(10)
+            call.join(HANG_GUARD_S)
         pool.close()
     assert inflight() == 0
-    # Two calls held together: their seconds add up (occupancy = rate / max_num_seqs), bounded by what elapsed.
+    # Two calls held together: their seconds add up (occupancy = rate / max_num_seqs).
     busy = scraped(metrics.registry).value("polar_engine_call_seconds_total", engine=shown)
-    assert 0.4 <= busy <= 2 * (time.monotonic() - started)
+    assert busy == pytest.approx(0.4)
     assert "secret" not in exposition(metrics.registry)[0].decode()
 
 

@@ -30,12 +30,15 @@ from polar.stages.run import _start, run_session
 from polar.storage.models import Session, SessionEvent
 from tests.support import command_task, deliver_all, domain_services, process_alive, session_dirs, submit_tasks
 
+HANG_GUARD_S = 60  # waits and joins below are hang guards for a loaded machine, not speed claims
+
 
 @pytest.fixture
 def services(database_url: str, tmp_path: Path) -> Services:
-    # A long heartbeat interval: a holder's lease goes stale only when the test says so.
+    # A long heartbeat interval and a stale window far longer than any step here takes on a loaded machine: a
+    # holder's lease goes stale only when the test says so (``stale``: its last heartbeat an hour ago).
     return domain_services(
-        database_url, tmp_path / "work", stale_after_s=2.0, heartbeat_interval_s=600.0, plugin_modules=("tests.e2e",)
+        database_url, tmp_path / "work", stale_after_s=60.0, heartbeat_interval_s=600.0, plugin_modules=("tests.e2e",)
     )
 
 
@@ -51,7 +54,7 @@ def stale(services: Services) -> None:
         db.execute(sa.update(Session).values(heartbeat_at=sa.func.now() - sa.text("interval '1 hour'")))
 
 
-def wait_for(path: Path, timeout_s: float = 30) -> None:
+def wait_for(path: Path, timeout_s: float = HANG_GUARD_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         assert time.monotonic() < deadline, f"{path} never appeared"
@@ -79,15 +82,15 @@ def test_a_stale_init_changes_nothing_and_keeps_out_of_the_new_ones_directory(
     stale(services)  # the first init stalls; the reconciler re-sends init and a second claim takes it
     second = threading.Thread(target=init_session, args=(services, session_id))
     second.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HANG_GUARD_S
     while (gate / "claims").read_text().strip() != "2":
         assert time.monotonic() < deadline
         time.sleep(0.05)
     (gate / "go-1").touch()  # the stale one finishes first
-    first.join(30)
+    first.join(HANG_GUARD_S)
     assert only(services).state == "init"  # it changed nothing
     (gate / "go-2").touch()
-    second.join(30)
+    second.join(HANG_GUARD_S)
 
     session = only(services)
     assert session.state == "ready" and events(services, "ready") == 1
@@ -109,15 +112,15 @@ def test_a_stale_postrun_changes_nothing(services: Services, tmp_path: Path) -> 
     stale(services)
     second = threading.Thread(target=postrun_session, args=(services, session_id))
     second.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HANG_GUARD_S
     while (gate / "calls").read_text() != "2":
         assert time.monotonic() < deadline
         time.sleep(0.05)
     (gate / "go-1").touch()  # the stale postrun finishes first: its result must not be the session's
-    first.join(30)
+    first.join(HANG_GUARD_S)
     assert only(services).state == "postrun"
     (gate / "go-2").touch()
-    second.join(30)
+    second.join(HANG_GUARD_S)
     session = only(services)
     assert (session.state, session.reward, session.evaluation) == ("completed", 2.0, {"call": 2})
     assert events(services, "completed") == 1
@@ -170,7 +173,7 @@ def test_the_reconciler_judges_before_it_kills(services: Services, monkeypatch: 
     session_id = only(services).id
     run = threading.Thread(target=run_session, args=(services, session_id), daemon=True)
     run.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HANG_GUARD_S
     while not (only(services).runtime_handle or {}).get("pgids"):
         assert time.monotonic() < deadline
         time.sleep(0.05)
@@ -190,5 +193,5 @@ def test_the_reconciler_judges_before_it_kills(services: Services, monkeypatch: 
     assert only(services).state == "running" and process_alive(harness)  # a healthy run is left alone
     assert lease._beat(services, session_id, uuid.uuid4()) == (False, False)  # only the holder's token beats
     os.killpg(harness, signal.SIGKILL)  # the harness ends; its own run worker hands the session on
-    run.join(30)
+    run.join(HANG_GUARD_S)
     assert only(services).state == "postrun"

@@ -66,7 +66,8 @@ def app(apps: Any) -> Flask:
 
 
 def tokenize(engine_url: str, text: str) -> list[int]:
-    return list(httpx.post(f"{engine_url}/tokenize", json={"prompt": text}).json()["tokens"])
+    # A hang guard (httpx's default of 5 s is sized for a quiet machine), not a speed claim.
+    return list(httpx.post(f"{engine_url}/tokenize", json={"prompt": text}, timeout=120).json()["tokens"])
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,10 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
+from polar.observability.metrics import MAX_CALLS
 from tests.conftest import redis_database
-from tests.support import LiveProxy, live_proxy
+from tests.prometheus import scrape
+from tests.support import HANG_GUARD_S, LiveProxy, live_proxy, wait_until
 
 # Turn 0 answers at once; a conversation that already holds an answer gets a slow one (calls held in flight).
 TURNS = [{"content": "OK."}, {"content": "Slowly.", "delay_s": 2.0}]
@@ -51,6 +53,16 @@ def _openai(proxy: LiveProxy, key: str, **options: Any) -> openai.OpenAI:
 
 def _engine_generations(proxy: LiveProxy) -> int:
     return len(proxy.engine_entries())
+
+
+def _refused(proxy: LiveProxy, reason: str) -> float:
+    """Calls the proxy refused for ``reason`` so far (its metrics, summed over its gunicorn workers)."""
+    return scrape(f"{proxy.url}/metrics").value("polar_proxy_rejected_calls_total", reason=reason)
+
+
+def _engine_waiting(proxy: LiveProxy) -> float:
+    """Requests the engine holds before generating (while it is paused, every one that reached it)."""
+    return scrape(f"{proxy.engine_url}/metrics").value("vllm:num_requests_waiting")
 
 
 def test_a_looping_harness_hits_max_calls_and_its_sibling_keeps_getting_answers(proxy: LiveProxy) -> None:
@@ -88,10 +100,11 @@ def test_a_looping_harness_hits_max_calls_and_its_sibling_keeps_getting_answers(
 def test_the_sdks_default_retries_are_skipped_for_a_spent_session(proxy: LiveProxy) -> None:
     _session, key = proxy.session(max_calls=1)
     _openai(proxy, key).chat.completions.create(model="m", messages=HI)
-    started = time.monotonic()
+    before = _refused(proxy, MAX_CALLS)
     with pytest.raises(openai.RateLimitError):
         _openai(proxy, key, max_retries=2).chat.completions.create(model="m", messages=HI)
-    assert time.monotonic() - started < 1.0  # its two backed-off retries would take over 1.1 s
+    # The proxy saw one ask and refused it once: the SDK's two retries were skipped (x-should-retry: false).
+    assert _refused(proxy, MAX_CALLS) - before == 1
 
 
 def test_anthropic_gets_rate_limit_error_and_count_tokens_still_answers(proxy: LiveProxy) -> None:
@@ -140,25 +153,35 @@ def test_calls_beyond_max_concurrent_get_429_while_those_in_flight_complete(prox
     def call() -> None:
         start.wait()
         began = time.monotonic()
-        response = httpx.post(url, json={"model": "m", "messages": SLOW}, timeout=30)
+        response = httpx.post(url, json={"model": "m", "messages": SLOW}, timeout=HANG_GUARD_S)
         outcomes.append((response.status_code, time.monotonic() - began, response.headers, response.json()))
 
+    # The engine holds every request it gets until it is resumed: the two admitted calls stay in flight for as long
+    # as the test needs, however slowly a loaded machine gets the other four answered.
+    assert httpx.post(f"{proxy.engine_url}/pause", params={"mode": "keep"}, timeout=HANG_GUARD_S).status_code == 200
     threads = [threading.Thread(target=call) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: len(outcomes) == 4 and _engine_waiting(proxy) == 2, HANG_GUARD_S, "4 answers, 2 held")
+        # Refused while the two were still in flight: both are held by the paused engine, unanswered.
+        assert [o[0] for o in outcomes] == [429] * 4
+        assert sum(thread.is_alive() for thread in threads) == 2 and _engine_waiting(proxy) == 2
+    finally:
+        httpx.post(f"{proxy.engine_url}/resume", timeout=HANG_GUARD_S)
+        for thread in threads:
+            thread.join(HANG_GUARD_S)
 
     answered = [o for o in outcomes if o[0] == 200]
     refused = [o for o in outcomes if o[0] == 429]
     assert len(answered) == 2 and len(refused) == 4, [o[0] for o in outcomes]
+    assert outcomes[4:] == answered  # answered only after every refusal
     assert all(o[3]["choices"][0]["message"]["content"] == "Slowly." and o[1] >= 2.0 for o in answered)
-    for _status, elapsed, headers, body in refused:
-        assert elapsed < 2.0  # refused at once, while the two were still in flight
+    for _status, _elapsed, headers, body in refused:
         assert int(headers["retry-after"]) >= 1 and "x-should-retry" not in headers
         assert body["error"]["code"] == "rate_limit_exceeded" and "max_concurrent_calls (2)" in body["error"]["message"]
     assert _engine_generations(proxy) - before == 2
     assert len(proxy.calls(session)) == 2
     # Once they ended, the session may call again (the refusals did not use up its total).
-    retry = httpx.post(url, json={"model": "m", "messages": HI}, timeout=30)
+    retry = httpx.post(url, json={"model": "m", "messages": HI}, timeout=HANG_GUARD_S)
     assert retry.status_code == 200

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from polar.storage.models import ModelCall
-from tests.support import LiveProxy, live_proxy
+from tests.support import HANG_GUARD_S, LiveProxy, live_proxy
 
 SLOW = json.dumps({"turns": [{"content": "A slow answer.", "delay_s": 1.5}]})
 
@@ -32,7 +32,7 @@ def delivered(proxy: LiveProxy) -> list[tuple[int, bool]]:
 
 
 def wait_for(proxy: LiveProxy, expected: list[tuple[int, bool]]) -> list[tuple[int, bool]]:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + HANG_GUARD_S
     while (found := delivered(proxy)) != expected and time.monotonic() < deadline:
         time.sleep(0.1)
     return found
@@ -47,7 +47,7 @@ def test_a_client_gone_before_the_answer_leaves_the_call_undelivered(proxy: Live
     # The engine answers after 1.5 s; the proxy captures the call, then finds the client gone.
     assert wait_for(proxy, [(1, False)]) == [(1, False)]
 
-    patient = openai.OpenAI(base_url=f"{proxy.url}/s/{key}/v1", api_key="x", max_retries=0, timeout=30)
+    patient = openai.OpenAI(base_url=f"{proxy.url}/s/{key}/v1", api_key="x", max_retries=0, timeout=HANG_GUARD_S)
     reply = patient.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     assert reply.choices[0].message.content == "A slow answer."
     assert wait_for(proxy, [(1, False), (2, True)]) == [(1, False), (2, True)]
@@ -56,7 +56,7 @@ def test_a_client_gone_before_the_answer_leaves_the_call_undelivered(proxy: Live
 def test_a_stream_read_to_its_end_is_delivered(proxy: LiveProxy) -> None:
     _, key = proxy.session()
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-    with httpx.stream("POST", f"{proxy.url}/s/{key}/v1/chat/completions", json=body, timeout=30) as response:
+    with httpx.stream("POST", f"{proxy.url}/s/{key}/v1/chat/completions", json=body, timeout=HANG_GUARD_S) as response:
         text = "".join(response.iter_text())
     assert "A slow answer" in text and text.rstrip().endswith("[DONE]")
     assert wait_for(proxy, [(1, True)]) == [(1, True)]

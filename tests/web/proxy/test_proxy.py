@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from polar.storage.models import ModelCall, Session
-from tests.support import LiveProxy, free_port, live_proxy
+from tests.support import HANG_GUARD_S, LiveProxy, free_port, live_proxy
 
 
 @pytest.fixture
@@ -55,12 +55,15 @@ def test_keys_agents_and_errors(proxy: LiveProxy) -> None:
     assert "messages" in str(bad.value)
 
     raw = httpx.post(
-        f"{url}/s/{key}/v1/chat/completions", content=b"{oops", headers={"content-type": "application/json"}
+        f"{url}/s/{key}/v1/chat/completions",
+        content=b"{oops",
+        headers={"content-type": "application/json"},
+        timeout=HANG_GUARD_S,
     )
     assert raw.status_code == 400 and raw.json()["error"]["type"] == "invalid_request_error"
-    missing = httpx.post(f"{url}/v1/chat/completions", json={"model": "m", "messages": []})
+    missing = httpx.post(f"{url}/v1/chat/completions", json={"model": "m", "messages": []}, timeout=HANG_GUARD_S)
     assert missing.status_code == 401 and "no proxy key" in missing.json()["error"]["message"]
-    nowhere = httpx.get(f"{url}/s/{key}/v1/nothing")
+    nowhere = httpx.get(f"{url}/s/{key}/v1/nothing", timeout=HANG_GUARD_S)
     assert nowhere.status_code == 404 and "error" in nowhere.json()
 
     with services.db.unit() as db:
@@ -101,14 +104,18 @@ def test_unreachable_engine_is_a_502_in_openai_shape(database_url: str, tmp_path
 
 def test_unknown_routes_answer_in_the_callers_shape(proxy: LiveProxy) -> None:
     _session_id, key = proxy.session()
-    gemini = httpx.post(f"{proxy.base(key)}/v1beta/models/m:embedContent", json={})
+    gemini = httpx.post(f"{proxy.base(key)}/v1beta/models/m:embedContent", json={}, timeout=HANG_GUARD_S)
     assert gemini.status_code == 404 and gemini.json()["error"]["status"] == "NOT_FOUND"
-    anthropic = httpx.post(f"{proxy.base(key)}/v1/messages/batches", json={}, headers={"anthropic-version": "x"})
+    anthropic = httpx.post(
+        f"{proxy.base(key)}/v1/messages/batches", json={}, headers={"anthropic-version": "x"}, timeout=HANG_GUARD_S
+    )
     assert anthropic.status_code == 404 and anthropic.json()["type"] == "error"
-    openai_style = httpx.get(f"{proxy.base(key)}/v1/files")
+    openai_style = httpx.get(f"{proxy.base(key)}/v1/files", timeout=HANG_GUARD_S)
     assert openai_style.status_code == 404 and openai_style.json()["error"]["type"] == "invalid_request_error"
     array = httpx.post(
-        f"{proxy.base(key)}/v1beta/models/m:streamGenerateContent", json={"contents": [{"parts": [{"text": "hi"}]}]}
+        f"{proxy.base(key)}/v1beta/models/m:streamGenerateContent",
+        json={"contents": [{"parts": [{"text": "hi"}]}]},
+        timeout=HANG_GUARD_S,
     )
     assert array.status_code == 200 and array.headers["content-type"].startswith("application/json")
     assert isinstance(array.json(), list)
@@ -125,7 +132,12 @@ def test_oversized_bodies_get_413_in_each_protocols_shape(database_url: str, tmp
             "/v1beta/models/m:generateContent": lambda body: body["error"]["code"] == 413,
         }
         for path, shaped in shapes.items():
-            response = httpx.post(f"{proxy.base(key)}{path}", content=big, headers={"content-type": "application/json"})
+            response = httpx.post(
+                f"{proxy.base(key)}{path}",
+                content=big,
+                headers={"content-type": "application/json"},
+                timeout=HANG_GUARD_S,
+            )
             assert response.status_code == 413, path
             assert shaped(response.json()), (path, response.json())
         assert proxy.calls(_session_id) == []

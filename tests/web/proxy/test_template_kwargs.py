@@ -4,17 +4,25 @@ with the protocol's 400 and never sent to the engine."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support import live_proxy
+from tests.support import HANG_GUARD_S, LiveProxy, live_proxy
 
 
 def _ask(url: str, **extra: object) -> httpx.Response:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
-    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=HANG_GUARD_S)
+
+
+@pytest.fixture(scope="module")
+def proxy(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveProxy]:
+    """The default allow-list, one proxy for the module (each case gets its own session and reads only its calls)."""
+    with live_proxy(module_database_url, tmp_path_factory.mktemp("template-kwargs")) as live:
+        yield live
 
 
 @pytest.mark.parametrize(
@@ -27,25 +35,22 @@ def _ask(url: str, **extra: object) -> httpx.Response:
         ("not an object", "chat_template_kwargs"),
     ],
 )
-def test_unlisted_template_kwargs_are_refused_and_never_sent(
-    database_url: str, tmp_path: Path, kwargs: object, field: str
-) -> None:
-    with live_proxy(database_url, tmp_path) as proxy:
-        session_id, key = proxy.session()
-        refused = _ask(proxy.base(key), chat_template_kwargs=kwargs)
-        assert refused.status_code == 400
-        error = refused.json()["error"]
-        assert error["type"] == "invalid_request_error" and error["message"].startswith(f"{field}: ")
-        assert proxy.engine_entries() == {}  # the engine never saw it
-        assert [c["status_code"] for c in proxy.calls(session_id)] == []
+def test_unlisted_template_kwargs_are_refused_and_never_sent(proxy: LiveProxy, kwargs: object, field: str) -> None:
+    session_id, key = proxy.session()
+    served_before = len(proxy.engine_entries())
+    refused = _ask(proxy.base(key), chat_template_kwargs=kwargs)
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"].startswith(f"{field}: ")
+    assert len(proxy.engine_entries()) == served_before  # the engine never saw it
+    assert [c["status_code"] for c in proxy.calls(session_id)] == []
 
 
-def test_allowed_keys_pass_and_the_list_is_configurable(database_url: str, tmp_path: Path) -> None:
-    with live_proxy(database_url, tmp_path) as proxy:
-        session_id, key = proxy.session()
-        assert _ask(proxy.base(key), chat_template_kwargs={"enable_thinking": False}).status_code == 200
-        (call,) = proxy.calls(session_id)
-        assert call["normalized_request"]["chat_template_kwargs"] == {"enable_thinking": False}
+def test_allowed_keys_pass_and_the_list_is_configurable(proxy: LiveProxy, database_url: str, tmp_path: Path) -> None:
+    session_id, key = proxy.session()
+    assert _ask(proxy.base(key), chat_template_kwargs={"enable_thinking": False}).status_code == 200
+    (call,) = proxy.calls(session_id)
+    assert call["normalized_request"]["chat_template_kwargs"] == {"enable_thinking": False}
     with live_proxy(database_url, tmp_path / "custom", env={"POLAR_CHAT_TEMPLATE_KWARGS": "custom_switch"}) as proxy:
         _, key = proxy.session()
         assert _ask(proxy.base(key), chat_template_kwargs={"custom_switch": True}).status_code == 200
