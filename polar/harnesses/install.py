@@ -6,7 +6,7 @@ own environment.
 ``<cache>/node_modules/.bin/``), each Python CLI into a virtualenv of its own, ``<cache>/venvs/<preset>``
 (mini-swe-agent pulls litellm, hermes its own openai and pydantic: they must not meet Polar's). A CLI that needs a
 newer Node.js than the system's gets one from npm's ``node-linux-<arch>`` package under ``<cache>/node/<version>``,
-which its preset puts first on ``PATH`` (``runtime_bin_dirs``). Pinned versions are installed exactly, and a
+which its preset puts first on ``PATH`` (``runtime_bin_dirs``). Every version is pinned and installed exactly; a
 different installed version counts as missing. The cache is ``POLAR_HARNESS_CACHE``, else
 ``~/.cache/polar/harnesses``.
 """
@@ -47,13 +47,15 @@ class CliPackage:
         return f"{name}{'==' if self.source == 'pypi' else '@'}{self.version}"
 
 
+# Every CLI pinned: a test run (or a user's batch) gets the version that was proven, not whatever npm published
+# last night, and the cache holds it until the pin moves.
 PACKAGES: Mapping[str, CliPackage] = {
-    "claude_code": CliPackage("@anthropic-ai/claude-code", "claude"),
-    "codex": CliPackage("@openai/codex", "codex"),
-    "gemini_cli": CliPackage("@google/gemini-cli", "gemini"),
-    "qwen_code": CliPackage("@qwen-code/qwen-code", "qwen"),
-    "opencode": CliPackage("opencode-ai", "opencode"),
-    "pi": CliPackage("@mariozechner/pi-coding-agent", "pi"),
+    "claude_code": CliPackage("@anthropic-ai/claude-code", "claude", version="2.1.332"),
+    "codex": CliPackage("@openai/codex", "codex", version="0.169.0"),
+    "gemini_cli": CliPackage("@google/gemini-cli", "gemini", version="0.61.0"),
+    "qwen_code": CliPackage("@qwen-code/qwen-code", "qwen", version="0.24.4"),
+    "opencode": CliPackage("opencode-ai", "opencode", version="1.18.33"),
+    "pi": CliPackage("@mariozechner/pi-coding-agent", "pi", version="0.73.1"),
     "mini_swe_agent": CliPackage("mini-swe-agent", "mini-swe-agent", "pypi", "2.4.6"),
     "hermes": CliPackage("hermes-agent", "hermes", "pypi", "0.19.0", extras="mcp"),
     # openclaw 2026.9.6 refuses Node < 24.16 in its preinstall step; these machines have Node 20.
