@@ -17,8 +17,8 @@ from typing import Any
 
 from polar.engine.chat_template import EMPTY_THINK, ChatTemplate, render_assistant_body
 from polar.engine.conversation import Message
-from polar.engine.errors import ContextLengthError
-from polar.engine.policies import AssistantTurn, Policy, PolicyRequest, SamplingParams
+from polar.engine.errors import ContextLengthError, EngineRequestError
+from polar.engine.policies import AssistantTurn, ModelSamples, Policy, PolicyRequest, SamplingParams
 from polar.engine.prompt_parser import parse_prompt
 from polar.engine.protocol import ChatRequest, CompletionRequest
 from polar.engine.settings import EngineSettings
@@ -162,23 +162,12 @@ class Generator:
 
     def generate(self, job: GenerationInput) -> Generation:
         """Ask the policy for a turn and sample it as tokens under the request's stopping rules."""
-        if self._policy is None:
-            raise TypeError("this generator has no policy: its backend overrides generate()")
         max_tokens = self.check_length(len(job.prompt_token_ids), job.sampling.max_tokens)
         policy_rng, logprob_rng, top_rng = self._rngs(job.sampling.seed)
-        thinking = not job.open_prefix.startswith(EMPTY_THINK)
-        request = PolicyRequest(
-            messages=job.messages,
-            tools=job.tools,
-            tool_choice=job.tool_choice,
-            sampling=job.sampling,
-            rng=policy_rng,
-            thinking=thinking,
-            model=self._settings.model,
-        )
-        turn = self._policy.respond(request)
-        completion = self._completion_text(turn, job, thinking)
-        ids = self._sample_ids(job.prompt_text, completion + IM_END)
+        try:
+            ids, turn = self._answer(job, policy_rng)
+        except ModelSamples as exc:
+            raise EngineRequestError(f"{exc}, and the reference engine has no model (serve it with real vLLM)") from exc
         kept, pieces, finish_reason, stop_reason = self._stop(ids, job.sampling, max_tokens)
         logprobs = tuple(self._logprob(i, logprob_rng, top_rng, job.top_logprobs) for i in kept)
         return Generation(
@@ -191,6 +180,29 @@ class Generator:
             stop_reason=stop_reason,
             delay_s=max(0.0, turn.delay_s),
         )
+
+    def answer_ids(self, job: GenerationInput) -> list[int]:
+        """The policy's whole turn for ``job`` as the token ids a model must sample, end of turn included, before
+        any stopping rule (what real vLLM is held to: ``polar.engine.vllm``). ``ModelSamples`` when the policy
+        leaves the turn to the model."""
+        return self._answer(job, self._rngs(job.sampling.seed)[0])[0]
+
+    def _answer(self, job: GenerationInput, rng: random.Random) -> tuple[list[int], AssistantTurn]:
+        if self._policy is None:
+            raise TypeError("this generator has no policy: its backend overrides generate()")
+        thinking = not job.open_prefix.startswith(EMPTY_THINK)
+        request = PolicyRequest(
+            messages=job.messages,
+            tools=job.tools,
+            tool_choice=job.tool_choice,
+            sampling=job.sampling,
+            rng=rng,
+            thinking=thinking,
+            model=self._settings.model,
+        )
+        turn = self._policy.respond(request)
+        completion = self._completion_text(turn, job, thinking)
+        return self._sample_ids(job.prompt_text, completion + IM_END), turn
 
     def _rngs(self, seed: int | None) -> tuple[random.Random, random.Random, random.Random]:
         # Separate streams so the number of requested top logprobs never changes the text or the logprobs.

@@ -21,13 +21,15 @@ if TYPE_CHECKING:
     import torch
     from transformers import Qwen2ForCausalLM
 
-# Two cores: a model that decodes a short answer in tens of milliseconds and trains a step in seconds.
+# Two cores: a model that decodes a short answer in tens of milliseconds and trains a step in seconds. One head of
+# dimension 64: real vLLM serves the same shape (its CPU attention refuses a head dimension of 16), so a trainer's
+# weights load into either engine (polar.engine.vllm).
 ARCHITECTURE: dict[str, Any] = {
     "hidden_size": 64,
     "intermediate_size": 192,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
+    "num_attention_heads": 1,
+    "num_key_value_heads": 1,
     "max_position_embeddings": 4096,
     "tie_word_embeddings": True,
     "rope_theta": 10000.0,

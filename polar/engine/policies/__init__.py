@@ -1,14 +1,17 @@
 """Policies decide what the reference engine's "model" says.
 
-`base` defines the contract (PolicyRequest in, AssistantTurn out); `scripted`, `arithmetic`, `echo`, `tool_user` and
-`plan` are the built-in policies; `registry` maps names to them and imports `module:Class` paths for outside ones.
+`base` defines the contract (PolicyRequest in, AssistantTurn out, or ModelSamples: "let the model sample");
+`scripted`, `arithmetic`, `echo`, `tool_user` and `plan` are the built-in policies, `route` picks one of them per
+conversation; `registry` maps names to them and imports `module:Class` paths for outside ones. A policy drives the
+reference engine and real vLLM alike (`polar.engine.vllm` holds vLLM to the policy's answer).
 """
 
 from polar.engine.policies.arithmetic import ArithmeticPolicy
-from polar.engine.policies.base import AssistantTurn, Policy, PolicyRequest, SamplingParams
+from polar.engine.policies.base import AssistantTurn, ModelSamples, Policy, PolicyRequest, SamplingParams
 from polar.engine.policies.echo import EchoPolicy
 from polar.engine.policies.plan import PlanPolicy
 from polar.engine.policies.registry import POLICIES, PolicyFactory, load_policy
+from polar.engine.policies.route import RoutePolicy
 from polar.engine.policies.scripted import ScriptedPolicy
 from polar.engine.policies.tool_user import ToolUserPolicy
 
@@ -17,10 +20,12 @@ __all__ = [
     "ArithmeticPolicy",
     "AssistantTurn",
     "EchoPolicy",
+    "ModelSamples",
     "PlanPolicy",
     "Policy",
     "PolicyFactory",
     "PolicyRequest",
+    "RoutePolicy",
     "SamplingParams",
     "ScriptedPolicy",
     "ToolUserPolicy",

@@ -67,6 +67,11 @@ class AssistantTurn:
     delay_s: float = 0.0
 
 
+class ModelSamples(Exception):
+    """Raised by a policy that leaves this turn to the model: under real vLLM the model then samples freely (the
+    GRPO loop's prompts); the reference engine, which has no model, refuses the request."""
+
+
 class Policy(Protocol):
     """A policy: constructed from its config mapping, then asked for one turn per request."""
 

@@ -10,6 +10,7 @@ from polar.engine.policies.arithmetic import ArithmeticPolicy
 from polar.engine.policies.base import Policy
 from polar.engine.policies.echo import EchoPolicy
 from polar.engine.policies.plan import PlanPolicy
+from polar.engine.policies.route import RoutePolicy
 from polar.engine.policies.scripted import ScriptedPolicy
 from polar.engine.policies.tool_user import ToolUserPolicy
 from polar.errors import PluginNotAllowed
@@ -27,7 +28,10 @@ POLICIES: Mapping[str, PolicyFactory] = {
 
 
 def load_policy(name: str, config: Mapping[str, Any] | None = None, plugin_modules: Sequence[str] = ()) -> Policy:
-    """Build the policy `name` (a registry name, or `package.module:Class` under `plugin_modules`) from its config."""
+    """Build the policy `name` (a registry name, or `package.module:Class` under `plugin_modules`) from its config;
+    ``route`` builds the policies its routes name the same way."""
+    if name == "route":
+        return RoutePolicy(dict(config or {}), lambda inner, settings: load_policy(inner, settings, plugin_modules))
     factory = POLICIES.get(name)
     if factory is None:
         factory = _import_factory(name, plugin_modules)
@@ -37,7 +41,7 @@ def load_policy(name: str, config: Mapping[str, Any] | None = None, plugin_modul
 def _import_factory(path: str, plugin_modules: Sequence[str]) -> PolicyFactory:
     module_name, sep, attribute = path.partition(":")
     if not sep or not module_name or not attribute:
-        known = ", ".join(sorted(POLICIES))
+        known = ", ".join(sorted([*POLICIES, "route"]))
         raise ValueError(f"unknown policy {path!r}: use one of {known} or 'package.module:Class'")
     try:
         factory = import_object(path, plugin_modules)

@@ -1,0 +1,80 @@
+"""What real vLLM is held to: a policy's answer for a prompt, as token ids, and the record of what was sampled.
+
+Both are plain Python over the reference tokenizer and chat template (the same ones the tiny model's directory
+holds), so they are tested without vLLM; ``forcing`` is the thin adapter that vLLM loads.
+
+    answers = PolicyAnswers("tool_user", {})
+    answers.target(prompt_ids, seed=None)   # the ids the model must sample, end of turn included; None: free
+    SampleLog(path).record(prompt_ids, sampled_ids)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from polar.engine.chat_template import ChatTemplate
+from polar.engine.generation import Generator
+from polar.engine.policies import ModelSamples, SamplingParams, load_policy
+from polar.engine.protocol import CompletionRequest, OutputOptions
+from polar.engine.settings import EngineSettings
+from polar.engine.tokenizer import load_tokenizer
+
+# How ``launch`` configures the logits processor inside vLLM's engine process (``forcing``).
+POLICY_ENV = "POLAR_VLLM_POLICY"  # JSON {"name", "config", "plugin_modules"}; absent: the model samples freely
+LOG_ENV = "POLAR_VLLM_LOG"  # a SampleLog path
+
+# Far above any context a test or demo reaches: vLLM enforces the real limit before the policy is asked.
+_UNBOUNDED_LEN = 1 << 30
+
+
+class PolicyAnswers:
+    """A policy (by registry name or ``module:Class``) answering prompts given as token ids."""
+
+    def __init__(self, policy: str, config: Mapping[str, Any], plugin_modules: Sequence[str] = ()) -> None:
+        settings = EngineSettings(policy=policy, policy_config=dict(config), max_model_len=_UNBOUNDED_LEN)
+        self._tokenizer = load_tokenizer()
+        self._generator = Generator(
+            settings, self._tokenizer, ChatTemplate(), load_policy(policy, config, tuple(plugin_modules))
+        )
+
+    @property
+    def end_of_turn(self) -> int:
+        return self._tokenizer.eos_token_id
+
+    def target(self, prompt_ids: Sequence[int], seed: int | None = None) -> tuple[int, ...] | None:
+        """The token ids the policy's answer to this prompt is made of (the chat template's end of turn last),
+        or None when the policy leaves the turn to the model."""
+        request = CompletionRequest(model=None, prompt=tuple(prompt_ids), sampling=SamplingParams(seed=seed),
+                                    output=OutputOptions())  # fmt: skip
+        try:
+            return tuple(self._generator.answer_ids(self._generator.completion_input(request)))
+        except ModelSamples:
+            return None
+
+
+class SampleLog:
+    """One JSON line per finished sequence, ``{"prompt_token_ids", "token_ids", "time"}``: what vLLM fed the model
+    and what it sampled, written from inside vLLM, to check what a proxy captured against."""
+
+    def __init__(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._handle: TextIO = Path(path).open("a", encoding="utf-8")  # noqa: SIM115 (open for the engine's life)
+        self._lock = threading.Lock()
+
+    def record(self, prompt_ids: Sequence[int], sampled_ids: Sequence[int]) -> None:
+        line = json.dumps({"prompt_token_ids": list(prompt_ids), "token_ids": list(sampled_ids), "time": time.time()})
+        with self._lock:  # one write per line: a reader never sees half of one
+            self._handle.write(line + "\n")
+            self._handle.flush()
+
+
+def read_sample_log(path: str | Path) -> list[dict[str, Any]]:
+    """Every record of a :class:`SampleLog`, oldest first."""
+    if not Path(path).exists():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
