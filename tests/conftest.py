@@ -4,6 +4,8 @@ each test that needs a database gets a fresh one, copied from a template migrate
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
@@ -12,11 +14,32 @@ import redis
 
 from polar.storage.migration import upgrade
 from polar.storage.scratch import admin, scratch_database, sqlalchemy_url
+from tests.real_vllm import CONTROLLER_ENV, RUN_DIR_ENV, SharedVllm, shared_vllm, stop_shared_vllm
 from tests.support import LIVE_STACKS
 
 ADMIN_DSN = os.environ.get("POLAR_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_BASE = os.environ.get("POLAR_TEST_REDIS", "redis://127.0.0.1:6379")
 TEMPLATE = f"polar_template_{os.getpid()}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The controller (the only process without xdist) makes the run's shared directory, which its test processes
+    inherit through the environment: the one real vLLM server of the run is found there (tests/real_vllm.py)."""
+    if not hasattr(config, "workerinput") and RUN_DIR_ENV not in os.environ:
+        os.environ[RUN_DIR_ENV] = tempfile.mkdtemp(prefix="polar-test-run-")
+        os.environ[CONTROLLER_ENV] = str(os.getpid())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and os.environ.get(CONTROLLER_ENV) == str(os.getpid()):
+        stop_shared_vllm()
+        shutil.rmtree(os.environ.pop(RUN_DIR_ENV), ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def real_vllm() -> SharedVllm:
+    """The run's one real vLLM server (started by the first test process that asks; tests/real_vllm.py)."""
+    return shared_vllm()
 
 
 def _expected_seconds(item: pytest.Item) -> float:

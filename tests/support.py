@@ -22,6 +22,7 @@ from polar.launcher import NodeSpec, Stack, engine_spec, free_port, gunicorn_spe
 from polar.lifecycle.dispatch import Stage
 from polar.services import Services
 from polar.storage.database import Database
+from tests.real_vllm import SharedVllm, route_env
 
 PYTHON = sys.executable
 
@@ -234,14 +235,23 @@ def processes_with(marker: str) -> list[int]:
 
 @dataclass
 class LiveProxy:
-    """The proxy under gunicorn in front of a reference engine, with sessions made ``running`` on demand."""
+    """The proxy under gunicorn in front of an engine, with sessions made ``running`` on demand. The engine is the
+    reference engine speaking vLLM's protocol (``engine_api="vllm"``) or SGLang's (``"sglang"``), or the run's
+    real vLLM server (``"real-vllm"``; its calls go down ``route``: tests/real_vllm.py)."""
 
     url: str
     services: Services
     engine_url: str
     engine_log: Path
-    engine_api: str = "vllm"  # the reference engine's protocol: vllm, or sglang (its native /generate)
+    engine_api: str = "vllm"
     tokenizer_dir: Path | None = None  # sglang: the tokenizer directory the proxy renders prompts with
+    real: SharedVllm | None = None
+    route: str | None = None
+
+    @property
+    def engine_kind(self) -> str:
+        """The kind Polar records for the engine (``model_calls.engine_kind``)."""
+        return "sglang" if self.engine_api == "sglang" else "vllm"
 
     def prompt_ids(self, normalized_request: dict[str, Any]) -> list[int]:
         """What the prompt of a captured call must be, from the engine side: the engine's own ``/tokenize`` of the
@@ -266,7 +276,16 @@ class LiveProxy:
         return sent[name]
 
     def logged(self, entries: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
-        """The engine log's entry for a captured call (SGLang's request ids lack the ``chatcmpl-`` prefix)."""
+        """The engine log's entry for a captured call (SGLang's request ids lack the ``chatcmpl-`` prefix); for real
+        vLLM, what it sampled on the call's prompt, as logged from inside vLLM."""
+        if self.real is not None:
+            record = self.real.sampled_for(call["prompt_token_ids"], self.route)
+            stop = (call["response"].get("choices") or [{}])[0].get("stop_reason")
+            if call["finish_reason"] == "stop" and isinstance(stop, str):
+                # vLLM matches stop strings in its front end, after the engine core sampled past them: the core
+                # ran on until the abort reached it. What the client was answered ends at the stop.
+                record = {**record, "token_ids": record["token_ids"][: len(call["completion_token_ids"])]}
+            return record
         answer_id = str(call["response"]["id"])
         return entries[answer_id.removeprefix("chatcmpl-") if self.engine_api == "sglang" else answer_id]
 
@@ -303,7 +322,24 @@ class LiveProxy:
         return session_calls(self.services, session_id)
 
     def engine_entries(self) -> dict[str, dict[str, Any]]:
-        return engine_entries(self.engine_log)
+        """The reference engine's log by request id (real vLLM logs no request ids: see :meth:`logged`)."""
+        return {} if self.real is not None else engine_entries(self.engine_log)
+
+
+@contextmanager
+def real_vllm_proxy(database_url: str, tmp: Path, shared: SharedVllm, route: str,
+                    env: Mapping[str, str] | None = None) -> Iterator[LiveProxy]:  # fmt: skip
+    """The proxy alone, in front of the run's real vLLM server, sending its calls down ``route``."""
+    proxy_port = free_port()
+    stack_env = {"POLAR_DATABASE_URL": database_url, "POLAR_ENGINE_URLS": shared.url, **route_env(route), **(env or {})}
+    stack = Stack([gunicorn_spec("proxy", "web.proxy:create_app()", proxy_port)], stack_env, tmp / "logs")
+    with _live(stack):
+        services = domain_services(database_url, tmp)
+        try:
+            yield LiveProxy(f"http://127.0.0.1:{proxy_port}", services, shared.url, shared.sample_log, "real-vllm",
+                            real=shared, route=route)  # fmt: skip
+        finally:
+            services.db.dispose()
 
 
 @contextmanager

@@ -96,6 +96,7 @@ def _sampling(body: Mapping[str, Any], default_max_tokens: int | None) -> Sampli
         stop=stop,
         stop_token_ids=stop_ids,
         skip_special_tokens=_field(body, "skip_special_tokens", bool, True),
+        extra_args=_field(body, "vllm_xargs", dict, {}),
     )
 
 

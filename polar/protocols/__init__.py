@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Any
 
 from polar.protocols import anthropic, gemini, openai_chat, openai_responses
-from polar.protocols._base import ClientRequest, EngineAnswer, Operation, RequestContext
+from polar.protocols._base import ClientRequest, EngineAnswer, Operation, RequestContext, continued_answer
 
 PROTOCOLS: dict[str, ModuleType] = {
     module.PROVIDER: module for module in (openai_chat, anthropic, openai_responses, gemini)
@@ -25,6 +25,7 @@ __all__ = [
     "EngineAnswer",
     "Operation",
     "RequestContext",
+    "continued_answer",
     "detect",
     "protocol_for_errors",
 ]

@@ -125,6 +125,28 @@ class EngineAnswer:
                 "cached_tokens": cached}  # fmt: skip
 
 
+def continued_answer(engine_body: Mapping[str, Any], answer: EngineAnswer) -> EngineAnswer:
+    """The answer to a request that continues a prefilled assistant turn, as the client must read it.
+
+    A reasoning parser that starts every turn inside reasoning (vLLM's ``qwen3`` while thinking is on) reads a
+    continuation without ``</think>`` as reasoning, although the prefill it continues was the turn's content
+    (``"Paris is"`` → ``" sunny today."``). Such reasoning is content; a prefill that is itself reasoning (an open
+    ``<think>``, or reasoning without content) keeps its answer as it is. The stored answer stays as the engine gave
+    it: this is only what the client is shown."""
+    if not engine_body.get("continue_final_message") or not answer.reasoning or answer.content:
+        return answer
+    messages = engine_body.get("messages") or [{}]
+    prefill = messages[-1].get("content") if isinstance(messages[-1], Mapping) else None
+    if isinstance(prefill, list):
+        prefill = "".join(p.get("text", "") for p in prefill if isinstance(p, Mapping))
+    if not isinstance(prefill, str) or not prefill or prefill.rfind("<think>") > prefill.rfind("</think>"):
+        return answer
+    message = {k: v for k, v in answer.message.items() if k not in ("reasoning", "reasoning_content")}
+    message["content"] = answer.reasoning
+    choice = {**answer.choice, "message": message}
+    return EngineAnswer({**answer.body, "choices": [choice, *answer.body["choices"][1:]]})
+
+
 def sse(data: Mapping[str, Any] | str, event: str | None = None) -> bytes:
     """One server-sent event (``event:`` line only when named)."""
     payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)

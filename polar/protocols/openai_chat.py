@@ -94,12 +94,26 @@ def _check_types(body: dict[str, Any]) -> None:
         raise ValidationError("stream_options: only allowed when stream is true", field="stream_options")
 
 
+def _current_reasoning_name(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message's ``reasoning_content`` (the name vLLM used before 0.1x, which clients still echo from
+    streamed deltas) as ``reasoning``: vLLM 0.32's chat completions read both, but its ``/tokenize`` drops
+    ``reasoning_content``, so a prompt Polar tokenises (TITO, count-tokens, audits) would lose the reasoning the
+    engine rendered. A new dict; the client's stays as it came."""
+    if "reasoning_content" not in message or message.get("role") != "assistant":
+        return message
+    renamed = {k: v for k, v in message.items() if k != "reasoning_content"}
+    if renamed.get("reasoning") is None:
+        renamed["reasoning"] = message["reasoning_content"]
+    return renamed
+
+
 def normalize(body: Any, context: RequestContext | None = None) -> ClientRequest:
     if not isinstance(body, dict):
         raise ValidationError("request body must be a JSON object")
     _check_types(body)
     # No copies: nothing downstream mutates the client's objects (the proxy builds new dicts around them).
     engine_body = {name: body[name] for name in FORWARDED if name in body and body[name] is not None}
+    engine_body["messages"] = [_current_reasoning_name(message) for message in body["messages"]]
     for name in ("max_tokens", "max_completion_tokens"):
         if name in engine_body:
             engine_body[name] = min(engine_body[name], MAX_OUTPUT_TOKENS)

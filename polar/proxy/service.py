@@ -40,7 +40,7 @@ from polar.errors import (
 from polar.json_body import parse_json
 from polar.lifecycle.states import State
 from polar.observability.metrics import MAX_CALLS, MAX_CONCURRENT_CALLS, PAUSED, ProxyMetrics
-from polar.protocols import ClientRequest, Detected, EngineAnswer, RequestContext
+from polar.protocols import ClientRequest, Detected, EngineAnswer, RequestContext, continued_answer
 from polar.proxy import sglang, tito
 from polar.proxy.capture import CallRecord, mark_undelivered, record_call, session_state_for_key
 from polar.proxy.engines import EnginePool, EngineReply
@@ -359,7 +359,7 @@ class ProxyService:
         if reply.status_code != 200:
             error = protocol.render_error(reply.status_code, reply.error_message)
             return ProxyAnswer(reply.status_code, error, headers=timing)
-        answer = EngineAnswer(reply.body)
+        answer = continued_answer(request.engine_body, EngineAnswer(reply.body))
         self.metrics.tokens(protocol.PROVIDER, len(answer.prompt_token_ids), len(answer.completion_token_ids))
         if request.stream:
             media_type = request.options.get("stream_media_type", "text/event-stream")

@@ -27,6 +27,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     skip_special_tokens: bool = True
+    # vLLM's per-request arguments for logits processors (``vllm_xargs``): the route policy reads ``polar_route``.
+    extra_args: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

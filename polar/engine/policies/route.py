@@ -1,15 +1,16 @@
-"""The route policy: one engine, several scripted "models", chosen by what the conversation says.
+"""The route policy: one engine, several scripted "models", chosen per request.
 
     policy_config = {"routes": [
-        {"match": "weather in Paris", "policy": "scripted", "config": {"turns": [...]}},
-        {"match": "Answer in one short line", "policy": null},   # the model samples (real vLLM only)
-        {"match": "", "policy": "tool_user"},                     # "" matches everything: the fallback
+        {"name": "weather", "policy": "scripted", "config": {"turns": [...]}},
+        {"match": "You answer in one short line", "policy": null},  # the model samples (real vLLM only)
+        {"match": "", "policy": "tool_user"},                        # "" matches everything: the fallback
     ]}
 
-A route's ``match`` is a regular expression searched in the text of the conversation's system and user messages;
-the first route that matches answers. A route whose policy is ``null`` leaves the turn to the model
-(``ModelSamples``). A model's answer depends on its prompt; this makes a scripted one do the same, so one real
-vLLM server can serve test suites (or demos) that each need their own script.
+A request names its route with vLLM's per-request arguments for logits processors, ``"vllm_xargs": {"polar_route":
+"weather"}`` (a Polar proxy adds them with ``POLAR_SAMPLING_OVERRIDES``); otherwise the first route whose ``match``
+(a regular expression) is found in the text of the conversation's system and user messages answers. A route whose
+policy is ``null`` leaves the turn to the model (``ModelSamples``). So one real vLLM server serves several test
+suites or demos, each with the script it needs.
 """
 
 from __future__ import annotations
@@ -24,9 +25,13 @@ from polar.engine.policies.base import AssistantTurn, ModelSamples, Policy, Poli
 Loader = Callable[[str, Mapping[str, Any]], Policy]
 
 
+ROUTE_ARG = "polar_route"
+
+
 @dataclass(frozen=True)
 class _Route:
-    pattern: re.Pattern[str]
+    name: str | None
+    pattern: re.Pattern[str] | None
     policy: Policy | None
 
 
@@ -40,29 +45,38 @@ class RoutePolicy:
         self._routes = tuple(_route(raw, index, load) for index, raw in enumerate(raw_routes))
 
     def respond(self, request: PolicyRequest) -> AssistantTurn:
-        """The turn of the first matching route's policy; ``ModelSamples`` for a model route or no match."""
+        """The turn of the named route's policy, else the first matching one's; ``ModelSamples`` for a model
+        route, an unknown name or no match."""
+        route = self._choose(request)
+        if route is None or route.policy is None:
+            raise ModelSamples("this request's route leaves the turn to the model")
+        return route.policy.respond(request)
+
+    def _choose(self, request: PolicyRequest) -> _Route | None:
+        name = request.sampling.extra_args.get(ROUTE_ARG)
+        if name is not None:
+            return next((route for route in self._routes if route.name == name), None)
         text = "\n".join(m.content for m in request.messages if m.role in ("system", "developer", "user"))
-        for route in self._routes:
-            if route.pattern.search(text):
-                if route.policy is None:
-                    raise ModelSamples("this conversation's route leaves the turn to the model")
-                return route.policy.respond(request)
-        raise ModelSamples("no route matches this conversation")
+        return next((r for r in self._routes if r.pattern is not None and r.pattern.search(text)), None)
 
 
 def _route(raw: Any, index: int, load: Loader) -> _Route:
-    if not isinstance(raw, Mapping) or not isinstance(raw.get("match", ""), str):
-        raise ValueError(f"route policy: routes[{index}] must be an object with a 'match' string")
+    where = f"route policy: routes[{index}]"
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where} must be an object with a 'name' or a 'match', and a 'policy'")
+    name, match = raw.get("name"), raw.get("match")
+    if (name is None and match is None) or not all(isinstance(v, str | None) for v in (name, match)):
+        raise ValueError(f"{where} needs a 'name' or a 'match' string")
     try:
-        pattern = re.compile(raw.get("match", ""))
+        pattern = None if match is None else re.compile(match)
     except re.error as exc:
-        raise ValueError(f"route policy: routes[{index}].match: {exc}") from exc
-    name = raw.get("policy")
-    if name is None:
-        return _Route(pattern, None)
-    if not isinstance(name, str) or name == "route":
-        raise ValueError(f"route policy: routes[{index}].policy must be a policy name (not 'route') or null")
+        raise ValueError(f"{where}.match: {exc}") from exc
+    policy = raw.get("policy")
+    if policy is None:
+        return _Route(name, pattern, None)
+    if not isinstance(policy, str) or policy == "route":
+        raise ValueError(f"{where}.policy must be a policy name (not 'route') or null")
     config = raw.get("config") or {}
     if not isinstance(config, Mapping):
-        raise ValueError(f"route policy: routes[{index}].config must be an object")
-    return _Route(pattern, load(name, config))
+        raise ValueError(f"{where}.config must be an object")
+    return _Route(name, pattern, load(policy, config))

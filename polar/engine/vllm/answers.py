@@ -46,11 +46,13 @@ class PolicyAnswers:
     def end_of_turn(self) -> int:
         return self._tokenizer.eos_token_id
 
-    def target(self, prompt_ids: Sequence[int], seed: int | None = None) -> tuple[int, ...] | None:
+    def target(
+        self, prompt_ids: Sequence[int], seed: int | None = None, extra_args: Mapping[str, Any] | None = None
+    ) -> tuple[int, ...] | None:
         """The token ids the policy's answer to this prompt is made of (the chat template's end of turn last),
-        or None when the policy leaves the turn to the model."""
-        request = CompletionRequest(model=None, prompt=tuple(prompt_ids), sampling=SamplingParams(seed=seed),
-                                    output=OutputOptions())  # fmt: skip
+        or None when the policy leaves the turn to the model. ``extra_args`` are the request's ``vllm_xargs``."""
+        sampling = SamplingParams(seed=seed, extra_args=dict(extra_args or {}))
+        request = CompletionRequest(model=None, prompt=tuple(prompt_ids), sampling=sampling, output=OutputOptions())
         try:
             return tuple(self._generator.answer_ids(self._generator.completion_input(request)))
         except ModelSamples:
@@ -58,16 +60,19 @@ class PolicyAnswers:
 
 
 class SampleLog:
-    """One JSON line per finished sequence, ``{"prompt_token_ids", "token_ids", "time"}``: what vLLM fed the model
-    and what it sampled, written from inside vLLM, to check what a proxy captured against."""
+    """One JSON line per finished sequence, ``{"prompt_token_ids", "token_ids", "extra_args", "time"}``: what vLLM
+    fed the model and what it sampled, written from inside vLLM, to check what a proxy captured against."""
 
     def __init__(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._handle: TextIO = Path(path).open("a", encoding="utf-8")  # noqa: SIM115 (open for the engine's life)
         self._lock = threading.Lock()
 
-    def record(self, prompt_ids: Sequence[int], sampled_ids: Sequence[int]) -> None:
-        line = json.dumps({"prompt_token_ids": list(prompt_ids), "token_ids": list(sampled_ids), "time": time.time()})
+    def record(
+        self, prompt_ids: Sequence[int], sampled_ids: Sequence[int], extra_args: Mapping[str, Any] | None = None
+    ) -> None:
+        line = json.dumps({"prompt_token_ids": list(prompt_ids), "token_ids": list(sampled_ids),
+                           "extra_args": dict(extra_args or {}), "time": time.time()})  # fmt: skip
         with self._lock:  # one write per line: a reader never sees half of one
             self._handle.write(line + "\n")
             self._handle.flush()

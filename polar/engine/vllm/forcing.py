@@ -12,19 +12,24 @@ chat template, the Hermes tool-call and Qwen3 reasoning parsers, detokenisation,
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from polar.engine.vllm.answers import LOG_ENV, POLICY_ENV, PolicyAnswers, SampleLog
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class _Sequence:
     prompt_ids: list[int]
     output_ids: list[int]  # vLLM's own list: it grows as tokens are sampled
+    extra_args: dict[str, Any]
     target: tuple[int, ...] | None = None
     logged: bool = False
 
@@ -56,8 +61,9 @@ class PolicyForcing(LogitsProcessor):
         for index, params, prompt_ids, output_ids in batch_update.added:
             self._finish(self._rows.pop(index, None))  # an added row may replace one in place
             prompt = list(prompt_ids or [])
-            target = self._answers.target(prompt, getattr(params, "seed", None)) if self._answers else None
-            self._rows[index] = _Sequence(prompt, output_ids, target)
+            target = self._target(prompt, params)
+            extra_args = dict(getattr(params, "extra_args", None) or {})
+            self._rows[index] = _Sequence(prompt, output_ids, extra_args, target)
         for first, second, kind in batch_update.moved:
             moved, other = self._rows.pop(first, None), self._rows.pop(second, None)
             if moved is not None:
@@ -81,6 +87,15 @@ class PolicyForcing(LogitsProcessor):
                 self._record(row, [*_resolved(row.output_ids, row.target), token])
         return logits
 
+    def _target(self, prompt: list[int], params: object) -> tuple[int, ...] | None:
+        if self._answers is None:
+            return None
+        try:
+            return self._answers.target(prompt, getattr(params, "seed", None), getattr(params, "extra_args", None))
+        except Exception:  # a broken policy must not take vLLM's engine down: this sequence samples freely
+            logger.exception("the policy failed on a prompt of %d tokens; the model samples it", len(prompt))
+            return None
+
     def _finish(self, row: _Sequence | None) -> None:
         """A sequence left the batch (ended, cut by a stop rule or max_tokens, or aborted)."""
         if row is not None and row.output_ids:
@@ -89,7 +104,7 @@ class PolicyForcing(LogitsProcessor):
     def _record(self, row: _Sequence, sampled: list[int]) -> None:
         if self._log is not None and not row.logged:
             row.logged = True
-            self._log.record(row.prompt_ids, sampled)
+            self._log.record(row.prompt_ids, sampled, row.extra_args)
 
 
 def _resolved(output_ids: list[int], target: tuple[int, ...]) -> list[int]:

@@ -7,17 +7,24 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support import LiveProxy, live_proxy
+from tests.real_vllm import SCRIPTED
+from tests.support import LiveProxy, live_proxy, real_vllm_proxy
 
 
-@pytest.fixture(scope="module", params=["vllm", "sglang"])
+@pytest.fixture(scope="module", params=["vllm", "sglang", "real-vllm"])
 def proxy(
     request: pytest.FixtureRequest, module_database_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveProxy]:
-    """The reference engine speaking vLLM's protocol, then SGLang's native one, scripted by the test module's
-    ``TURNS`` (a list of turns, or a whole policy config): the same tests pass on both."""
+    """The reference engine speaking vLLM's protocol, then SGLang's native one, then real vLLM (the run's shared
+    server, on this module's route), scripted by the test module's ``TURNS`` (a list of turns, or a whole policy
+    config): the same tests pass on all three."""
+    tmp = tmp_path_factory.mktemp(f"{request.module.__name__.rpartition('.')[2]}-{request.param}")
+    if request.param == "real-vllm":
+        (route,) = [name for name, (module, _) in SCRIPTED.items() if module == request.module.__name__]
+        with real_vllm_proxy(module_database_url, tmp, request.getfixturevalue("real_vllm"), route) as live:
+            yield live
+        return
     turns = request.module.TURNS
     config = turns if isinstance(turns, dict) else {"turns": turns}
-    tmp = tmp_path_factory.mktemp(f"{request.module.__name__.rpartition('.')[2]}-{request.param}")
     with live_proxy(module_database_url, tmp, policy_config=json.dumps(config), engine_api=request.param) as live:
         yield live

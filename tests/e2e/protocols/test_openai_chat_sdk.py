@@ -34,12 +34,11 @@ def assert_token_exact(proxy: LiveProxy, session_id: object) -> int:
     entries = proxy.engine_entries()
     calls = proxy.calls(session_id)  # type: ignore[arg-type]
     for call in calls:
-        logged = entries[call["response"]["id"].removeprefix("chatcmpl-") if proxy.engine_api == "sglang" else
-                         call["response"]["id"]]  # fmt: skip
+        logged = proxy.logged(entries, call)
         assert call["completion_token_ids"] == logged["token_ids"]
         assert call["prompt_token_ids"] == logged["prompt_token_ids"]
         assert proxy.prompt_ids(call["normalized_request"]) == call["prompt_token_ids"]
-        assert call["engine_kind"] == proxy.engine_api
+        assert call["engine_kind"] == proxy.engine_kind
     return len(calls)
 
 
