@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import sqlalchemy as sa
 
 from polar.client import PolarClient
@@ -169,10 +170,12 @@ def running_stack(
     supervise: bool = False,
     cwd: Path | None = None,
     engine_args: Sequence[str] = (),
+    engine_url: str | None = None,
 ) -> Iterator[RunningStack]:
     """The whole pipeline on Postgres and Redis; with ``nodes``, one set of stage workers per node name, each with
     its own work root (``tmp/<node>/sessions``) and run slots. With ``cwd`` every process starts there, as a
-    user's would, with the state and work directories left to their defaults."""
+    user's would, with the state and work directories left to their defaults. With ``engine_url`` the stack
+    uses that engine (the run's real vLLM) instead of starting the reference engine."""
     ports = {"engine": free_port(), "api": free_port(), "proxy": free_port()}
     engine_log = tmp / "engine-requests.jsonl"
     stack_env = {
@@ -190,6 +193,9 @@ def running_stack(
     node_specs = [NodeSpec(name, tmp / name / "sessions") for name in nodes]
     args = ["--policy-config", policy_config, "--log", str(engine_log), *engine_args]
     specs = pipeline_specs(ports, policy, args, run_concurrency, nodes=node_specs)
+    if engine_url is not None:
+        specs = [spec for spec in specs if spec.name != "engine"]
+        stack_env["POLAR_ENGINE_URLS"] = engine_url
     with _live(Stack(specs, stack_env, tmp / "logs", cwd=cwd)) as stack:
         if supervise:  # restart what exits, as a service manager would (a worker may, on a broker restart)
             stack.supervise()
@@ -203,6 +209,13 @@ def running_stack(
         finally:
             client.close()
             db.dispose()
+
+
+def engine_tokenize(engine_url: str, normalized_request: dict[str, Any]) -> list[int]:
+    """A vLLM-protocol engine's own ``/tokenize`` of a captured call's chat request (what its prompt must be)."""
+    keys = ("model", "messages", "tools", "add_generation_prompt", "continue_final_message", "chat_template_kwargs")
+    body = {k: normalized_request[k] for k in keys if k in normalized_request}
+    return list(httpx.post(f"{engine_url}/tokenize", json=body, timeout=HANG_GUARD_S).json()["tokens"])
 
 
 def session_dirs(work_root: str | Path, session_id: object) -> list[Path]:
@@ -256,8 +269,6 @@ class LiveProxy:
     def prompt_ids(self, normalized_request: dict[str, Any]) -> list[int]:
         """What the prompt of a captured call must be, from the engine side: the engine's own ``/tokenize`` of the
         chat form (vLLM), or the model's template in the tokenizer directory (SGLang: Polar renders)."""
-        import httpx
-
         if self.engine_api == "sglang":
             from polar.proxy.renderers import ChatRenderer
 

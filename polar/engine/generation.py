@@ -12,7 +12,7 @@ import codecs
 import itertools
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from polar.engine.chat_template import EMPTY_THINK, ChatTemplate, render_assistant_body
@@ -181,13 +181,17 @@ class Generator:
             delay_s=max(0.0, turn.delay_s),
         )
 
-    def answer_ids(self, job: GenerationInput) -> list[int]:
+    def answer_ids(self, job: GenerationInput, always_think: bool = False) -> list[int]:
         """The policy's whole turn for ``job`` as the token ids a model must sample, end of turn included, before
         any stopping rule (what real vLLM is held to: ``polar.engine.vllm``). ``ModelSamples`` when the policy
-        leaves the turn to the model."""
-        return self._answer(job, self._rngs(job.sampling.seed)[0])[0]
+        leaves the turn to the model. ``always_think``: a turn without reasoning still opens with an empty think
+        block while thinking is on, as Qwen3 writes it (vLLM's ``qwen3`` parser reads everything before
+        ``</think>`` as reasoning, so a bare answer would reach the client as reasoning)."""
+        return self._answer(job, self._rngs(job.sampling.seed)[0], always_think)[0]
 
-    def _answer(self, job: GenerationInput, rng: random.Random) -> tuple[list[int], AssistantTurn]:
+    def _answer(
+        self, job: GenerationInput, rng: random.Random, always_think: bool = False
+    ) -> tuple[list[int], AssistantTurn]:
         if self._policy is None:
             raise TypeError("this generator has no policy: its backend overrides generate()")
         thinking = not job.open_prefix.startswith(EMPTY_THINK)
@@ -201,6 +205,8 @@ class Generator:
             model=self._settings.model,
         )
         turn = self._policy.respond(request)
+        if always_think and thinking and turn.reasoning is None and not job.open_prefix:
+            turn = replace(turn, reasoning="")
         completion = self._completion_text(turn, job, thinking)
         return self._sample_ids(job.prompt_text, completion + IM_END), turn
 

@@ -54,7 +54,7 @@ class PolicyAnswers:
         sampling = SamplingParams(seed=seed, extra_args=dict(extra_args or {}))
         request = CompletionRequest(model=None, prompt=tuple(prompt_ids), sampling=sampling, output=OutputOptions())
         try:
-            return tuple(self._generator.answer_ids(self._generator.completion_input(request)))
+            return tuple(self._generator.answer_ids(self._generator.completion_input(request), always_think=True))
         except ModelSamples:
             return None
 
