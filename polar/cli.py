@@ -114,11 +114,12 @@ def engine(**options: Any) -> None:
 def _serve_vllm(options: dict[str, Any], policy_config: dict[str, Any]) -> None:
     """``polar engine --backend vllm``: exec real vLLM's server (or, with --install, install it and exit)."""
     from polar.engine import vllm
+    from polar.engine.vllm.install import install
     from polar.errors import PolarError
 
     try:
         if options["install"]:
-            python = vllm.install()
+            python = install()
             click.echo(f"vLLM {vllm.VLLM_VERSION}: {python}")
             click.echo(f"tiny model: {vllm.ensure_tiny_model(python, seed=options['seed'])}")
             return

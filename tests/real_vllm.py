@@ -43,6 +43,7 @@ SCRIPTED = {
     "anthropic-sdk": ("tests.e2e.protocols.test_anthropic_sdk", "TURNS"),
     "gemini-sdk": ("tests.e2e.protocols.test_gemini_sdk", "TURNS"),
     "tito": ("tests.e2e.test_tito", "TURNS"),
+    "slow": ("tests.e2e.test_engine_pause", "LONG_TURNS"),
 }
 GRPO_SYSTEM = "You answer in one short line."  # examples/grpo_cpu's agent: the model answers for itself
 
@@ -62,9 +63,9 @@ def routes() -> list[dict[str, Any]]:
     ]
 
 
-def route_env(route: str) -> dict[str, str]:
-    """What a proxy (or stack) needs to send its calls down ``route``."""
-    return {"POLAR_SAMPLING_OVERRIDES": json.dumps({"vllm_xargs": {"polar_route": route}})}
+def route_env(route: str, **overrides: Any) -> dict[str, str]:
+    """What a proxy (or stack) needs to send its calls down ``route`` (with more engine-body ``overrides``)."""
+    return {"POLAR_SAMPLING_OVERRIDES": json.dumps({"vllm_xargs": {"polar_route": route}, **overrides})}
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,10 @@ class SharedVllm:
     log: Path
     pid: int
 
-    def samples(self, route: str | None = None) -> list[dict[str, Any]]:
-        """What vLLM fed the model and sampled (written from inside vLLM), optionally for one route only."""
-        records = read_sample_log(self.sample_log)
+    def samples(self, route: str | None = None, event: str = "end") -> list[dict[str, Any]]:
+        """What vLLM fed the model and sampled (written from inside vLLM; ``event="start"``: the sequences it took
+        into its batch), optionally for one route only."""
+        records = read_sample_log(self.sample_log, event)
         if route is None:
             return records
         return [r for r in records if (r.get("extra_args") or {}).get("polar_route") == route]

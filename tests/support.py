@@ -339,10 +339,15 @@ class LiveProxy:
 
 @contextmanager
 def real_vllm_proxy(database_url: str, tmp: Path, shared: SharedVllm, route: str,
-                    env: Mapping[str, str] | None = None) -> Iterator[LiveProxy]:  # fmt: skip
-    """The proxy alone, in front of the run's real vLLM server, sending its calls down ``route``."""
+                    overrides: Mapping[str, Any] | None = None) -> Iterator[LiveProxy]:  # fmt: skip
+    """The proxy alone, in front of the run's real vLLM server, sending its calls down ``route`` (with more
+    engine-body ``overrides``, as an operator's POLAR_SAMPLING_OVERRIDES)."""
     proxy_port = free_port()
-    stack_env = {"POLAR_DATABASE_URL": database_url, "POLAR_ENGINE_URLS": shared.url, **route_env(route), **(env or {})}
+    stack_env = {
+        "POLAR_DATABASE_URL": database_url,
+        "POLAR_ENGINE_URLS": shared.url,
+        **route_env(route, **(overrides or {})),
+    }
     stack = Stack([gunicorn_spec("proxy", "web.proxy:create_app()", proxy_port)], stack_env, tmp / "logs")
     with _live(stack):
         services = domain_services(database_url, tmp)

@@ -31,7 +31,10 @@ from polar.storage.prompts import full_prompts
 
 SENTINEL = "\u2063POLAR-TITO-SENTINEL\u2063"
 DEFAULT_MAX_TOKENS = 8192
-_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty")
+# What a chat request carries that also means something to /v1/completions (vLLM's per-request arguments for
+# logits processors, ``vllm_xargs``, included: an operator's POLAR_SAMPLING_OVERRIDES may set them).
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
+             "repetition_penalty", "min_tokens", "vllm_xargs")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,15 @@
-"""A weight update in the middle of a batch of calls on two reference engines: ``POST /v1/engine/pause`` holds new
-calls at the proxy and freezes the ones in flight inside the engines (``keep``), the policy version changes,
-``resume`` lets everything continue. No call is lost or fails; the calls that were frozen across the update are
-marked (policy v1 → v2), exactly those the engines themselves logged as started under v1 and finished under v2;
-every other call carries one version."""
+"""A weight update in the middle of a batch of calls, on two reference engines and on real vLLM:
+``POST /v1/engine/pause`` holds new calls at the proxy and freezes the ones in flight inside the engines
+(``keep``: vLLM's own ``/pause?mode=keep``), the policy version changes, ``resume`` lets everything continue. No
+call is lost or fails; the calls that were frozen across the update are marked (policy v1 → v2), exactly those the
+engines themselves logged as running before the pause and finishing after the resume; every other call carries
+one version."""
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,10 +20,15 @@ import openai
 import pytest
 
 from polar.launcher import Stack, engine_spec, free_port, gunicorn_spec, pipeline_env
+from tests.real_vllm import SharedVllm, route_env
 from tests.support import HANG_GUARD_S, LiveProxy, domain_services, wait_until
 
 SAY = {"turns": [{"content": " ".join(["word"] * 40)}]}  # ~40 tokens: ~2 s at 20 tokens/s
 CALLS = 12
+# Real vLLM decodes the tiny model at hundreds of tokens a second here: 1,500 tokens keep a call in flight for
+# seconds (its route on the shared server, tests/real_vllm.py).
+LONG_TURNS = {"turns": [{"content": " ".join(["word"] * 1500)}]}
+REAL_CALLS = 6
 
 
 @pytest.fixture
@@ -103,8 +110,85 @@ def test_calls_held_across_a_weight_update_are_marked(fleet: Any) -> None:
     assert len(held) == CALLS // 2  # the calls held at the proxy started after the update: v2 only
 
 
-def _calls(proxy: LiveProxy, sessions: list[tuple[Any, str]]) -> list[dict[str, Any]] | None:
+def _calls(proxy: LiveProxy, sessions: list[tuple[Any, str]], count: int = CALLS) -> list[dict[str, Any]] | None:
     from polar.inspection.calls import call_page
 
     calls = [item for session_id, _ in sessions for item in call_page(proxy.services, session_id, 0, 10)["items"]]
-    return calls if len(calls) == CALLS else None
+    return calls if len(calls) == count else None
+
+
+@pytest.fixture
+def real_fleet(
+    real_vllm: SharedVllm, database_url: str, broker_url: str, tmp_path: Path
+) -> Iterator[tuple[LiveProxy, httpx.Client]]:
+    """The API and the proxy in front of the run's real vLLM server (route ``slow``)."""
+    ports = {"api": free_port(), "proxy": free_port(), "engine": 0}
+    env = {**pipeline_env(database_url, broker_url, ports, tmp_path / "state", 2), **route_env("slow")}
+    env["POLAR_ENGINE_URLS"] = real_vllm.url
+    specs = [
+        gunicorn_spec("api", "web.api:create_app()", ports["api"], workers=1, threads=8),
+        gunicorn_spec("proxy", "web.proxy:create_app()", ports["proxy"]),
+    ]
+    with Stack(specs, env, tmp_path / "logs"):
+        services = domain_services(database_url, tmp_path)
+        api = httpx.Client(base_url=env["POLAR_API_URL"], headers={"Authorization": f"Bearer {env['POLAR_API_TOKEN']}"},
+                           timeout=HANG_GUARD_S)  # fmt: skip
+        try:
+            yield LiveProxy(env["POLAR_PROXY_URL"], services, real_vllm.url, real_vllm.sample_log, "real-vllm",
+                            real=real_vllm, route="slow"), api  # fmt: skip
+        finally:
+            api.close()
+            services.db.dispose()
+
+
+def test_calls_held_across_a_weight_update_on_real_vllm_are_marked(real_fleet: Any, real_vllm: SharedVllm) -> None:
+    proxy, api = real_fleet
+    assert api.post("/v1/engine/resume", json={"policy_version": "v1"}).json()["policy_version"] == "v1"
+    time.sleep(0.6)  # every proxy has read v1
+    sessions = proxy.batch(*[{} for _ in range(REAL_CALLS)])
+    tag = uuid.uuid4().hex[:8]  # prompts no other test sends: the engine's records of these calls are told apart
+
+    def call(index: int) -> str:
+        key = sessions[index][1]
+        client = openai.OpenAI(base_url=f"{proxy.base(key)}/v1", api_key=key, max_retries=0, timeout=HANG_GUARD_S)
+        return client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": f"talk {tag} {index}"}]
+        ).id
+
+    def running_here() -> int:  # sequences of this test that vLLM took into its batch
+        return sum(tag in json.dumps(r) for r in _decoded(real_vllm.samples("slow", event="start")))
+
+    with ThreadPoolExecutor(max_workers=REAL_CALLS) as pool:
+        first = [pool.submit(call, i) for i in range(REAL_CALLS // 2)]
+        wait_until(lambda: running_here() == REAL_CALLS // 2, timeout_s=180, message="the first half decoding")
+        paused = api.post("/v1/engine/pause", json={"mode": "wait", "engine_mode": "keep"}).json()
+        assert paused["paused"] and [e["ok"] for e in paused["engines"]] == [True], paused
+        paused_at = time.time()
+        later = [pool.submit(call, i) for i in range(REAL_CALLS // 2, REAL_CALLS)]  # held at the proxy
+        time.sleep(1.0)
+        assert not any(f.done() for f in first + later)  # nothing finishes while the engine is paused
+        resumed_at = time.time()
+        resumed = api.post("/v1/engine/resume", json={"policy_version": "v2"}).json()
+        assert resumed["policy_version"] == "v2" and all(e["ok"] for e in resumed["engines"]), resumed
+        ids = [f.result(timeout=HANG_GUARD_S) for f in first + later]  # none lost, none failed
+    assert len(set(ids)) == REAL_CALLS
+
+    calls = wait_until(lambda: _calls(proxy, sessions, REAL_CALLS), message="every call recorded")
+    assert all(c["status_code"] == 200 and c["engine_kind"] == "vllm" for c in calls)
+    spanning = [c for c in calls if c["spans_policy_update"]]
+    assert len(spanning) == REAL_CALLS // 2
+    assert all((c["policy_version"], c["policy_version_end"]) == ("v1", "v2") for c in spanning)
+    whole = [call for session_id, _ in sessions for call in proxy.calls(session_id)]
+    for c in whole:  # Polar's marks are vLLM's own account: in its batch before the pause, sampled after the resume
+        ran = real_vllm.sampled_for(c["prompt_token_ids"], "slow")
+        assert c["completion_token_ids"] == ran["token_ids"]
+        assert (ran["started"] < paused_at and ran["time"] > resumed_at) == c["spans_policy_update"]
+    assert sum(c["policy_version"] == "v2" for c in calls) == REAL_CALLS // 2  # held at the proxy: v2 only
+
+
+def _decoded(records: list[dict[str, Any]]) -> list[str]:
+    """Each record's prompt as text (its tag is in the user turn)."""
+    from polar.engine.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer()
+    return [tokenizer.decode(r["prompt_token_ids"]) for r in records]

@@ -1,6 +1,8 @@
 """Token-in-token-out through the proxy, with a template that strips earlier reasoning (as Qwen3's does): a
 tool-using session over two user questions breaks plain prefix merging when the second question arrives; TITO
-keeps one trajectory; the breaks are visible in SQL."""
+keeps one trajectory; the breaks are visible in SQL. On the reference engine (``--strip-earlier-reasoning``) and
+on real vLLM (the tiny model's template with its ``strip_earlier_reasoning`` switch on, set by the operator's
+overrides), whose ``/v1/completions`` then takes the token prompts."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import sqlalchemy as sa
 from polar.lifecycle.states import Outcome, State
 from polar.stages.handoff import send_to_postrun
 from polar.stages.postrun import postrun_session
-from tests.support import LiveProxy, live_proxy
+from tests.support import LiveProxy, live_proxy, real_vllm_proxy
 
 CITIES = ("Paris", "Rome")
 TURNS = {
@@ -36,13 +38,18 @@ CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": CITY}}]
 
 
-@pytest.fixture(scope="module")
-def proxy(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveProxy]:
+@pytest.fixture(scope="module", params=["reference", "real-vllm"])
+def proxy(
+    request: pytest.FixtureRequest, module_database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveProxy]:
+    tmp = tmp_path_factory.mktemp(f"tito-{request.param}")
+    if request.param == "real-vllm":
+        strip = {"chat_template_kwargs": {"strip_earlier_reasoning": True}}
+        with real_vllm_proxy(module_database_url, tmp, request.getfixturevalue("real_vllm"), "tito", strip) as live:
+            yield live
+        return
     with live_proxy(
-        module_database_url,
-        tmp_path_factory.mktemp("tito"),
-        policy_config=json.dumps(TURNS),
-        engine_args=("--strip-earlier-reasoning",),
+        module_database_url, tmp, policy_config=json.dumps(TURNS), engine_args=("--strip-earlier-reasoning",)
     ) as live:
         yield live
 
@@ -106,7 +113,7 @@ def test_with_tito_one_trajectory_and_exact_tokens(proxy: LiveProxy) -> None:
         assert call["prompt_token_ids"][: len(chain)] == chain  # sampled ids never re-tokenised
         assert call["normalized_request"]["prompt"] == call["prompt_token_ids"]  # what the engine got
     for call in calls:
-        logged = entries[call["response"]["id"]]
+        logged = proxy.logged(entries, call)
         assert call["completion_token_ids"] == logged["token_ids"]
         assert call["prompt_token_ids"] == logged["prompt_token_ids"]
 

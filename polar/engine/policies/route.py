@@ -71,12 +71,14 @@ def _route(raw: Any, index: int, load: Loader) -> _Route:
         pattern = None if match is None else re.compile(match)
     except re.error as exc:
         raise ValueError(f"{where}.match: {exc}") from exc
-    policy = raw.get("policy")
+    if "policy" not in raw:  # a misspelt key must not quietly leave the turn to the model
+        raise ValueError(f"{where} needs a 'policy': a policy name, or null for the model")
+    policy = raw["policy"]
     if policy is None:
         return _Route(name, pattern, None)
     if not isinstance(policy, str) or policy == "route":
         raise ValueError(f"{where}.policy must be a policy name (not 'route') or null")
-    config = raw.get("config") or {}
+    config = raw.get("config", {})
     if not isinstance(config, Mapping):
         raise ValueError(f"{where}.config must be an object")
     return _Route(name, pattern, load(policy, config))

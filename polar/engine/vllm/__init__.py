@@ -14,7 +14,7 @@ How the parts fit:
 """
 
 from polar.engine.vllm.answers import PolicyAnswers, SampleLog, read_sample_log
-from polar.engine.vllm.install import VLLM_VERSION, cache_dir, install, require_vllm_python, vllm_python
+from polar.engine.vllm.install import VLLM_VERSION, cache_dir, require_vllm_python, vllm_python
 from polar.engine.vllm.launch import VllmServer, serve, server_command, server_env
 from polar.engine.vllm.model import MAX_MODEL_LEN, ensure_tiny_model, tiny_model_dir
 
@@ -26,7 +26,6 @@ __all__ = [
     "VllmServer",
     "cache_dir",
     "ensure_tiny_model",
-    "install",
     "read_sample_log",
     "require_vllm_python",
     "serve",

@@ -60,26 +60,45 @@ class PolicyAnswers:
 
 
 class SampleLog:
-    """One JSON line per finished sequence, ``{"prompt_token_ids", "token_ids", "extra_args", "time"}``: what vLLM
-    fed the model and what it sampled, written from inside vLLM, to check what a proxy captured against."""
+    """What vLLM fed the model, what it sampled and when, written from inside vLLM to check what a proxy captured
+    against. One JSON line per event: ``{"event": "start", "prompt_token_ids", "extra_args", "time"}`` when the
+    engine takes a sequence into its batch, ``{"event": "end", "prompt_token_ids", "token_ids", "extra_args",
+    "started", "time"}`` when it has sampled its last token (the engine's own account of when it ran, across a
+    pause for instance)."""
 
     def __init__(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._handle: TextIO = Path(path).open("a", encoding="utf-8")  # noqa: SIM115 (open for the engine's life)
         self._lock = threading.Lock()
 
+    def start(self, prompt_ids: Sequence[int], extra_args: Mapping[str, Any] | None = None) -> float:
+        """A sequence entered the batch; the time it did."""
+        now = time.time()
+        self._write({"event": "start", "prompt_token_ids": list(prompt_ids), "extra_args": dict(extra_args or {}),
+                     "time": now})  # fmt: skip
+        return now
+
     def record(
-        self, prompt_ids: Sequence[int], sampled_ids: Sequence[int], extra_args: Mapping[str, Any] | None = None
+        self,
+        prompt_ids: Sequence[int],
+        sampled_ids: Sequence[int],
+        extra_args: Mapping[str, Any] | None = None,
+        started: float | None = None,
     ) -> None:
-        line = json.dumps({"prompt_token_ids": list(prompt_ids), "token_ids": list(sampled_ids),
-                           "extra_args": dict(extra_args or {}), "time": time.time()})  # fmt: skip
+        """A sequence was sampled whole (``started``: when it entered the batch)."""
+        self._write({"event": "end", "prompt_token_ids": list(prompt_ids), "token_ids": list(sampled_ids),
+                     "extra_args": dict(extra_args or {}), "started": started, "time": time.time()})  # fmt: skip
+
+    def _write(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record)
         with self._lock:  # one write per line: a reader never sees half of one
             self._handle.write(line + "\n")
             self._handle.flush()
 
 
-def read_sample_log(path: str | Path) -> list[dict[str, Any]]:
-    """Every record of a :class:`SampleLog`, oldest first."""
+def read_sample_log(path: str | Path, event: str = "end") -> list[dict[str, Any]]:
+    """The records of one kind (``end``: sampled sequences; ``start``) of a :class:`SampleLog`, oldest first."""
     if not Path(path).exists():
         return []
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    records = (json.loads(line) for line in Path(path).read_text().splitlines() if line.strip())
+    return [record for record in records if record.get("event", "end") == event]

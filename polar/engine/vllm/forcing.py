@@ -32,6 +32,7 @@ class _Sequence:
     extra_args: dict[str, Any]
     target: tuple[int, ...] | None = None
     logged: bool = False
+    started: float | None = None
 
 
 class PolicyForcing(LogitsProcessor):
@@ -63,7 +64,8 @@ class PolicyForcing(LogitsProcessor):
             prompt = list(prompt_ids or [])
             target = self._target(prompt, params)
             extra_args = dict(getattr(params, "extra_args", None) or {})
-            self._rows[index] = _Sequence(prompt, output_ids, extra_args, target)
+            started = self._log.start(prompt, extra_args) if self._log is not None else None
+            self._rows[index] = _Sequence(prompt, output_ids, extra_args, target, started=started)
         for first, second, kind in batch_update.moved:
             moved, other = self._rows.pop(first, None), self._rows.pop(second, None)
             if moved is not None:
@@ -104,7 +106,7 @@ class PolicyForcing(LogitsProcessor):
     def _record(self, row: _Sequence, sampled: list[int]) -> None:
         if self._log is not None and not row.logged:
             row.logged = True
-            self._log.record(row.prompt_ids, sampled, row.extra_args)
+            self._log.record(row.prompt_ids, sampled, row.extra_args, row.started)
 
 
 def _resolved(output_ids: list[int], target: tuple[int, ...]) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -137,3 +138,26 @@ def test_detection_by_path_header_and_body() -> None:
     by_body = detect("POST", "/custom/path", {}, {}, {"messages": [], "model": "m"})
     assert by_body is not None and by_body.protocol is openai_chat
     assert detect("POST", "/custom/path", {}, {}, None) is None
+
+
+def test_normalize_sends_an_assistants_reasoning_content_as_reasoning() -> None:
+    messages = [
+        {"role": "user", "content": "hi", "reasoning_content": "not an assistant's"},
+        {"role": "assistant", "content": "a", "reasoning_content": "old name"},
+        {"role": "assistant", "content": "b", "reasoning": "kept", "reasoning_content": "dropped"},
+        {"role": "assistant", "content": "c", "reasoning": None, "reasoning_content": "fills a null"},
+        {"role": "assistant", "content": "d", "reasoning": "untouched"},
+        {"role": "tool", "content": "e", "tool_call_id": "1", "reasoning_content": "not an assistant's"},
+    ]
+    body = request(messages=messages)
+    before = copy.deepcopy(body)
+    sent = openai_chat.normalize(body).engine_body["messages"]
+    assert sent == [
+        messages[0],
+        {"role": "assistant", "content": "a", "reasoning": "old name"},
+        {"role": "assistant", "content": "b", "reasoning": "kept"},
+        {"role": "assistant", "content": "c", "reasoning": "fills a null"},
+        messages[4],
+        messages[5],
+    ]
+    assert body == before  # the client's body stays as it came
