@@ -7,6 +7,9 @@ and not there fails the schemathesis run, and the type check catches the reverse
 
 from __future__ import annotations
 
+import base64
+import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
@@ -115,6 +118,9 @@ class CallJSON(TypedDict):
     prompt_parent_id: UUIDString | None
     prompt_prefix_len: int
     delivered: bool  # False: captured, but the answer never reached the harness (left out of trajectories)
+    # vLLM's per-token expert routing (base64 .npy, shape (prompt + completion - 1, layers, experts per token));
+    # None but for mixture-of-experts models served with --enable-return-routed-experts.
+    routed_experts: str | None
 
 
 @with_config(_CLOSED)
@@ -135,6 +141,9 @@ class TrajectoryJSON(TypedDict):
     call_ids: list[str]
     reward: float | None
     stats: dict[str, Any]
+    # Per call of ``call_ids``, its expert routing (``CallJSON.routed_experts``); None when no call has any. The
+    # last call of a prefix-merged trajectory routes every token of the trajectory but the last.
+    routed_experts: list[str | None] | None
 
 
 @with_config(_CLOSED)
@@ -263,10 +272,13 @@ def call_json(call: Any, whole: WholeCall) -> CallJSON:
         "prompt_parent_id": str(call.prompt_parent_id) if call.prompt_parent_id else None,
         "prompt_prefix_len": call.prompt_prefix_len,
         "delivered": call.delivered,
+        "routed_experts": _base64(call.routed_experts),
     }
 
 
-def trajectory_json(trajectory: Trajectory) -> TrajectoryJSON:
+def trajectory_json(trajectory: Trajectory, routed: Mapping[uuid.UUID, bytes] | None = None) -> TrajectoryJSON:
+    """``routed``: the expert routing of the calls that have any (``routed_experts_of``)."""
+    per_call = [(routed or {}).get(uuid.UUID(str(call_id))) for call_id in trajectory.call_ids] if routed else []
     return {
         "trajectory_id": str(trajectory.id),
         "session_id": str(trajectory.session_id),
@@ -278,7 +290,12 @@ def trajectory_json(trajectory: Trajectory) -> TrajectoryJSON:
         "call_ids": [str(c) for c in trajectory.call_ids],
         "reward": trajectory.reward,
         "stats": trajectory.stats,
+        "routed_experts": [_base64(b) for b in per_call] if any(per_call) else None,
     }
+
+
+def _base64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode("ascii")
 
 
 def events_json(session_id: object, line: Timeline) -> SessionEventsJSON:

@@ -22,7 +22,7 @@ from polar.serialization import (
     trajectory_json,
 )
 from polar.services import Services
-from polar.storage.captured import rebuild, rows_by_session, session_rows
+from polar.storage.captured import rebuild, routed_experts_of, rows_by_session, session_rows
 from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
 
 # What a call's JSON reads besides the rebuilt prompt and payloads (polar.storage.captured.STORED).
@@ -30,7 +30,7 @@ _CALL_COLUMNS = (
     ModelCall.session_id, ModelCall.agent, ModelCall.provider, ModelCall.model, ModelCall.stream, ModelCall.logprobs,
     ModelCall.finish_reason, ModelCall.status_code, ModelCall.latency_ms, ModelCall.engine_latency_ms,
     ModelCall.policy_version, ModelCall.created_at, ModelCall.delivered, ModelCall.policy_version_end,
-    ModelCall.spans_policy_update, ModelCall.engine_kind,
+    ModelCall.spans_policy_update, ModelCall.engine_kind, ModelCall.routed_experts,
 )  # fmt: skip
 
 
@@ -153,5 +153,6 @@ def session_trajectories(services: Services, session_id: uuid.UUID) -> list[Traj
         _require_session(db, session_id)
         rows = db.scalars(
             sa.select(Trajectory).where(Trajectory.session_id == session_id).order_by(Trajectory.position)
-        )
-        return [trajectory_json(row) for row in rows]
+        ).all()
+        routed = routed_experts_of(db, {call_id for row in rows for call_id in row.call_ids})
+        return [trajectory_json(row, routed) for row in rows]

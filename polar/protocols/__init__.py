@@ -12,7 +12,14 @@ from types import ModuleType
 from typing import Any
 
 from polar.protocols import anthropic, gemini, openai_chat, openai_responses
-from polar.protocols._base import ClientRequest, EngineAnswer, Operation, RequestContext, continued_answer
+from polar.protocols._base import (
+    ClientRequest,
+    EngineAnswer,
+    Operation,
+    RequestContext,
+    continued_answer,
+    without_routed_experts,
+)
 
 PROTOCOLS: dict[str, ModuleType] = {
     module.PROVIDER: module for module in (openai_chat, anthropic, openai_responses, gemini)
@@ -28,6 +35,7 @@ __all__ = [
     "continued_answer",
     "detect",
     "protocol_for_errors",
+    "without_routed_experts",
 ]
 
 # Headers only one provider's clients send, used to settle paths several protocols share.

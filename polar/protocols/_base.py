@@ -17,6 +17,8 @@ Everything here is pure: dicts in, dicts or bytes out. Invalid requests raise ``
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 from collections.abc import Mapping
@@ -116,6 +118,18 @@ class EngineAnswer:
         return self.choice.get("stop_reason")  # type: ignore[no-any-return]
 
     @property
+    def routed_experts(self) -> bytes | None:
+        """vLLM's per-token expert routing (``routed_experts``: base64 of ``.npy`` bytes, shape (prompt + completion
+        tokens - 1, layers, experts per token)) as bytes; None when the engine reported none or sent no base64."""
+        encoded = self.choice.get("routed_experts")
+        if not isinstance(encoded, str) or encoded.startswith(ROUTED_EXPERTS_MOVED):
+            return None
+        try:
+            return base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            return None
+
+    @property
     def usage(self) -> dict[str, int]:
         usage = self.body.get("usage") or {}
         prompt = int(usage.get("prompt_tokens", len(self.prompt_token_ids)))
@@ -123,6 +137,23 @@ class EngineAnswer:
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                 "cached_tokens": cached}  # fmt: skip
+
+
+ROUTED_EXPERTS_MOVED = "stored in model_calls.routed_experts"
+
+
+def without_routed_experts(body: dict[str, Any]) -> dict[str, Any]:
+    """The answer to store: a choice's ``routed_experts`` (base64 that can run to megabytes a call) is kept once, as
+    bytes, in ``model_calls.routed_experts``; the stored answer says so in its place. New dicts; ``body`` stays."""
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not any(isinstance(c, dict) and c.get("routed_experts") for c in choices):
+        return body
+    moved = [
+        {**c, "routed_experts": f"{ROUTED_EXPERTS_MOVED} ({len(c['routed_experts'])} base64 characters)"}
+        if isinstance(c, dict) and isinstance(c.get("routed_experts"), str) else c
+        for c in choices
+    ]  # fmt: skip
+    return {**body, "choices": moved}
 
 
 def continued_answer(engine_body: Mapping[str, Any], answer: EngineAnswer) -> EngineAnswer:

@@ -43,7 +43,7 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_OUTPUT_TOKENS = 32768
 TOOL_CHOICES = frozenset({"none", "auto", "required"})
 CAPTURE_FIELDS = ("prompt_token_ids", "prompt_logprobs", "kv_transfer_params")
-CHOICE_CAPTURE_FIELDS = ("token_ids", "stop_reason")
+CHOICE_CAPTURE_FIELDS = ("token_ids", "stop_reason", "routed_experts")
 
 
 def _check_content(content: Any, field: str) -> None:

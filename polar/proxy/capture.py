@@ -159,6 +159,7 @@ class CallRecord:
     normalized_request: dict[str, Any]
     response: dict[str, Any]
     engine_kind: str | None = None  # vllm | sglang (polar.proxy.engines)
+    routed_experts: bytes | None = None  # vLLM's per-token expert routing (.npy bytes), mixture-of-experts only
 
 
 def record_call(db: Database, record: CallRecord, call_id: uuid.UUID | None = None) -> uuid.UUID:

@@ -40,7 +40,14 @@ from polar.errors import (
 from polar.json_body import parse_json
 from polar.lifecycle.states import State
 from polar.observability.metrics import MAX_CALLS, MAX_CONCURRENT_CALLS, PAUSED, ProxyMetrics
-from polar.protocols import ClientRequest, Detected, EngineAnswer, RequestContext, continued_answer
+from polar.protocols import (
+    ClientRequest,
+    Detected,
+    EngineAnswer,
+    RequestContext,
+    continued_answer,
+    without_routed_experts,
+)
 from polar.proxy import sglang, tito
 from polar.proxy.capture import CallRecord, mark_undelivered, record_call, session_state_for_key
 from polar.proxy.engines import EnginePool, EngineReply
@@ -403,8 +410,9 @@ class ProxyService:
             policy_version=call.policy_version,
             request=call.body,
             normalized_request=engine_body,
-            response=reply.body,
+            response=without_routed_experts(reply.body),
             engine_kind=reply.kind if reply.url is not None else None,
+            routed_experts=answer.routed_experts if answer else None,
         )
         # The same call id on every try: a commit whose acknowledgement was lost is not stored twice.
         call_id = uuid.uuid4()

@@ -105,3 +105,17 @@ def chat_form(normalized_request: Any) -> Any:
     if not isinstance(normalized_request, dict):
         return normalized_request
     return next((normalized_request[key] for key in CHAT_FORMS if normalized_request.get(key)), normalized_request)
+
+
+def routed_experts_of(db: Any, call_ids: Collection[uuid.UUID | str]) -> dict[uuid.UUID, bytes]:
+    """The expert routing stored for those of ``call_ids`` that have any (one primary-key lookup per id; dense
+    models store none, so this is usually empty)."""
+    ids = [call_id if isinstance(call_id, uuid.UUID) else uuid.UUID(call_id) for call_id in call_ids]
+    if not ids:
+        return {}
+    rows = db.execute(
+        sa.select(ModelCall.id, ModelCall.routed_experts).where(
+            ModelCall.id.in_(ids), ModelCall.routed_experts.is_not(None)
+        )
+    ).all()
+    return {row.id: bytes(row.routed_experts) for row in rows}

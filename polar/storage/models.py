@@ -194,6 +194,8 @@ class ModelCall(Base):
     prompt_prefix_len: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=0, server_default="0")
     prompt_len: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=_full_prompt_len)
     chain_hash: Mapped[str | None] = mapped_column(sa.Text())
+    # vLLM's per-token expert routing of the call (.npy bytes; mixture-of-experts models only): migration 0014.
+    routed_experts: Mapped[bytes | None] = mapped_column(sa.LargeBinary())
     # Set: request, normalized_request and response are deltas on this call's (polar.storage.payloads), which
     # payload_index (hashes of this call's own payloads) lets a later call diff against without reading them.
     payload_parent_id: Mapped[uuid.UUID | None] = mapped_column(sa.ForeignKey("model_calls.id"))

@@ -28,6 +28,7 @@ from polar.lifecycle.groups import group_id
 from polar.lifecycle.states import TERMINAL
 from polar.serialization import trajectory_json
 from polar.services import Services
+from polar.storage.captured import routed_experts_of
 from polar.storage.locks import FEED, exclusive
 from polar.storage.models import Session, Task, Trajectory
 from polar.training.wait_slots import WaitSlots
@@ -141,6 +142,7 @@ def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit:
             sa.select(Trajectory).where(Trajectory.session_id.in_(ids)).order_by(Trajectory.position)
         ):
             trajectories.setdefault(trajectory.session_id, []).append(trajectory)
+        routed = routed_experts_of(db, {c for found in trajectories.values() for t in found for c in t.call_ids})
         items = []
         for session_id, position in rows:
             session = sessions[session_id]
@@ -157,7 +159,7 @@ def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit:
                 "state": session.state,
                 "feed_position": position,
             }
-            items += [{**trajectory_json(t), **context} for t in trajectories.get(session_id, [])]
+            items += [{**trajectory_json(t, routed), **context} for t in trajectories.get(session_id, [])]
     return FeedPage(items, max(row[1] for row in rows))
 
 

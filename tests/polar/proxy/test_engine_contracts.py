@@ -27,6 +27,7 @@ from polar.protocols import RequestContext, anthropic, gemini, openai_chat, open
 from polar.protocols._base import EngineAnswer
 from polar.proxy import sglang, tito
 from polar.proxy.service import _capture_fields
+from tests.real_vllm import SharedVllm
 
 CONTRACTS = Path(__file__).resolve().parents[2] / "contracts"
 TOOLS = [
@@ -253,13 +254,25 @@ def _post(url: str, body: dict[str, Any], params: dict[str, str] | None = None) 
 
 
 def test_the_reference_engine_answers_as_vllm(engines: dict[str, str]) -> None:
-    url = engines["vllm"]
-    chat = {**_capture_fields({"messages": [{"role": "user", "content": "q"}], "tools": TOOLS}), "model": None}
-    chat.pop("model")
+    _answers_as_vllm(engines["vllm"])
+
+
+def test_real_vllm_answers_as_its_contracts_say(real_vllm: SharedVllm) -> None:
+    """The schemas were recorded from vLLM's source; the run's real vLLM server (0.32, CPU build) answers by them."""
+    _answers_as_vllm(real_vllm.url, {"vllm_xargs": {"polar_route": "openai-chat-sdk"}})
+
+
+def _answers_as_vllm(url: str, extra: dict[str, Any] | None = None) -> None:
+    """Every answer Polar parses from a vLLM-protocol engine, checked against the vLLM schemas (the bodies sent
+    are checked against the request schemas first)."""
+    chat = {**_capture_fields({"messages": [{"role": "user", "content": "q"}], "tools": TOOLS}), **(extra or {})}
+    check("vllm", "chat_completion_request", chat)
     answer = _post(f"{url}/v1/chat/completions", chat).json()
     check("vllm", "chat_completion_response", answer)
     prompt = answer["prompt_token_ids"]
-    completion = _post(f"{url}/v1/completions", tito.completion_body({}, prompt)).json()
+    completion_request = tito.completion_body(extra or {}, prompt)
+    check("vllm", "completion_request", completion_request)
+    completion = _post(f"{url}/v1/completions", completion_request).json()
     check("vllm", "completion_response", completion)
     check("vllm", "tokenize_response", _post(f"{url}/tokenize", {"prompt": "hi"}).json())
     check("vllm", "detokenize_response", _post(f"{url}/detokenize", {"tokens": prompt[:3]}).json())
