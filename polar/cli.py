@@ -376,16 +376,35 @@ def export_batch(
     click.echo(f"written to {path}")
 
 
+_engine_option = click.option(
+    "--engine",
+    type=click.Choice(["reference", "vllm"]),
+    default="reference",
+    show_default=True,
+    help="reference: Polar's reference engine; vllm: real vLLM (polar engine --backend vllm, held to the same "
+    "policy; install it first with `polar engine --backend vllm --install`).",
+)
+
+
+def _backend(engine: str) -> Literal["policy", "vllm"]:
+    return "vllm" if engine == "vllm" else "policy"
+
+
+def _engine_name(engine: str) -> str:
+    return "real vLLM" if engine == "vllm" else "the reference engine"
+
+
 @main.command()
 @click.option("--dir", "state_dir", default=".polar", show_default=True, type=click.Path(path_type=Path))
 @click.option("--run-concurrency", default=4, show_default=True, type=int)
-def up(state_dir: Path, run_concurrency: int) -> None:
+@_engine_option
+def up(state_dir: Path, run_concurrency: int, engine: str) -> None:
     """Run everything on embedded defaults and stay up (Ctrl-C stops)."""
     from polar.embedded import embedded_stack
     from polar.launcher import metrics_urls
 
     given = load_config().api_token
-    deployment, stack = embedded_stack(state_dir, run_concurrency, api_token=given)
+    deployment, stack = embedded_stack(state_dir, run_concurrency, api_token=given, engine_backend=_backend(engine))
     stack.start()
     stack.supervise()  # a process that exits (a worker on a broker hiccup) is restarted, as a service manager would
     lines = [
@@ -417,14 +436,15 @@ def up(state_dir: Path, run_concurrency: int) -> None:
 @click.option("--samples", default=4, show_default=True, type=click.IntRange(min=1))
 @click.option("--out", default="demo-trajectories.jsonl", show_default=True, type=click.Path(path_type=Path))
 @click.option("--run-concurrency", default=4, show_default=True, type=int)
-def demo(state_dir: Path, tasks: int, samples: int, out: Path, run_concurrency: int) -> None:
+@_engine_option
+def demo(state_dir: Path, tasks: int, samples: int, out: Path, run_concurrency: int, engine: str) -> None:
     """Run the arithmetic demo end to end on embedded defaults."""
     from polar.demo import run_demo
     from polar.embedded import embedded_stack
 
     given = load_config().api_token
-    deployment, stack = embedded_stack(state_dir, run_concurrency, api_token=given)
-    click.echo(f"starting engine, API, proxy and four stage workers (logs in {stack.log_dir}) ...")
+    deployment, stack = embedded_stack(state_dir, run_concurrency, api_token=given, engine_backend=_backend(engine))
+    click.echo(f"starting {_engine_name(engine)}, API, proxy and four stage workers (logs in {stack.log_dir}) ...")
     click.echo("\n".join(_token_lines(given, deployment.api_token)))
     started = time.monotonic()
     with stack, contextlib.closing(PolarClient(deployment.api_url, deployment.api_token)) as client:

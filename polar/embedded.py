@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from polar.config import embedded_urls
-from polar.launcher import Stack, new_api_token, pipeline_env, pipeline_specs
+from polar.launcher import EngineBackend, Stack, new_api_token, pipeline_env, pipeline_specs
 from polar.storage.migration import upgrade
 
 DEFAULT_PORTS = {"engine": 8000, "proxy": 8100, "api": 8200}
@@ -73,12 +73,15 @@ def embedded_stack(
     run_concurrency: int = 4,
     accuracy: float = 0.75,
     api_token: str | None = None,
-    policy: tuple[str, dict[str, Any]] | None = None,
+    policy: tuple[str | None, dict[str, Any]] | None = None,
     engine_args: Sequence[str] = (),
+    engine_backend: EngineBackend = "policy",
 ) -> tuple[Embedded, Stack]:
     """Migrate the embedded database and describe the processes; the caller starts and stops the stack. The API
-    takes ``api_token``, or a new random one (``Embedded.api_token``) when it is None. The engine runs ``policy``
-    (name, config) with ``engine_args``; by default the demo's arithmetic policy answering with ``accuracy``."""
+    takes ``api_token``, or a new random one (``Embedded.api_token``) when it is None. The engine (``engine_backend``:
+    the reference engine, its torch backend, or real vLLM) runs ``policy`` (name, config; a name of None lets real
+    vLLM's model sample freely) with ``engine_args``; by default the demo's arithmetic policy answering with
+    ``accuracy``."""
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     ports = {name: _port(port) for name, port in DEFAULT_PORTS.items()}
@@ -87,5 +90,6 @@ def embedded_stack(
     upgrade(env["POLAR_DATABASE_URL"])
     name, config = policy or ("arithmetic", {"accuracy": accuracy, "tool_name": "calculator"})
     args = ["--policy-config", json.dumps(config), *engine_args]
-    specs = pipeline_specs(deployment.ports, name, args, run_concurrency, proxy_workers=1, proxy_threads=32)
+    specs = pipeline_specs(deployment.ports, name, args, run_concurrency, proxy_workers=1, proxy_threads=32,
+                           engine_backend=engine_backend)  # fmt: skip
     return deployment, Stack(specs, env, state_dir / "logs")

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import httpx
 
@@ -45,11 +46,30 @@ class ProcessSpec:
     health_url: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     ready_line: str | None = None  # a line in the process's log that says it is ready (for non-HTTP services)
+    start_s: float = 60.0  # how long it may take to get ready (a hang guard)
 
 
-def engine_spec(port: int, policy: str = "arithmetic", extra: Sequence[str] = (), name: str = "engine") -> ProcessSpec:
-    argv = [PYTHON, "-m", "polar", "engine", "--host", "127.0.0.1", "--port", str(port), "--policy", policy, *extra]
-    return ProcessSpec(name, argv, f"http://127.0.0.1:{port}/health")
+EngineBackend = Literal["policy", "torch", "vllm"]
+# Real vLLM loads, compiles and warms its model first: about a minute on 2 cores with its compile cache, some
+# minutes without it or beside other work.
+VLLM_START_S = 900.0
+
+
+def engine_spec(
+    port: int,
+    policy: str | None = "arithmetic",
+    extra: Sequence[str] = (),
+    name: str = "engine",
+    backend: EngineBackend = "policy",
+) -> ProcessSpec:
+    """``polar engine`` on ``port``: the reference engine (``policy``/``torch`` backends), or real vLLM (``vllm``;
+    ``policy`` None lets the model sample freely). Ready when it answers, echoing its stack's id: ``/health`` for
+    the reference engine, ``/v1/models`` for vLLM (whose ``/health`` bypasses its middleware)."""
+    argv = [PYTHON, "-m", "polar", "engine", "--host", "127.0.0.1", "--port", str(port), "--backend", backend]
+    argv += ["--policy", policy] if policy is not None else []
+    if backend == "vllm":
+        return ProcessSpec(name, [*argv, *extra], f"http://127.0.0.1:{port}/v1/models", start_s=VLLM_START_S)
+    return ProcessSpec(name, [*argv, *extra], f"http://127.0.0.1:{port}/health")
 
 
 def gunicorn_spec(name: str, app: str, port: int, workers: int = 2, threads: int = 16) -> ProcessSpec:
@@ -148,18 +168,19 @@ def pipeline_env(
 
 def pipeline_specs(
     ports: Mapping[str, int],
-    policy: str,
+    policy: str | None,
     engine_args: Sequence[str],
     run_concurrency: int,
     proxy_workers: int = 2,
     proxy_threads: int = 16,
     nodes: Sequence[NodeSpec] = (),
+    engine_backend: EngineBackend = "policy",
 ) -> list[ProcessSpec]:
-    """The whole pipeline: the reference engine with ``policy``, the API and proxy under gunicorn, and the four
-    stage worker pools (one set per node of ``nodes``, or one set on this machine's own node)."""
+    """The whole pipeline: the engine (``engine_spec``) with ``policy``, the API and proxy under gunicorn, and the
+    four stage worker pools (one set per node of ``nodes``, or one set on this machine's own node)."""
     workers = [spec for node in nodes for spec in stage_workers(run_concurrency, node)] if nodes else None
     return [
-        engine_spec(ports["engine"], policy, engine_args),
+        engine_spec(ports["engine"], policy, engine_args, backend=engine_backend),
         gunicorn_spec("api", "web.api:create_app()", ports["api"], workers=1, threads=8),
         gunicorn_spec("proxy", "web.proxy:create_app()", ports["proxy"], workers=proxy_workers, threads=proxy_threads),
         *(workers or stage_workers(run_concurrency)),
@@ -209,11 +230,13 @@ class Stack:
         self.processes[name] = process
         return process
 
-    def start(self, timeout_s: float = 60.0) -> None:
+    def start(self, timeout_s: float | None = None) -> None:
+        """Start every process and wait until each is ready, within ``timeout_s`` (default: the slowest spec's
+        ``start_s``)."""
         try:
             for name in self.specs:
                 self.start_one(name)
-            self.wait_healthy(timeout_s)
+            self.wait_healthy(timeout_s or max(spec.start_s for spec in self.specs.values()))
         except BaseException:
             self.stop()
             raise

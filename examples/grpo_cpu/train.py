@@ -3,6 +3,7 @@ convention (``task.py``) from rewards Polar computes, with the logprobs Polar ca
 
     python -m examples.grpo_cpu.train --out rl-demo            # make rl-demo: embedded stack, ~5 minutes
     python -m examples.grpo_cpu.train --steps 3 --out /tmp/rl  # a shortened loop
+    python -m examples.grpo_cpu.train --engine vllm --out rl-vllm  # real vLLM samples (make rl-demo ENGINE=vllm)
 
 Each step: the batch of the step (``--tasks`` tasks x ``--samples`` samples, one GRPO group per task) was
 submitted ``--ahead`` steps earlier, so the engine samples while the trainer trains; the trainer takes whole
@@ -10,8 +11,9 @@ groups from ``GET /v1/trajectories?groups=true``, drops the groups whose calls r
 policy versions ago (counted), checks each trajectory's captured logprobs against the weights that sampled it
 (the fidelity check) and its loss mask against the call's sampled tokens, computes group-relative advantages,
 takes clipped policy-gradient steps with importance ratios from the captured logprobs, then pauses Polar (calls
-held, engines keep theirs), loads the new weights into the engine (``POST /v1/load_weights``), and resumes
-under the next policy version. Writes ``steps.jsonl`` (one line per step), ``reward.png`` and the weights.
+held, engines keep theirs), loads the new weights into the engine (``polar.training.weight_loading``: the torch
+backend's ``POST /v1/load_weights``, or real vLLM's ``reload_weights`` over ``/collective_rpc``), and resumes under
+the next policy version. Writes ``steps.jsonl`` (one line per step), ``reward.png`` and the weights.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import copy
 import functools
 import json
 import math
+import signal
 import sys
 import time
 from collections import Counter
@@ -30,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 
 from examples.grpo_cpu import task
@@ -41,6 +43,7 @@ from polar.engine.protocol import parse_chat_request
 from polar.engine.settings import EngineSettings
 from polar.engine.tokenizer import load_tokenizer
 from polar.engine.torch_model import batch_logprobs, new_model, save_weights
+from polar.training.weight_loading import load_weights
 
 SYSTEM = "You answer in one short line."  # polar.agents.one_shot's
 
@@ -59,6 +62,7 @@ class Options:
     warm_start_steps: int = 200
     seed: int = 0
     run_concurrency: int = 4
+    engine: str = "torch"  # torch: the reference engine's torch backend; vllm: real vLLM (polar engine --backend vllm)
 
 
 @dataclass
@@ -248,14 +252,13 @@ def train_step(
     }
 
 
-def sync_weights(client: PolarClient, engine_url: str, model: torch.nn.Module, path: Path, version: int) -> None:
+def sync_weights(
+    client: PolarClient, engine_url: str, model: torch.nn.Module, path: Path, version: int, engine: str
+) -> None:
     """Hold new calls, freeze the engines' running ones, load the new weights, resume under ``version``."""
     client.pause(mode="wait")
     try:
-        save_weights(model, path)
-        loaded = httpx.post(f"{engine_url}/v1/load_weights", json={"path": str(path), "version": str(version)},
-                            timeout=120)  # fmt: skip
-        loaded.raise_for_status()
+        load_weights(engine_url, save_weights(model, path), str(version), "vllm" if engine == "vllm" else "torch")
     finally:
         client.resume(policy_version=str(version))
 
@@ -296,7 +299,7 @@ def run(options: Options, client: PolarClient, engine_url: str, model: torch.nn.
             groups = pull_groups(client.iter_groups(batches[step]["batch_id"]), options.tasks)
             figures = train_step(model, optimizer, client, groups, versions, step, options)
             version = step + 1
-            sync_weights(client, engine_url, model, options.out / "weights" / f"step-{version}.safetensors", version)
+            sync_weights(client, engine_url, model, _weights_path(options, version), version, options.engine)
             versions.keep(version, model, options.staleness)
             row = {"step": step, "policy_version": step, "next_policy_version": version, **figures,
                    "seconds": round(time.monotonic() - started, 2)}  # fmt: skip
@@ -309,30 +312,61 @@ def run(options: Options, client: PolarClient, engine_url: str, model: torch.nn.
     return rows
 
 
+def _weights_path(options: Options, version: int) -> Path:
+    """Where version ``version``'s weights go: a file for the torch backend, a model directory's safetensors for
+    vLLM (it reloads the directory)."""
+    if options.engine == "vllm":
+        return options.out / "weights" / f"step-{version}" / "model.safetensors"
+    return options.out / "weights" / f"step-{version}.safetensors"
+
+
 def _shown(value: float | None, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
 @contextlib.contextmanager
-def embedded(options: Options, weights: Path) -> Iterator[tuple[PolarClient, str]]:
-    """An embedded stack whose engine is the torch backend starting from ``weights`` (version 0)."""
+def embedded(options: Options, weights: Path, model: torch.nn.Module) -> Iterator[tuple[PolarClient, str]]:
+    """An embedded stack whose engine serves ``weights`` as version 0: the torch backend, or real vLLM serving a
+    model directory made of those weights and the reference tokenizer and chat template (its model samples freely:
+    no policy)."""
     from polar.embedded import embedded_stack
 
-    engine_args = ["--backend", "torch", "--weights", str(weights), "--seed", str(options.seed),
-                   "--weight-version", "0"]  # fmt: skip
-    deployment, stack = embedded_stack(options.out / "state", options.run_concurrency, engine_args=engine_args)
+    if options.engine == "vllm":
+        engine_args = ["--model", str(_model_directory(options, model)), "--seed", str(options.seed),
+                       "--log", str(options.out / "vllm-samples.jsonl")]  # fmt: skip
+        deployment, stack = embedded_stack(options.out / "state", options.run_concurrency, policy=(None, {}),
+                                           engine_args=engine_args, engine_backend="vllm")  # fmt: skip
+    else:
+        engine_args = ["--weights", str(weights), "--seed", str(options.seed), "--weight-version", "0"]
+        deployment, stack = embedded_stack(options.out / "state", options.run_concurrency, engine_args=engine_args,
+                                           engine_backend="torch")  # fmt: skip
     with stack, contextlib.closing(PolarClient(deployment.api_url, deployment.api_token)) as client:
         yield client, f"http://127.0.0.1:{deployment.ports['engine']}"
+
+
+def _model_directory(options: Options, model: torch.nn.Module) -> Path:
+    """A Hugging Face model directory vLLM loads: the model's config and weights, the reference tokenizer and chat
+    template (``polar.engine.hf_export``)."""
+    from polar.engine.hf_export import export_tokenizer
+
+    directory = options.out / "model"
+    export_tokenizer(directory)
+    model.save_pretrained(directory)
+    return directory
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("rl-demo"))
     for name, default in vars(Options(Path())).items():
-        if name != "out":
+        if name == "engine":
+            parser.add_argument("--engine", choices=("torch", "vllm"), default=default)
+        elif name != "out":
             parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
     options = Options(**vars(parser.parse_args(argv)))
     options.out.mkdir(parents=True, exist_ok=True)
+    # A SIGTERM (a supervisor, a test's timeout) unwinds the stack's context: its engine and workers stop with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     torch.manual_seed(options.seed)
 
     def say(line: str) -> None:
@@ -344,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"warm start: {options.warm_start_steps} supervised steps, loss {loss:.3f}, {time.monotonic() - started:.0f}s")
     weights = save_weights(model, options.out / "weights" / "step-0.safetensors")
     torch.set_num_threads(1)  # from here the engine, the workers and the harnesses share the cores
-    with embedded(options, weights) as (client, engine_url):
+    with embedded(options, weights, model) as (client, engine_url):
         rows = run(options, client, engine_url, model, say)
     plot(rows, options.out / "reward.png")
     first = [r["mean_reward"] for r in rows[:3] if r.get("mean_reward") is not None]

@@ -21,9 +21,10 @@ if TYPE_CHECKING:
     import torch
     from transformers import Qwen2ForCausalLM
 
-# Two cores: a model that decodes a short answer in tens of milliseconds and trains a step in seconds. One head of
-# dimension 64: real vLLM serves the same shape (its CPU attention refuses a head dimension of 16), so a trainer's
-# weights load into either engine (polar.engine.vllm).
+# Two cores: a model that decodes a short answer in tens of milliseconds and trains a step in seconds. Real vLLM
+# serves the same shape, so a trainer's weights load into either engine (polar.engine.vllm): one head of dimension
+# 64 (vLLM's CPU attention refuses 16), and an output layer of its own, not tied to the embeddings (vLLM 0.32's
+# in-place reload puts a tied embedding back to its old values: polar.training.weight_loading).
 ARCHITECTURE: dict[str, Any] = {
     "hidden_size": 64,
     "intermediate_size": 192,
@@ -31,7 +32,7 @@ ARCHITECTURE: dict[str, Any] = {
     "num_attention_heads": 1,
     "num_key_value_heads": 1,
     "max_position_embeddings": 4096,
-    "tie_word_embeddings": True,
+    "tie_word_embeddings": False,
     "rope_theta": 10000.0,
 }
 

@@ -12,12 +12,12 @@ import pytest
 
 from polar.harnesses.install import PACKAGES, install
 from tests.docker_engine import containers_of, require_docker_image
-from tests.e2e.test_harness_clis import CLIS
 from tests.support import running_stack
 
 pytestmark = pytest.mark.long(seconds=52)  # dealt out first, longest first (tests/conftest.py)
 
 REPO = str(Path(__file__).resolve().parents[2])
+CLIS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi")
 BACKENDS = ("bwrap", "docker")
 
 

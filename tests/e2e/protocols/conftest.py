@@ -11,13 +11,14 @@ from tests.real_vllm import SCRIPTED
 from tests.support import LiveProxy, live_proxy, real_vllm_proxy
 
 
-@pytest.fixture(scope="module", params=["vllm", "sglang", "real-vllm"])
+@pytest.fixture(scope="module", params=["real-vllm", "sglang"])
 def proxy(
     request: pytest.FixtureRequest, module_database_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveProxy]:
-    """The reference engine speaking vLLM's protocol, then SGLang's native one, then real vLLM (the run's shared
-    server, on this module's route), scripted by the test module's ``TURNS`` (a list of turns, or a whole policy
-    config): the same tests pass on all three."""
+    """Real vLLM (the run's shared server, on this module's route), then the reference engine speaking SGLang's
+    native protocol (no SGLang runs here), scripted by the test module's ``TURNS`` (a list of turns, or a whole
+    policy config): the same tests pass on both. The reference engine's own vLLM protocol is tested against vLLM's
+    recorded schemas (tests/polar/proxy/test_engine_contracts.py) and in tests/polar/engine."""
     tmp = tmp_path_factory.mktemp(f"{request.module.__name__.rpartition('.')[2]}-{request.param}")
     if request.param == "real-vllm":
         (route,) = [name for name, (module, _) in SCRIPTED.items() if module == request.module.__name__]
