@@ -12,9 +12,10 @@ from contextlib import AbstractContextManager, contextmanager
 import pytest
 import redis
 
+from polar.engine.vllm import vllm_python
 from polar.storage.migration import upgrade
 from polar.storage.scratch import admin, scratch_database, sqlalchemy_url
-from tests.real_vllm import CONTROLLER_ENV, RUN_DIR_ENV, SharedVllm, shared_vllm, stop_shared_vllm
+from tests.real_vllm import CONTROLLER_ENV, RUN_DIR_ENV, SharedVllm, shared_vllm, start_shared_vllm, stop_shared_vllm
 from tests.support import LIVE_STACKS
 
 ADMIN_DSN = os.environ.get("POLAR_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -28,6 +29,17 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput") and RUN_DIR_ENV not in os.environ:
         os.environ[RUN_DIR_ENV] = tempfile.mkdtemp(prefix="polar-test-run-")
         os.environ[CONTROLLER_ENV] = str(os.getpid())
+        if _whole_suite(config) and vllm_python() is not None:
+            start_shared_vllm()  # `make test`: vLLM's start-up overlaps the first modules instead of a test's wait
+
+
+def _whole_suite(config: pytest.Config) -> bool:
+    """A run of the whole suite in test processes (``make test``), not a developer's few files."""
+    return bool(getattr(config.option, "numprocesses", None)) and config.args in (
+        [],
+        ["tests"],
+        config.getini("testpaths"),
+    )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -92,17 +92,23 @@ class SharedVllm:
 
 
 def shared_vllm() -> SharedVllm:
-    """The run's server, started by this process if no other has (see the module docstring)."""
+    """The run's server, started by this process if no other has (see the module docstring), once it is ready."""
+    shared = start_shared_vllm()
+    _wait_ready(shared)
+    return shared
+
+
+def start_shared_vllm() -> SharedVllm:
+    """The run's server, started now if no process has started it; it may still be starting. The controller of a
+    whole-suite run calls this first thing, so the minute vLLM takes to start overlaps the first tests."""
     run_dir = Path(os.environ[RUN_DIR_ENV])
     with (run_dir / "vllm.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         state = run_dir / "vllm.json"
         if not state.exists():
             state.write_text(json.dumps(_start(run_dir)))
-        shared = SharedVllm(**{k: (Path(v) if k in ("sample_log", "log") else v)
-                               for k, v in json.loads(state.read_text()).items()})  # fmt: skip
-    _wait_ready(shared)
-    return shared
+        return SharedVllm(**{k: (Path(v) if k in ("sample_log", "log") else v)
+                             for k, v in json.loads(state.read_text()).items()})  # fmt: skip
 
 
 def _start(run_dir: Path) -> dict[str, Any]:
