@@ -11,9 +11,10 @@ made once per machine, outside the clone, in ``POLAR_NEMO_GYM_CACHE`` or ``~/.ca
     answers = post_rows("http://127.0.0.1:8500", rows)     # NeMo Gym's client posts; its models check each answer
 
 ``post_rows`` runs ``CLIENT`` (below) in that interpreter: every row posted at once, the way rollout collection
-sends a batch, through ``ServerClient.post(server_name=..., url_path="/run")``; each answer comes back with its
-status, its body, and what ``BaseVerifyResponse.model_validate`` (and, for ``failure_kind``, NeMo Gym's own
-vocabulary) made of it.
+sends a batch, through ``ServerClient.post(server_name=..., url_path="/run")``, straight to the agent or through
+NeMo Gym's own ``legacy_agent`` environment server (``environment_servers/legacy_agent/app.py`` of the wheel,
+served in the client's process); each answer comes back with its status, its body, and what
+``BaseVerifyResponse.model_validate`` (and, for ``failure_kind``, NeMo Gym's own vocabulary) made of it.
 """
 
 from __future__ import annotations
@@ -103,25 +104,48 @@ class GymAnswer:
 
 
 CLIENT = r"""
-import asyncio, json, sys
+import asyncio, json, socket, sys
+import uvicorn
 from omegaconf import OmegaConf
 from pydantic import ValidationError
+from environment_servers.legacy_agent.app import LegacyAgentEnvironmentServer, LegacyAgentEnvironmentServerConfig
 from nemo_gym.base_resources_server import BaseVerifyResponse
 from nemo_gym.failure_kinds import is_namespaced, is_registered
 from nemo_gym.server_utils import (BaseServerConfig, GlobalAIOHTTPAsyncClientConfig, ServerClient,
                                    get_response_json, set_global_aiohttp_client)
 
 spec = json.load(sys.stdin)
-name = spec["server_name"]
+name, relay_name = spec["server_name"], spec["server_name"] + "_environment_server"
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 async def main():
     set_global_aiohttp_client(cfg=GlobalAIOHTTPAsyncClientConfig())  # as rollout collection does
-    config = {name: {"responses_api_agents": {name: {"host": spec["host"], "port": spec["port"]}}}}
+    relay_port = free_port()
+    agent_ref = {"type": "responses_api_agents", "name": name}
+    # The agent has no entrypoint (NeMo Gym starts nothing for it); the relay is the environment server that
+    # NeMo Gym 0.7 routes a flat row through, found like any server by its config's host and port.
+    legacy_agent = {"host": "127.0.0.1", "port": relay_port, "entrypoint": "app.py", "agent_server": agent_ref}
+    config = {name: {"responses_api_agents": {name: {"host": spec["host"], "port": spec["port"]}}},
+              relay_name: {"environment_servers": {"legacy_agent": legacy_agent}}}
     client = ServerClient(head_server_config=BaseServerConfig(host=spec["host"], port=spec["port"]),
                           global_config_dict=OmegaConf.create(config))
+    relay = None
+    if spec["relay"]:
+        server = LegacyAgentEnvironmentServer(server_client=client, config=LegacyAgentEnvironmentServerConfig(
+            name=relay_name, host="127.0.0.1", port=relay_port, entrypoint="app.py", agent_server=agent_ref))
+        relay = uvicorn.Server(uvicorn.Config(server.setup_webserver(), host="127.0.0.1", port=relay_port,
+                                              log_level="warning"))
+        serving = asyncio.create_task(relay.serve())
+        while not relay.started:
+            await asyncio.sleep(0.05)
 
     async def one(row):
-        answer = await client.post(server_name=name, url_path=spec["path"], json=row, headers=spec["headers"])
+        target = relay_name if relay else name
+        answer = await client.post(server_name=target, url_path=spec["path"], json=row, headers=spec["headers"])
         body = await get_response_json(answer)
         result = {"status": answer.status, "body": body, "valid": False, "errors": [],
                   "failure_kind_registered": None, "reward_components_total": None}
@@ -139,18 +163,24 @@ async def main():
             result["reward_components_total"] = sum(components.values())
         return result
 
-    print(json.dumps(await asyncio.gather(*(one(row) for row in spec["rows"]))))
+    answers = await asyncio.gather(*(one(row) for row in spec["rows"]))
+    if relay is not None:
+        relay.should_exit = True
+        await serving
+    print(json.dumps(answers))
 
 asyncio.run(main())
 """
 
 
-def post_rows(url: str, rows: list[dict[str, Any]], headers: dict[str, str] | None = None,
-              path: str = "/run") -> list[GymAnswer]:  # fmt: skip
-    """Post ``rows`` to the agent at ``url`` all at once with NeMo Gym's ``ServerClient``; the answers in order."""
+def post_rows(url: str, rows: list[dict[str, Any]], headers: dict[str, str] | None = None, path: str = "/run",
+              relay: bool = False) -> list[GymAnswer]:  # fmt: skip
+    """Post ``rows`` to the agent at ``url`` all at once with NeMo Gym's ``ServerClient``; the answers in order.
+    With ``relay``, through NeMo Gym's own ``legacy_agent`` environment server (run in the client's process,
+    configured as docs/nemo-gym.md says), the way NeMo Gym 0.7 reaches an agent server."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     spec = {"server_name": SERVER_NAME, "host": host, "port": int(port), "path": path, "rows": rows,
-            "headers": headers or {}}  # fmt: skip
+            "headers": headers or {}, "relay": relay}  # fmt: skip
     done = subprocess.run([str(ensure_venv()), "-c", CLIENT], input=json.dumps(spec), capture_output=True,
                           text=True, timeout=_POST_TIMEOUT_S, check=False)  # fmt: skip
     if done.returncode != 0:

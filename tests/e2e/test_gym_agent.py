@@ -132,7 +132,7 @@ def test_a_batch_of_rows_is_answered_token_exactly_and_a_lost_attempt_is_retried
     stack, url, pids = agent
     rows = [gym_row(0, victim=True), *(gym_row(index) for index in range(1, 13))]
     sent: list[list[GymAnswer]] = []
-    poster = threading.Thread(target=lambda: sent.append(post_rows(url, rows)))
+    poster = threading.Thread(target=lambda: sent.append(post_rows(url, rows, relay=True)))
     poster.start()
     # The victim made its call and works on: kill the run worker under it (and under whatever else runs there).
     wait_until(lambda: any(pids.iterdir()), timeout_s=180, message="the victim's harness to start")
