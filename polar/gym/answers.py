@@ -84,8 +84,8 @@ def gym_answer(row: dict[str, Any], settled: Settled, calls: Sequence[CallJSON],
         "polar": {**polar, "calls": len(delivered), "calls_returned": len(kept), "policy_versions": versions},
     }
     if masks:
-        instance = row.get("instance_config") if isinstance(row.get("instance_config"), dict) else {}
-        body["instance_config"] = {**instance, "mask_sample": True}
+        given = row.get("instance_config")
+        body["instance_config"] = {**(given if isinstance(given, dict) else {}), "mask_sample": True}
         body["polar"]["mask_reason"] = body["failure_reason"]
     return Answer(200, body)
 
