@@ -12,7 +12,7 @@ TORCH_CPU ?= 2.13.0+cpu
 # default; ENGINE=vllm serves them with real vLLM (installed into its own virtualenv in the engine cache first).
 ENGINE ?= reference
 
-.PHONY: demo test test-stress install services lint up clean rl-demo vllm-engine
+.PHONY: demo test test-stress install services lint up clean rl-demo vllm-engine nemo-gym-client
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ install: $(STAMP)
 vllm-engine: install
 	$(BIN)/polar engine --backend vllm --install
 
+# NeMo Gym 0.7.0's own client and models, which tests/e2e/test_gym_agent.py posts rows with: a virtualenv of their
+# own under ~/.cache/polar/nemo-gym-0.7.0 (the wheel declares Python >= 3.13, installed here with
+# --ignore-requires-python; tests/nemo_gym_client.py says why that is sound). Minutes the first time, a check after.
+nemo-gym-client: install
+	$(BIN)/python -m tests.nemo_gym_client
+
 demo: install $(if $(filter vllm,$(ENGINE)),vllm-engine)
 	$(BIN)/polar demo --engine $(ENGINE)
 
@@ -47,7 +53,7 @@ up: install
 services:
 	bash scripts/ensure-services.sh
 
-test: $(TRAIN_STAMP) services vllm-engine
+test: $(TRAIN_STAMP) services vllm-engine nemo-gym-client
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 

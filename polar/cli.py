@@ -276,7 +276,9 @@ def _load_batch(file: Path, source: dict[str, Any]) -> dict[str, Any]:
 @click.option("--wait", is_flag=True, help="Wait for the batch to finish, with a progress bar.")
 @click.option("--api", default=None, help="Rollout API URL (default POLAR_API_URL).")
 @click.option("--token", default=None, help="API token (default POLAR_API_TOKEN).")
-@click.option("--idempotency-key", default=None)
+@click.option("--idempotency-key", default=None,
+              help="Send this Idempotency-Key: a second submit with it returns the first's batch (default: a fresh "
+                   "key for this command, which its own retries reuse).")  # fmt: skip
 def submit(
     file: Path, wait: bool, api: str | None, token: str | None, idempotency_key: str | None, **source: Any
 ) -> None:

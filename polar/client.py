@@ -10,6 +10,7 @@ client.download(batch["batch_id"], "rl", "parquet", None, Path("rl.parquet"))
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,12 @@ import httpx
 
 from polar.config import load_config
 from polar.errors import PolarError
+
+# A submission is retried on what NeMo RL also treats as infrastructure (no answer, 5xx, 408, 429), always with
+# its Idempotency-Key, so a retry after a lost answer returns the batch the first try stored.
+SUBMIT_ATTEMPTS = 4
+SUBMIT_BACKOFF_S = 1.0
+_RETRIED_STATUSES = frozenset({408, 429})
 
 
 class APIError(PolarError):
@@ -34,6 +41,10 @@ def _error_message(response: httpx.Response) -> str:
         return str(response.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return response.text[:500]
+
+
+def new_idempotency_key() -> str:
+    return f"polar-{uuid.uuid4()}"
 
 
 class PolarClient:
@@ -60,8 +71,18 @@ class PolarClient:
         return response.json()
 
     def submit(self, batch: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._call("POST", "/v1/batches", json=batch, headers=headers)  # type: ignore[no-any-return]
+        """Submit ``batch``: ``{"batch_id", "num_sessions"}``. Always with an ``Idempotency-Key`` (a fresh one when
+        none is given), so the retries here, and a caller's own with the same key, store the batch once."""
+        headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
+        for attempt in range(1, SUBMIT_ATTEMPTS + 1):
+            try:
+                return self._call("POST", "/v1/batches", json=batch, headers=headers)  # type: ignore[no-any-return]
+            except APIError as exc:
+                infrastructure = exc.status == 0 or exc.status >= 500 or exc.status in _RETRIED_STATUSES
+                if not infrastructure or attempt == SUBMIT_ATTEMPTS:
+                    raise
+                time.sleep(SUBMIT_BACKOFF_S * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     def batch(self, batch_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/batches/{batch_id}")  # type: ignore[no-any-return]

@@ -1,24 +1,32 @@
-"""A settled session as NeMo Gym's answer to ``/run`` (``BaseVerifyResponse``): the row, echoed, plus
-``response`` and ``reward``.
+"""A settled session as NeMo Gym's answer to ``/run`` (``BaseVerifyResponse``, NeMo Gym 0.7.0): the row, echoed,
+plus ``response``, ``reward``, ``reward_components`` (they sum to ``reward``), and the top-level ``mask_sample``,
+``failure_kind`` (a name from NeMo Gym's shared vocabulary, ``nemo_gym/failure_kinds.py``, or Polar's own as
+``polar:<kind>``) and ``failure_reason`` (the occurrence, in words).
 
 NeMo RL trains on the output items that carry ``prompt_token_ids``, ``generation_token_ids`` and
 ``generation_log_probs`` (the last item of each model call; its reasoning, text and tool calls come before it,
 without tokens), and it requires each such item's prompt to start with every token seen before it: the calls must
 form one growing sequence. Polar's calls are what the engine served, so the ids and logprobs are the captured
-ones. Which answer a session gets:
+ones. Which answer a session gets (status codes follow NeMo RL's retry rules: 5xx, 408 and 429 are the
+infrastructure's and retried; any other 4xx is the row's own):
 
-- its sample settled with a task outcome and its calls form one sequence: 200, the evaluator's reward;
-- the calls break into several sequences (a harness that compacted its history or dropped earlier reasoning),
-  or the session has no reward (no evaluator scored it): 200 with the sequence that holds the last call and
-  ``instance_config.mask_sample: true``, which NeMo RL keeps out of the loss; never a silent 0;
+- its sample settled with a task outcome and its calls form one sequence sampled under one policy: 200, the
+  evaluator's reward, ``mask_sample: false``; a harness that timed out or failed was still measured, so its
+  ``failure_kind`` (``agent_timeout``, ``agent_run_error``) is named but the sample is not masked;
+- 200 with ``mask_sample: true`` (also in ``instance_config``, where NeMo RL reads it), never a silent 0, when the
+  reward does not measure the policy: the calls break into several sequences (a harness that compacted its
+  history; the sequence holding the last call is returned, ``polar:split_token_sequences``), a returned call's
+  tokens were sampled across a policy update (``polar:spans_policy_update``, AUDIT F7), no evaluator scored it
+  (``verifier_error``), or the session was cancelled (``cancelled``);
 - no model call at all: 422 (the row ran, but there is no sample; NeMo RL treats it as the row's fault);
-- the sample's last attempt was lost to the infrastructure: 503, which NeMo RL retries (Polar already retried it
-  ``max_attempts`` times).
+- the sample's last attempt was lost to the infrastructure: 503 ``session_lost``, which NeMo RL retries (Polar
+  already retried it ``max_attempts`` times).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -39,6 +47,8 @@ class Settled:
     reward: float | None
     attempt: int
     error: str | None
+    evaluator: str | None = None  # the task's evaluator, which names the one reward component it gives
+    evaluation: dict[str, Any] | None = None  # its stored details; ``reward_components`` there are passed on
 
 
 @dataclass(frozen=True)
@@ -52,31 +62,78 @@ def gym_answer(row: dict[str, Any], settled: Settled, calls: Sequence[CallJSON],
     polar = {"session_id": str(settled.session_id), "state": settled.state, "attempt": settled.attempt}
     if settled.outcome_class == "infrastructure":
         return _error(503, f"the session's last attempt ({settled.attempt}) was lost to the infrastructure: "
-                           f"{settled.error}; send the row again", polar)  # fmt: skip
+                           f"{settled.error}; send the row again", polar, SESSION_LOST)  # fmt: skip
     delivered = [call for call in calls if call["delivered"] and call["status_code"] == 200]
     if not delivered:
+        kind = CANCELLED if settled.state == "cancelled" else AGENT_RUN_ERROR
         return _error(422, f"the session ended {settled.state} without a model call, so there is no sample "
-                           f"({settled.error or 'no error recorded'})", polar)  # fmt: skip
+                           f"({settled.error or 'no error recorded'})", polar, kind)  # fmt: skip
     runs = sequences(delivered)
     kept = runs[-1]
-    reasons = []
-    if len(runs) > 1:
-        reasons.append(f"its {len(delivered)} calls form {len(runs)} token sequences, not one; the last "
-                       f"({len(kept)} calls) is returned")  # fmt: skip
-    if settled.reward is None:
-        reasons.append("no evaluator scored it")
+    masks = _masks(settled, delivered, runs)
+    reward = 0.0 if settled.reward is None or settled.state == "cancelled" else float(settled.reward)
+    versions = sorted({v for call in kept for v in (call.get("policy_version"), call.get("policy_version_end")) if v})
     body = {
         **row,
         "response": response(kept, model, settled.session_id),
-        "reward": float(settled.reward or 0.0),
-        "polar": {**polar, "calls": len(delivered), "calls_returned": len(kept)},
+        "reward": reward,
+        "reward_components": reward_components(settled, reward),
+        "mask_sample": bool(masks),
+        "failure_kind": masks[0][0] if masks else _degraded(settled.state),
+        "failure_reason": "; ".join(reason for _, reason in masks) if masks else settled.error,
+        "polar": {**polar, "calls": len(delivered), "calls_returned": len(kept), "policy_versions": versions},
     }
-    if reasons:
-        instance = row.get("instance_config") if isinstance(row.get("instance_config"), dict) else {}
-        body["instance_config"] = {**instance, "mask_sample": True}
-        body["mask_sample"] = True
-        body["polar"]["mask_reason"] = "; ".join(reasons)
+    if masks:
+        given = row.get("instance_config")
+        body["instance_config"] = {**(given if isinstance(given, dict) else {}), "mask_sample": True}
+        body["polar"]["mask_reason"] = body["failure_reason"]
     return Answer(200, body)
+
+
+# NeMo Gym 0.7.0's shared failure names (nemo_gym/failure_kinds.py) this answer uses, and Polar's own.
+SESSION_LOST = "session_lost"
+CANCELLED = "cancelled"
+AGENT_RUN_ERROR = "agent_run_error"
+AGENT_TIMEOUT = "agent_timeout"
+VERIFIER_ERROR = "verifier_error"
+PERSISTENCE_FAILED = "persistence_failed"
+SPLIT_SEQUENCES = "polar:split_token_sequences"
+SPANS_POLICY_UPDATE = "polar:spans_policy_update"
+
+
+def _masks(settled: Settled, delivered: Sequence[CallJSON], runs: list[list[CallJSON]]) -> list[tuple[str, str]]:
+    """Why the sample's reward does not measure the policy: ``(failure_kind, reason)`` each, most telling first."""
+    masks = []
+    if settled.state == "cancelled":
+        masks.append((CANCELLED, f"the session was cancelled ({settled.error or 'no error recorded'}); a cancelled "
+                                 "attempt is never training signal"))  # fmt: skip
+    spanning = [call for call in runs[-1] if call.get("spans_policy_update")]
+    if spanning:
+        masks.append((SPANS_POLICY_UPDATE, f"{len(spanning)} returned call(s) were sampled across a policy update "
+                                           f"({spanning[0].get('policy_version')} -> "
+                                           f"{spanning[0].get('policy_version_end')})"))  # fmt: skip
+    if len(runs) > 1:
+        masks.append((SPLIT_SEQUENCES, f"its {len(delivered)} calls form {len(runs)} token sequences, not one; "
+                                       f"the last ({len(runs[-1])} calls) is returned"))  # fmt: skip
+    if settled.reward is None and settled.state != "cancelled":
+        masks.append((VERIFIER_ERROR, f"no evaluator scored it ({settled.error or 'no error recorded'})"))
+    return masks
+
+
+def _degraded(state: str) -> str | None:
+    """A scored sample's failure, named but not masked: the harness timed out or failed, and was measured."""
+    return {"timed_out": AGENT_TIMEOUT, "failed": AGENT_RUN_ERROR}.get(state)
+
+
+def reward_components(settled: Settled, reward: float) -> dict[str, float]:
+    """The reward's parts, which sum to ``reward``: the evaluator's own ``reward_components`` when its details give
+    parts that sum to it, else the one part it gave (named for the evaluator)."""
+    given = (settled.evaluation or {}).get("reward_components")
+    if isinstance(given, dict) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in given.values()):
+        parts = {str(name): float(value) for name, value in given.items()}
+        if parts and math.isclose(sum(parts.values()), reward, rel_tol=1e-9, abs_tol=1e-9):
+            return parts
+    return {settled.evaluator or "reward": reward}
 
 
 def sequences(calls: Sequence[CallJSON]) -> list[list[CallJSON]]:
@@ -142,5 +199,7 @@ def call_items(call: CallJSON) -> list[dict[str, Any]]:
     return items
 
 
-def _error(status: int, message: str, polar: dict[str, Any]) -> Answer:
-    return Answer(status, {"error": {"message": message, "type": "polar_session"}, "polar": polar})
+def _error(status: int, message: str, polar: dict[str, Any], kind: str) -> Answer:
+    body = {"error": {"message": message, "type": "polar_session"}, "failure_kind": kind, "failure_reason": message,
+            "polar": polar}  # fmt: skip
+    return Answer(status, body)

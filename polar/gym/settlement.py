@@ -18,7 +18,7 @@ from polar.gym.answers import Settled
 from polar.lifecycle.attempts import is_latest_attempt
 from polar.lifecycle.states import TERMINAL
 from polar.services import Services
-from polar.storage.models import Session
+from polar.storage.models import Session, Task
 
 Sample = tuple[uuid.UUID, int]  # (batch_id, task_position)
 
@@ -30,8 +30,9 @@ def settled_samples(services: Services, samples: Collection[Sample]) -> dict[Sam
     wanted = set(samples)
     query = sa.select(
         Session.batch_id, Session.task_position, Session.id, Session.state, Session.outcome_class, Session.reward,
-        Session.attempt, Session.error,
-    ).where(
+        Session.attempt, Session.error, Session.evaluation,
+        Task.spec["evaluator"]["name"].as_string().label("evaluator"),
+    ).join(Task, Task.id == Session.task_pk).where(
         Session.batch_id.in_({batch_id for batch_id, _ in wanted}), is_latest_attempt(),
         Session.state.in_([str(s) for s in TERMINAL]),
     )  # fmt: skip
@@ -39,7 +40,7 @@ def settled_samples(services: Services, samples: Collection[Sample]) -> dict[Sam
         rows = db.execute(query).all()
     return {
         (row.batch_id, row.task_position): Settled(row.id, row.state, row.outcome_class, row.reward, row.attempt,
-                                                   row.error)
+                                                   row.error, row.evaluator, row.evaluation)
         for row in rows
         if (row.batch_id, row.task_position) in wanted
     }  # fmt: skip

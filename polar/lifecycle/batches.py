@@ -3,12 +3,18 @@
 A submission is validated completely before anything is written, and written in one transaction: a task with
 ``num_samples = n`` becomes n pending sessions (one GRPO group). ``Idempotency-Key`` replays return the batch
 the first request created.
+
+Once the transaction has committed, the batch is stored and the caller is told so, whatever happens next: admission
+(moving pending sessions into ``init`` and sending their messages) is best effort after the commit. A failure
+there (a database blip, a lock timeout) is logged, and the reconciler admits the pending sessions on its next pass;
+answering it as a failed submission would make a caller resubmit a batch that will run anyway (AUDIT F6).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +24,7 @@ from sqlalchemy.exc import IntegrityError
 
 from polar.clock import utcnow
 from polar.config import Config
-from polar.errors import Conflict, NotFound, ValidationError
+from polar.errors import Conflict, NotFound, PolarError, ValidationError
 from polar.evaluators import check_evaluator
 from polar.harnesses import check_harness
 from polar.lifecycle.admission import admit
@@ -35,6 +41,8 @@ from polar.storage.locks import FEED, exclusive
 from polar.storage.models import Batch, Session, SessionEvent, Task
 from polar.task_request import BatchRequest, task_to_json
 from polar.training.callback_targets import check_callback_url
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -91,7 +99,8 @@ def submit_batch(
     idempotency_key: str | None = None,
     caller: Caller | None = None,
 ) -> Submitted:
-    """Store the batch and its pending sessions, then admit what the READY buffer has room for. With ``caller``
+    """Store the batch and its pending sessions, then admit what the READY buffer has room for (best effort: once
+    stored, the batch is reported as stored, see the module docstring). With ``caller``
     (the API's), the batch records its submitter and the audit row is written in the same transaction; a replay of
     an ``Idempotency-Key`` starts nothing and records nothing."""
     request = with_default_runtime(request, services.config.default_runtime)
@@ -136,8 +145,15 @@ def submit_batch(
         if idempotency_key:  # a concurrent request with the same key won the race
             return _existing(services, idempotency_key, digest)
         raise
-    admit(services)
+    _admit_after_commit(services, batch_id)
     return Submitted(batch_id, request.num_sessions, created=True)
+
+
+def _admit_after_commit(services: Services, batch_id: uuid.UUID) -> None:
+    try:
+        admit(services)
+    except (PolarError, sa.exc.SQLAlchemyError) as exc:  # stored is stored: the reconciler admits it
+        log.warning("batch %s is stored; admitting its sessions failed, the reconciler will: %s", batch_id, exc)
 
 
 def _insert_sessions(db: Any, services: Services, batch_id: uuid.UUID, tasks: list[dict[str, Any]], now: Any) -> None:

@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from aiohttp import web
 
 from polar.errors import PolarError, ValidationError
-from polar.gym.answers import Answer, gym_answer
+from polar.gym.answers import PERSISTENCE_FAILED, Answer, gym_answer
 from polar.gym.rows import check_row, row_where
 from polar.services import Services
 from web.gym.submitter import Submitter
@@ -55,8 +55,11 @@ def _json(status: int, body: dict[str, Any]) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 
-def _error(status: int, message: str, kind: str) -> web.Response:
-    return _json(status, {"error": {"message": message, "type": kind}})
+def _error(status: int, message: str, kind: str, failure_kind: str | None = None) -> web.Response:
+    body: dict[str, Any] = {"error": {"message": message, "type": kind}}
+    if failure_kind is not None:  # NeMo Gym's name for it (polar.gym.answers)
+        body |= {"failure_kind": failure_kind, "failure_reason": message}
+    return _json(status, body)
 
 
 async def run(request: web.Request) -> web.Response:
@@ -73,7 +76,7 @@ async def run(request: web.Request) -> web.Response:
         return _error(422, str(exc), "invalid_task")
     except (PolarError, sa.exc.SQLAlchemyError, OSError) as exc:  # Polar could not run it now: NeMo RL retries 5xx
         log.warning("gym agent: %s could not run: %s", row_where(row), exc)
-        return _error(503, f"Polar could not run the row: {exc}", "unavailable")
+        return _error(503, f"Polar could not run the row: {exc}", "unavailable", PERSISTENCE_FAILED)
     return _json(answer.status, answer.body)
 
 
@@ -86,7 +89,7 @@ async def aggregate_metrics(request: web.Request) -> web.Response:
     if not isinstance(answers, list) or not all(isinstance(a, dict) for a in answers):
         return _error(422, "verify_responses: required, a list of /run answers", "invalid_request")
     rewards = [float(a["reward"]) for a in answers if isinstance(a.get("reward"), int | float)]
-    masked = sum(1 for a in answers if (a.get("instance_config") or {}).get("mask_sample"))
+    masked = sum(1 for a in answers if a.get("mask_sample") or (a.get("instance_config") or {}).get("mask_sample"))
     metrics = {"mean/reward": sum(rewards) / len(rewards) if rewards else 0.0, "rows": len(answers), "masked": masked}
     return _json(200, {"group_level_metrics": [], "agent_metrics": metrics, "key_metrics": metrics})
 

@@ -5,24 +5,34 @@ statements and a commit per row (62 ms each, measured on this 2-core machine, ``
 step would spend most of a minute entering Polar. Instead the submitter takes every row queued within
 ``window_s`` of the first (at most ``max_rows``), checks each row's task on its own (a bad row is refused alone,
 with a 422) and submits the rest as one batch; each row learns its sample, ``(batch_id, task_position)``.
+
+Each group is submitted under an ``Idempotency-Key`` of its own, and a database error is retried with that same key
+(``SUBMIT_ATTEMPTS`` in all): a commit whose answer was lost in a blip is found again, not stored twice. Once the
+batch is stored the rows are told so (admission after the commit is best effort, ``polar.lifecycle.batches``), so
+NeMo RL never resends rows whose sessions will run anyway.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import jinja2
+import sqlalchemy as sa
 
 from polar.gym.rows import checked_task, rows_batch
 from polar.gym.settlement import Sample
-from polar.lifecycle.batches import request_hash, submit_batch
+from polar.lifecycle.batches import Submitted, request_hash, submit_batch
 from polar.services import Services
+from polar.task_request import BatchRequest
 
 log = logging.getLogger(__name__)
+SUBMIT_ATTEMPTS = 3
+SUBMIT_BACKOFF_S = 0.5
 Blocking = Callable[..., Awaitable[Any]]
 
 
@@ -73,7 +83,7 @@ class Submitter:
         tasks = [task for _, task in accepted]
         try:
             batch = rows_batch(tasks)
-            submitted = await self.blocking(submit_batch, self.services, batch, request_hash(tasks))
+            submitted = await self._store(batch, request_hash(tasks), f"gym-{uuid.uuid4()}")
         except Exception as exc:  # every row of the group hears it: a 503 (Polar or its database away) or a 500
             log.warning("gym agent: submitting %d rows failed: %s", len(accepted), exc)
             for queued, _ in accepted:
@@ -83,3 +93,16 @@ class Submitter:
         for position, (queued, _) in enumerate(accepted):
             if not queued.sample.done():  # the client may have gone away
                 queued.sample.set_result((submitted.batch_id, position))
+
+    async def _store(self, batch: BatchRequest, digest: str, key: str) -> Submitted:
+        """``submit_batch`` under ``key``, retried on a database error: a try whose commit landed but whose answer
+        was lost is found by its key, so the batch is stored once."""
+        for attempt in range(1, SUBMIT_ATTEMPTS + 1):
+            try:
+                return await self.blocking(submit_batch, self.services, batch, digest, key)  # type: ignore[no-any-return]
+            except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+                if attempt == SUBMIT_ATTEMPTS:
+                    raise
+                log.warning("gym agent: storing a batch failed (try %d), retrying with its key: %s", attempt, exc)
+                await asyncio.sleep(SUBMIT_BACKOFF_S * attempt)
+        raise AssertionError("unreachable")  # the loop returns or raises

@@ -37,7 +37,9 @@ def test_one_sequence_of_calls_is_a_trainable_sample() -> None:
     calls = [call([1, 2], [3, 4], tool=True, reasoning="add"), call([1, 2, 3, 4, 5], [6])]
     answer = gym_answer(ROW, DONE, calls, "m")
     assert answer.status == 200 and not list(VERIFY.iter_errors(answer.body))
-    assert answer.body["reward"] == 1.0 and "mask_sample" not in answer.body
+    assert answer.body["reward"] == 1.0 and answer.body["mask_sample"] is False
+    assert (answer.body["failure_kind"], answer.body["failure_reason"]) == (None, None)
+    assert answer.body["reward_components"] == {"reward": 1.0}
     output = answer.body["response"]["output"]
     assert [item["type"] for item in output] == ["reasoning", "function_call", "message"]
     assert "generation_token_ids" not in output[0]  # only the last item of a call carries its tokens
@@ -53,8 +55,52 @@ def test_calls_that_break_into_sequences_are_masked_never_scored_silently() -> N
     assert answer.status == 200 and not list(VERIFY.iter_errors(answer.body))
     assert answer.body["instance_config"] == {"mask_sample": True} and answer.body["mask_sample"] is True
     assert answer.body["polar"]["calls_returned"] == 2 and "2 token sequences" in answer.body["polar"]["mask_reason"]
+    assert answer.body["failure_kind"] == "polar:split_token_sequences"
+    assert "2 token sequences" in answer.body["failure_reason"]
     unscored = gym_answer(ROW, Settled(DONE.session_id, "completed", "task", None, 1, None), calls[:1], "m")
     assert unscored.body["mask_sample"] is True and "no evaluator" in unscored.body["polar"]["mask_reason"]
+    assert (unscored.body["failure_kind"], unscored.body["reward"]) == ("verifier_error", 0.0)
+
+
+def spanning(call_json: Any, start: str, end: str) -> Any:
+    return {**call_json, "policy_version": start, "policy_version_end": end, "spans_policy_update": start != end}
+
+
+def test_a_call_sampled_across_a_policy_update_masks_the_sample() -> None:  # AUDIT F7
+    calls = [spanning(call([1, 2], [3]), "v1", "v1"), spanning(call([1, 2, 3, 4], [5]), "v1", "v2")]
+    answer = gym_answer(ROW, DONE, calls, "m")
+    assert answer.status == 200 and not list(VERIFY.iter_errors(answer.body))
+    assert answer.body["mask_sample"] is True and answer.body["instance_config"] == {"mask_sample": True}
+    assert answer.body["failure_kind"] == "polar:spans_policy_update"
+    assert "v1 -> v2" in answer.body["failure_reason"] and answer.body["polar"]["policy_versions"] == ["v1", "v2"]
+    one_policy = gym_answer(ROW, DONE, [spanning(c, "v2", "v2") for c in calls], "m")
+    assert one_policy.body["mask_sample"] is False and one_policy.body["polar"]["policy_versions"] == ["v2"]
+
+
+def test_reward_components_sum_to_the_reward() -> None:
+    calls = [call([1, 2], [3])]
+    parts = {"tests": 0.75, "style": 0.25}
+    given = Settled(uuid.uuid4(), "completed", "task", 1.0, 1, None, "composite", {"reward_components": parts})
+    assert gym_answer(ROW, given, calls, "m").body["reward_components"] == parts
+    wrong = Settled(uuid.uuid4(), "completed", "task", 0.5, 1, None, "composite", {"reward_components": parts})
+    assert gym_answer(ROW, wrong, calls, "m").body["reward_components"] == {"composite": 0.5}  # not its sum
+    for settled in (given, wrong, DONE, Settled(uuid.uuid4(), "cancelled", None, None, 1, None, "x")):
+        body = gym_answer(ROW, settled, calls, "m").body
+        assert sum(body["reward_components"].values()) == body["reward"]
+
+
+@pytest.mark.parametrize(
+    ("state", "reward", "kind", "masked"),
+    [("timed_out", 0.0, "agent_timeout", False), ("failed", 0.0, "agent_run_error", False),
+     ("cancelled", None, "cancelled", True)],
+)  # fmt: skip
+def test_how_a_session_ended_is_named_in_nemo_gyms_vocabulary(
+    state: str, reward: float | None, kind: str, masked: bool
+) -> None:
+    settled = Settled(uuid.uuid4(), state, "task" if reward is not None else None, reward, 1, "what happened")
+    body = gym_answer(ROW, settled, [call([1, 2], [3])], "m").body
+    assert (body["failure_kind"], body["mask_sample"], body["reward"]) == (kind, masked, 0.0)
+    assert "what happened" in body["failure_reason"]
 
 
 @pytest.mark.parametrize(
@@ -67,6 +113,7 @@ def test_calls_that_break_into_sequences_are_masked_never_scored_silently() -> N
 def test_no_sample_is_an_error_in_http_terms(settled: Settled, calls: list[Any], status: int) -> None:
     answer = gym_answer(ROW, settled, calls, "m")
     assert answer.status == status and "reward" not in answer.body and answer.body["error"]["message"]
+    assert answer.body["failure_kind"] == {503: "session_lost", 422: "agent_run_error"}[status]
 
 
 def test_rows_become_one_sample_tasks() -> None:
