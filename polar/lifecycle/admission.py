@@ -11,10 +11,12 @@ Later attempts of samples lost to the infrastructure go first: their GRPO groups
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 import sqlalchemy as sa
 
+from polar.errors import PolarError
 from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.nodes import ready_capacity
 from polar.lifecycle.outbox import send_due
@@ -23,6 +25,8 @@ from polar.lifecycle.transitions import transition
 from polar.services import Services
 from polar.storage.locks import ADMISSION, exclusive
 from polar.storage.models import Session, Task
+
+log = logging.getLogger(__name__)
 
 
 def admit(services: Services) -> list[uuid.UUID]:
@@ -49,3 +53,13 @@ def admit(services: Services) -> list[uuid.UUID]:
                 admitted.append(session_id)
     send_due(services, admitted)  # what the broker does not take now stays due: the reconciler sends it
     return admitted
+
+
+def admit_after_commit(services: Services, what: str) -> None:
+    """:func:`admit` after a change that has committed (a batch stored, sessions cancelled): best effort, since
+    the change stands whatever admission does, and a caller told it failed would repeat it. The reconciler admits
+    what this could not."""
+    try:
+        admit(services)
+    except (PolarError, sa.exc.SQLAlchemyError) as exc:
+        log.warning("%s; admitting pending sessions failed, the reconciler will: %s", what, exc)

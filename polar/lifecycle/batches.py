@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -24,10 +23,10 @@ from sqlalchemy.exc import IntegrityError
 
 from polar.clock import utcnow
 from polar.config import Config
-from polar.errors import Conflict, NotFound, PolarError, ValidationError
+from polar.errors import Conflict, NotFound, ValidationError
 from polar.evaluators import check_evaluator
 from polar.harnesses import check_harness
-from polar.lifecycle.admission import admit
+from polar.lifecycle.admission import admit_after_commit
 from polar.lifecycle.attempts import OutcomeClass, is_latest_attempt
 from polar.lifecycle.states import TERMINAL, State
 from polar.reconstruction import RECONSTRUCTIONS
@@ -41,8 +40,6 @@ from polar.storage.locks import FEED, exclusive
 from polar.storage.models import Batch, Session, SessionEvent, Task
 from polar.task_request import BatchRequest, task_to_json
 from polar.training.callback_targets import check_callback_url
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -145,15 +142,8 @@ def submit_batch(
         if idempotency_key:  # a concurrent request with the same key won the race
             return _existing(services, idempotency_key, digest)
         raise
-    _admit_after_commit(services, batch_id)
+    admit_after_commit(services, f"batch {batch_id} is stored")
     return Submitted(batch_id, request.num_sessions, created=True)
-
-
-def _admit_after_commit(services: Services, batch_id: uuid.UUID) -> None:
-    try:
-        admit(services)
-    except (PolarError, sa.exc.SQLAlchemyError) as exc:  # stored is stored: the reconciler admits it
-        log.warning("batch %s is stored; admitting its sessions failed, the reconciler will: %s", batch_id, exc)
 
 
 def _insert_sessions(db: Any, services: Services, batch_id: uuid.UUID, tasks: list[dict[str, Any]], now: Any) -> None:

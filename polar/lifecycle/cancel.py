@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session as DbSession
 
 from polar.clock import utcnow
 from polar.errors import NotFound
-from polar.lifecycle.admission import admit
+from polar.lifecycle.admission import admit_after_commit
 from polar.lifecycle.attempts import OutcomeClass
 from polar.lifecycle.batches import mark_batch_finished
 from polar.lifecycle.states import Outcome, State
@@ -88,5 +88,5 @@ def cancel_batch(services: Services, batch_id: uuid.UUID) -> Cancelled:
     stopping = int(running or 0)
     for session_id, state in prepared:
         stopping += send_to_postrun(services, session_id, State(state), Outcome.CANCELLED, "batch cancelled")
-    admit(services)
+    admit_after_commit(services, f"batch {batch_id} is cancelled")
     return Cancelled(batch_id, cancelled, stopping)

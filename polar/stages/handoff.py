@@ -8,7 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from polar.lifecycle.admission import admit
+from polar.lifecycle.admission import admit_after_commit
 from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.outbox import send_due
 from polar.lifecycle.states import BUFFERED, Outcome, State
@@ -49,5 +49,5 @@ def send_to_postrun(
     if moved:
         send_due(services, [session_id])
         if expected_set & BUFFERED:
-            admit(services)
+            admit_after_commit(services, f"session {session_id} is on its way to postrun")
     return moved

@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from polar.lifecycle.batches import request_hash, submit_batch
+from polar.lifecycle.cancel import cancel_batch
 from polar.lifecycle.reconciler import reconcile
 from polar.storage.locks import ADMISSION
 from polar.storage.models import Batch, Session
@@ -56,3 +57,17 @@ def test_a_stored_batch_is_reported_stored_when_admission_fails_and_the_reconcil
     with services.db.unit() as db:
         sessions = db.execute(sa.select(Session.state, Session.attempt)).all()
     assert sorted(sessions) == [("completed", 1), ("completed", 1)]  # each sample ran once
+
+
+def test_a_cancel_that_committed_is_reported_done_when_admission_fails(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=300")
+    services = domain_services(database_url, tmp_path)
+    submitted = submit_batch(services, parse_batch_request(BODY), request_hash(BODY), None)
+    with admission_held(database_url):
+        cancelled = cancel_batch(services, submitted.batch_id)  # raised lock_not_available before the fix
+    assert cancelled.cancelled + cancelled.stopping == 2
+    deliver_all(services)  # postrun of the sessions that had been admitted
+    with services.db.unit() as db:
+        assert set(db.scalars(sa.select(Session.state))) == {"cancelled"}
