@@ -82,7 +82,8 @@ def test_a_failing_clean_runtime_prepare_fails_the_session_and_removes_both(serv
     submit_tasks(services, _task(runtime={"prepare": [{"run": "echo broken >&2; exit 4"}]}))
     drain(services)
     (session,) = sessions(services)
-    assert session.state == "failed"
+    # The task's own prepare failed: nothing to judge, the task's failure_reward (0.0), not an unscorable retry.
+    assert (session.state, session.outcome, session.reward) == ("failed", "prepare_failed", 0.0)
     assert "evaluator runtime prepare step 0" in (session.error or "") and "broken" in (session.error or "")
     assert _dirs(services, session) == []
 
@@ -91,7 +92,8 @@ def test_an_evaluator_that_raises_deciding_its_runtime_fails_the_session(service
     submit_tasks(services, _task(explode=True))
     drain(services)
     (session,) = sessions(services)
-    assert session.state == "failed" and "cannot decide" in (session.error or "")
+    assert (session.state, session.outcome, session.reward) == ("failed", "prepare_failed", 0.0)
+    assert "cannot decide" in (session.error or "")
     assert session.evaluator_runtime_handle is None
 
 
