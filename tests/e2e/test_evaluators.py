@@ -299,11 +299,24 @@ def test_work_that_breaks_hangs_or_tampers_with_its_verifier_scores_the_failure_
         "delete-reward": ("no reward file", 0.0),
         "reward-link": ("logs/verifier is a symbolic link", 0.0),
     }
-    for task_id, (words, reward) in expected.items():
+    ended = {task_id: (sessions[task_id]["state"], sessions[task_id]["reward"]) for task_id in expected}
+    assert ended == {task_id: ("failed", reward) for task_id, (_, reward) in expected.items()}
+    for task_id, (words, _) in expected.items():
         session = sessions[task_id]
-        assert (session["state"], session["reward"], session["outcome_class"]) == ("failed", reward, "task"), session
+        assert session["outcome_class"] == "task", session
         assert words in session["error"] and words in session["evaluation"]["failed"], (task_id, session["error"])
     assert sessions["hang"]["evaluation"]["verifier"]["timed_out"] is True
+
+
+def test_a_failure_reward_that_is_no_number_is_refused(stack: RunningStack) -> None:
+    counts = "SELECT (SELECT count(*) FROM batches), (SELECT count(*) FROM sessions)"
+    before = stack.sql(counts)
+    body = {"tasks": [command_task("fine", "true"), command_task("bad", "true", failure_reward="-1")]}
+    response = httpx.post(f"{stack.api_url}/v1/batches", json=body, headers=stack.api_headers, timeout=10)
+    assert response.status_code == 400
+    assert response.json()["error"]["field"] == "tasks[1].failure_reward"
+    assert response.json()["error"]["message"] == "tasks[1].failure_reward: Input should be a valid number"
+    assert stack.sql(counts) == before
 
 
 def test_an_evaluator_whose_own_code_fails_is_retried(stack: RunningStack, batch_ids: dict[str, str]) -> None:
