@@ -11,9 +11,12 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 import sqlalchemy as sa
 
+from polar.client import PolarClient
+from polar.config import load_config
 from polar.lifecycle.attempts import OutcomeClass, classify, refine
 from polar.lifecycle.batches import batch_status
 from polar.lifecycle.cancel import cancel_batch
@@ -34,6 +37,7 @@ from tests.support import (
     submit_tasks,
     wait_until,
 )
+from web.api import create_app
 
 TASK, INFRA, CANCELLED = OutcomeClass.TASK, OutcomeClass.INFRASTRUCTURE, OutcomeClass.CANCELLED
 
@@ -420,3 +424,28 @@ def test_a_group_with_a_sample_out_of_attempts_says_so(services: Services) -> No
     page = read_feed(services, batch_id, after=0, limit=10, groups=True)
     assert [item["sample_index"] for item in page.items] == [1]
     assert (page.items[0]["group_scored"], page.items[0]["group_missing"]) == (1, {"out_of_attempts": 1})
+
+
+def test_iter_groups_reads_past_pages_of_groups_that_hold_no_data(
+    database_url: str, broker_url: str, tmp_path: Path
+) -> None:
+    # 101 groups cancelled before they started take the first 101 positions; the one sample that had already run
+    # settles after them. A page of 100 cancelled groups holds no item, and must not end the iteration.
+    services = domain_services(database_url, tmp_path / "work", ready_buffer=1)
+    batch_id = submit_tasks(
+        services, command_task("ran", "true"), *(command_task(f"cut{i}", "true") for i in range(101))
+    )
+    record = _calls_before_postrun(services)
+    deliver_all(services, until=lambda stage, session_id: record(stage, session_id) or stage is Stage.POSTRUN)
+    cancel_batch(services, batch_id)
+    deliver_all(services, until=_calls_before_postrun(services))
+    token = "test-admin-token-" + "0" * 24
+    env = {"POLAR_DATABASE_URL": database_url, "POLAR_BROKER_URL": broker_url, "POLAR_API_TOKEN": token}
+    client = PolarClient("http://api", token)
+    app = create_app(load_config(env, cwd=tmp_path))
+    client._http = httpx.Client(  # the real API over WSGI
+        transport=httpx.WSGITransport(app=app), base_url="http://api", headers={"Authorization": f"Bearer {token}"}
+    )
+    groups = list(client.iter_groups(str(batch_id)))
+    assert [[item["task_id"] for item in group] for group in groups] == [["ran"]]
+    assert (groups[0][0]["group_scored"], groups[0][0]["group_missing"]) == (1, {})
