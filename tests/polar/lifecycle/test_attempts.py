@@ -175,6 +175,15 @@ def test_an_evaluator_bug_makes_the_attempt_unscorable_and_retried(services: Ser
     assert (first.retried_as, second.attempt, second.feed_seq is not None) == (second.id, 2, True)
 
 
+def test_an_evaluator_whose_reward_is_no_number_makes_the_attempt_unscorable(services: Services) -> None:
+    evaluator = {"name": "tests.e2e.evaluator_plugins.broken:NotANumber"}
+    submit_tasks(services, command_task("t", "true", evaluator=evaluator, max_attempts=1))
+    deliver_all(services)
+    session = only(services)
+    assert ended(session) == ("failed", "unscorable", "infrastructure") and session.reward is None
+    assert "not an Evaluation with a finite reward" in (session.error or "")
+
+
 def test_a_runtime_that_cannot_be_created_is_retried(database_url: str, tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
