@@ -194,16 +194,17 @@ class PolarClient:
         cursor = 0
         while True:
             # Read before the page: once the batch has finished, every group is committed, so the pages need no
-            # long-poll and the first empty one is the end (no wait_s spent after the last group).
+            # long-poll and the first page that moves the cursor no further is the end (no wait_s spent after the
+            # last group). A page can move it and hold no item: its groups were all cancelled or out of attempts.
             finished = self.batch(batch_id)["status"] == "finished"
             page = self.feed(batch_id, after=cursor, wait_s=0 if finished else wait_s, groups=True)
             groups: dict[str, list[dict[str, Any]]] = {}
             for item in page["items"]:
                 groups.setdefault(item["group_id"], []).append(item)
             yield from groups.values()
-            cursor = page["next_cursor"]
-            if finished and not page["items"]:
+            if finished and page["next_cursor"] == cursor:
                 return
+            cursor = page["next_cursor"]
 
     def pause(self, policy_version: str | None = None, mode: str = "reject") -> dict[str, Any]:
         """Hold new model calls (429 or wait); returns once every proxy has seen it."""

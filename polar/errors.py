@@ -17,12 +17,14 @@
     ├── BrokerUnavailable      the message broker did not take a stage message (it stays due in the outbox)
     ├── RuntimeFailure         a runtime could not be created or a command could not start
     ├── UnsafePath             a link, special file or escape in a session directory, refused by the host
-    └── EvaluationError        an evaluator raised; the session is marked failed
+    └── EvaluationError        the work left nothing to judge or broke its judging; scored the failure reward
 
 Foreign exceptions are translated where they enter Polar (``raise ... from exc``); callers catch only these.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class PolarError(Exception):
@@ -122,4 +124,11 @@ class UnsafePath(PolarError):
 
 
 class EvaluationError(PolarError):
-    """An evaluator raised or returned something invalid."""
+    """The work under judgement left nothing to score, or broke its judging: no reward file or one that holds no
+    number, a verifier that ran out of its time, a command that printed no score. The session is the policy's
+    failure and scores its task's ``failure_reward`` (never None). ``details`` (what the judging saw) are stored
+    with it. A bug in the evaluator's own code is any other exception: the attempt is ``unscorable`` and retried."""
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.details = dict(details or {})

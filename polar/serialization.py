@@ -174,6 +174,9 @@ class FeedItemJSON(TrajectoryJSON):
     attempt: int
     group_id: str
     group_size: int
+    group_scored: int  # the group's samples scored so far (each by its latest attempt; task outcomes only)
+    # Why each of the others is missing: "cancelled", "out_of_attempts", "pending" -> count; {} when all are scored.
+    group_missing: dict[str, int]
     state: str
     feed_position: int
 

@@ -151,6 +151,9 @@ class TaskRequest(_Strict):
     # Token-in-token-out: build each prompt from the session's own earlier tokens (polar.proxy.tito).
     token_in_token_out: bool = False
     evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
+    # The reward of a session whose work broke, hung or tampered with its judging (polar.errors.EvaluationError,
+    # UnsafePath): a finite number, so such a session is the policy's failure, never an unscored sample.
+    failure_reward: float = Field(default=0.0, allow_inf_nan=False)
     # Attempts per sample: one lost to the infrastructure (a killed worker, a lost node, the engine failing the
     # harness's calls) is retried up to this many in all (polar.lifecycle.attempts).
     max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=20)

@@ -2,7 +2,9 @@
 prepared in init (``fresh_runtime``), with the environment prepare steps get and a time limit of their own.
 
 The session's budget bounds the harness, not the judging: a session that timed out is still scored, so
-evaluator commands run under their config's ``timeout_seconds``.
+evaluator commands run under their config's ``timeout_seconds``. A judging command that runs out of it was hung by
+the work it judges (tests that never end): the evaluators raise ``EvaluationError``, and the session scores its
+task's ``failure_reward``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from pydantic import Field
 
+from polar.errors import EvaluationError
 from polar.evaluators.base import EvaluationContext, EvaluatorConfig
 from polar.runtimes.base import ExecResult, Runtime, command_env
 from polar.runtimes.session_files import exists, read_output, write_file
@@ -109,7 +112,10 @@ def run_command(
     (read back from ``logs/<log_name>.log``, which is truncated first so a rerun starts clean; only its end when
     it is larger than ``READ_LIMIT_BYTES``)."""
     log = f"logs/{log_name}.log"
-    write_file(runtime.session_dir, log, b"")  # never through a link the harness left there (UnsafePath)
+    try:  # never through a link the harness left there (UnsafePath)
+        write_file(runtime.session_dir, log, b"")
+    except OSError as exc:  # the harness left a directory there, or made logs/ a file: its doing
+        raise EvaluationError(f"cannot write the judging log {log}: {exc}") from exc
     env = {**command_env(runtime.session_dir, task.runtime.env), **(extra_env or {})}
     result = runtime.exec(["/bin/sh", "-c", command], env, timeout_s, log_name=log_name)
     return result, _read(runtime.session_dir, log)

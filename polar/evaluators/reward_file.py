@@ -3,8 +3,9 @@
 The optional ``command`` (the verifier) runs first in the judging runtime (the session's, or with ``fresh_runtime``
 a clean one into which the harness's work is collected) with ``POLAR_REWARD_DIR`` set to the session's
 ``logs/verifier`` directory, made for it beforehand; in Docker that directory is also ``/logs/verifier``. Its exit
-code is recorded but is not the reward; a verifier that runs out of time is an error. Before it runs, any reward
-file at the places read below is removed, so a harness cannot leave a reward behind for its own verifier.
+code is recorded but is not the reward; a verifier that runs out of time was hung by the work (``EvaluationError``:
+the task's ``failure_reward``). Before it runs, any reward file at the places read below is removed, so a harness
+cannot leave a reward behind for its own verifier.
 
 The reward is then read from the first of these files that exists, or from ``path`` alone when given (relative:
 under the work directory; ``/logs/...``: under the session's logs directory):
@@ -13,8 +14,10 @@ under the work directory; ``/logs/...``: under the session's logs directory):
     <work dir>/reward.txt, <work dir>/reward.json
 
 A ``.json`` file holds a number, or an object whose ``key`` entry (default ``reward``) is the reward, or else its
-only numeric value; any other file holds one number as text. No file, or content that is no such number, is an
-error: the session ends failed, its trajectories kept.
+only numeric value; any other file holds one number as text. No file (the work deleted it, or the verifier never
+wrote it), a link or FIFO planted there, or content that is no such number, is the work's failure
+(``EvaluationError``, ``UnsafePath``): the session ends failed with its task's ``failure_reward``, its trajectories
+kept.
 """
 
 from __future__ import annotations
@@ -129,8 +132,11 @@ def read_reward(session_dir: Path, name: str, key: str) -> tuple[float, dict[str
 def _make_reward_dir(session_dir: Path) -> Path:
     """The verifier's reward directory, made now and owned like ``logs/`` (in Docker, by the container's user).
     The harness owns ``logs/``: a link there (or at ``logs/verifier``) is refused, never made into or chowned."""
-    directory = make_dirs(session_dir, REWARD_DIR)
-    uid, gid = owner(session_dir, "logs")
+    try:
+        directory = make_dirs(session_dir, REWARD_DIR)
+        uid, gid = owner(session_dir, "logs")
+    except OSError as exc:  # the harness made logs/ or logs/verifier a file: its doing
+        raise EvaluationError(f"cannot make the reward directory {REWARD_DIR}: {exc}") from exc
     with contextlib.suppress(PermissionError):  # only a root worker may hand it over; otherwise it is ours already
         chown_dir(session_dir, REWARD_DIR, uid, gid)
     return directory
@@ -156,8 +162,11 @@ class RewardFile:
             verifier = details.get("verifier")
             ran = f"; the verifier exited with code {verifier['exit_code']}" if verifier else ""
             tail = f", its output ends: {verifier['output_tail'][-500:]!r}" if verifier else ""
-            raise EvaluationError(f"no reward file: looked for {', '.join(self._files)}{ran}{tail}")
-        reward, numbers = read_reward(runtime.session_dir, found, self.config.key)
+            raise EvaluationError(f"no reward file: looked for {', '.join(self._files)}{ran}{tail}", details)
+        try:
+            reward, numbers = read_reward(runtime.session_dir, found, self.config.key)
+        except EvaluationError as exc:
+            raise EvaluationError(str(exc), {**details, "file": found}) from exc
         details["file"] = found
         if numbers is not None:
             details["rewards"] = numbers
@@ -173,6 +182,7 @@ class RewardFile:
         details = command_details(result, output)
         if result.timed_out:
             raise EvaluationError(
-                f"the verifier ran out of its {self.config.timeout_seconds:g}s; its output ends: {output[-500:]!r}"
+                f"the verifier ran out of its {self.config.timeout_seconds:g}s; its output ends: {output[-500:]!r}",
+                {"verifier": details},
             )
         return details

@@ -21,8 +21,11 @@ runtime must hold the repository at ``repo_dir`` (relative: under the work direc
    iff the patch applied and the status is ``RESOLVED_FULL``; the report is the evaluation's details, which the
    ``swebench_reports`` view reads.
 
-A repository missing from either runtime, or a diff or apply step past ``timeout_seconds``, fails the session
-(its trajectories are kept); tests that time out or a harness that broke the code only lose the reward.
+What the work can cause is the work's failure (``EvaluationError``: the session scores its task's
+``failure_reward``, its trajectories and the report kept): a diff that cannot be taken in the session's runtime (the
+harness broke or removed its repository), or an apply or test step past ``timeout_seconds``. A clean runtime
+without the repository is the machinery's (the attempt is ``unscorable`` and retried); a harness that broke the code
+only loses the reward.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from polar.errors import EvaluationError
 from polar.evaluators.base import Evaluation, EvaluationContext, EvaluatorConfig
 from polar.evaluators.commands import judging_runtime, run_command
 from polar.runtimes.base import Runtime
@@ -170,6 +174,8 @@ class SWEBench:
             "model_patch_truncated": len(text) > MAX_STORED_PATCH_CHARS,
             "log_tail": (output or apply_output)[-LOG_TAIL_CHARS:],
         }
+        if timed_out:
+            raise EvaluationError(f"the tests ran out of their {config.timeout_seconds:g}s", details)
         return Evaluation(reward=1.0 if report["resolved"] else 0.0, details=details)
 
     def _model_patch(self, runtime: Runtime, task: TaskRequest) -> bytes:
@@ -179,7 +185,7 @@ class SWEBench:
         result, output = run_command(runtime, task, command, self.config.timeout_seconds, "swebench-diff")
         if result.exit_code != 0:
             status = "timed out" if result.timed_out else f"exited with code {result.exit_code}"
-            raise RuntimeError(
+            raise EvaluationError(
                 f"cannot take the harness's diff in {self.config.repo_dir!r} ({status}): {output[-500:]}"
             )
         # Written inside the runtime, read on the host: the harness may have made the folder a link (UnsafePath).
@@ -189,9 +195,10 @@ class SWEBench:
         """Whether the model patch applied in the clean runtime, and what applying printed."""
         command = f"bash {shlex.quote(str(folder / 'apply.sh'))}"
         result, output = run_command(runtime, task, command, self.config.timeout_seconds, "swebench-apply")
-        if result.timed_out or result.exit_code == _script().NO_REPOSITORY_EXIT:
-            why = "timed out" if result.timed_out else "found no git repository"
-            raise RuntimeError(f"applying the patch in the clean runtime {why} in {self.config.repo_dir!r}: {output}")
+        if result.timed_out:  # the patch the work made is what took so long
+            raise EvaluationError(f"applying the patch in the clean runtime timed out in {self.config.repo_dir!r}")
+        if result.exit_code == _script().NO_REPOSITORY_EXIT:
+            raise RuntimeError(f"the clean runtime has no git repository in {self.config.repo_dir!r}: {output}")
         return result.exit_code == 0, output
 
 

@@ -4,8 +4,8 @@ reward = the command's score (when ``command`` is set) times the answer's score 
 The command runs with ``/bin/sh -c`` in the session's work directory, or with ``fresh_runtime`` in a clean runtime
 prepared in init, into which the harness's work (``collect``) is copied first. Its score, by ``reward_from``:
 
-- ``exit_code`` (default): 1.0 when it exits 0, else 0.0 (a command that times out scores 0.0);
-- ``number``: the last number it prints (stdout and stderr together), as is; printing none is an error;
+- ``exit_code`` (default): 1.0 when it exits 0, else 0.0;
+- ``number``: the last number it prints (stdout and stderr together), as is; printing none is the work's failure;
 - ``tests``: the test statuses it prints, compared with ``expected_tests``; ``tests_score`` ``all`` (1.0 when
   every expected test has its expected status, else 0.0) or ``fraction`` (the share that do).
 
@@ -14,6 +14,9 @@ Test statuses are read from the two line shapes pytest prints, and no others, so
 - ``STATUS <test>`` with an optional `` - <message>``: the short summary of ``pytest -rA`` (also with xdist's
   ``[gw0] [ 50%] `` in front);
 - ``<test> STATUS`` with an optional `` (<reason>)`` and ``[ 50%]``: ``pytest -v``, where <test> holds ``::``.
+
+A command that runs out of its ``timeout_seconds`` was hung by the work, whatever ``reward_from``: like printing no
+number, that is the work's failure (``EvaluationError``), and the session scores its task's ``failure_reward``.
 
 STATUS is one of PASSED, FAILED, ERROR, SKIPPED, XFAIL, XPASS. ``-rA`` names a skipped test by its location
 rather than its id, so a SKIPPED expectation needs ``-v`` output. A test reported twice (it passed, then its
@@ -157,13 +160,18 @@ class TestOnOutput:
         details = command_details(result, output)
         if collected is not None:
             details["collected"] = collected
+        if result.timed_out:
+            raise EvaluationError(
+                f"the command ran out of its {config.timeout_seconds:g}s; its output ends: {output[-500:]!r}",
+                {"command": details},
+            )
         if config.reward_from == "number":
             number = last_number(output)
             if number is None:
-                how = "timed out" if result.timed_out else f"exited with code {result.exit_code}"
                 raise EvaluationError(
-                    f"reward_from 'number': the command printed no number (it {how}); its output ends: "
-                    f"{output[-500:]!r}"
+                    f"reward_from 'number': the command printed no number (it exited with code {result.exit_code}); "
+                    f"its output ends: {output[-500:]!r}",
+                    {"command": details},
                 )
             score = details["number"] = number
         elif config.reward_from == "tests":

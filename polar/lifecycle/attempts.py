@@ -1,18 +1,22 @@
 """Attempts: a sample (task, ``sample_index``) runs as one or more sessions, one per attempt.
 
-An attempt ends with a *task* outcome, which is training signal (the harness exited, ran out of budget, was
-cancelled, the task's own prepare step failed; the evaluator scores it), or an *infrastructure* outcome, which
-is not (a worker or a whole node lost, a runtime that could not be created or vanished, the engine failing the
-harness's calls, the budget spent waiting for a run slot before the harness ever started, Polar's own error).
-An infrastructure outcome starts the next attempt of the same sample, up to the task's ``max_attempts``; the lost
-attempt stays in Postgres with its calls for audit and is left out of the feed, group completeness, the exports
-and the reward views.
+Every way an attempt can end has one class, and the class says what follows (docs/training-data.md, "Outcomes"):
 
-A sample is *settled* when an attempt ended with a task outcome, or when its last allowed attempt was lost
-(reported on the batch as out of attempts): its GRPO group counts it as done either way, but only task
-outcomes carry data.
+- *task* (``exited``, ``timeout``, ``prepare_failed``): the policy's doing. The evaluator scores it, and a
+  verifier the work broke, hung or tampered with scores the task's ``failure_reward`` (0.0 unless set), never
+  None. The only class served to trainers: the feed, the groups, the exports and the reward views.
+- *infrastructure* (``worker_lost``, ``node_lost``, ``runtime_failed``, ``engine_failed``, ``queue_timeout``,
+  ``unscorable``, ``error``): an accident of the machinery, including an evaluator whose own code failed
+  (``unscorable``). It starts the next attempt of the same sample, up to the task's ``max_attempts``; the lost
+  attempt stays in Postgres with its calls for audit and is never training data.
+- *cancelled* (``cancelled``): the batch was cancelled. Never scored (the evaluator does not run), never served.
+
+A sample is *settled* when an attempt ended with a task outcome, when it was cancelled, or when its last allowed
+attempt was lost (reported on the batch as out of attempts): its GRPO group counts it as done in each case, but
+only task outcomes carry data.
 
     classify(Outcome.WORKER_LOST)                    -> OutcomeClass.INFRASTRUCTURE
+    classify(Outcome.CANCELLED)                      -> OutcomeClass.CANCELLED
     refine(Outcome.EXITED, exit_code=1, engine_failures=2, evaluator_runtime_failed=False)
                                                      -> Outcome.ENGINE_FAILED
 """
@@ -45,27 +49,30 @@ __all__ = [
 
 
 class OutcomeClass(StrEnum):
-    TASK = "task"
-    INFRASTRUCTURE = "infrastructure"
+    TASK = "task"  # scored; training signal
+    INFRASTRUCTURE = "infrastructure"  # retried; never training data
+    CANCELLED = "cancelled"  # never scored, never served
 
 
 _CLASS: dict[Outcome, OutcomeClass] = {
     Outcome.EXITED: OutcomeClass.TASK,
     Outcome.TIMEOUT: OutcomeClass.TASK,
-    Outcome.CANCELLED: OutcomeClass.TASK,
     Outcome.PREPARE_FAILED: OutcomeClass.TASK,
+    Outcome.CANCELLED: OutcomeClass.CANCELLED,
     Outcome.WORKER_LOST: OutcomeClass.INFRASTRUCTURE,
     Outcome.NODE_LOST: OutcomeClass.INFRASTRUCTURE,
     Outcome.RUNTIME_FAILED: OutcomeClass.INFRASTRUCTURE,
     Outcome.ENGINE_FAILED: OutcomeClass.INFRASTRUCTURE,
     Outcome.QUEUE_TIMEOUT: OutcomeClass.INFRASTRUCTURE,
+    Outcome.UNSCORABLE: OutcomeClass.INFRASTRUCTURE,
     Outcome.ERROR: OutcomeClass.INFRASTRUCTURE,
 }
 
 
 def is_training_signal() -> sa.ColumnElement[bool]:
-    """SQL: the session is not an attempt lost to the infrastructure (the feed, exports and views use this)."""
-    return Session.outcome_class.is_distinct_from(OutcomeClass.INFRASTRUCTURE.value)
+    """SQL: the session ended with a task outcome: neither lost to the infrastructure nor cancelled (the feed,
+    the exports and the reward views serve only these)."""
+    return Session.outcome_class == OutcomeClass.TASK.value
 
 
 def is_latest_attempt() -> sa.ColumnElement[bool]:
@@ -74,7 +81,7 @@ def is_latest_attempt() -> sa.ColumnElement[bool]:
 
 
 def classify(outcome: Outcome) -> OutcomeClass:
-    """Whether ``outcome`` is training signal (task) or an accident of the machinery (infrastructure)."""
+    """Whether ``outcome`` is training signal (task), an accident of the machinery (infrastructure) or a cancel."""
     return _CLASS[outcome]
 
 
@@ -87,7 +94,7 @@ def refine(outcome: Outcome, exit_code: int | None, engine_failures: int, evalua
     - an evaluator whose runtime broke under it (not one that judged the work bad) could not score the attempt:
       ``RUNTIME_FAILED``.
     """
-    if evaluator_runtime_failed and classify(outcome) is OutcomeClass.TASK and outcome is not Outcome.CANCELLED:
+    if evaluator_runtime_failed and classify(outcome) is OutcomeClass.TASK:
         return Outcome.RUNTIME_FAILED
     failed = (outcome is Outcome.EXITED and exit_code != 0) or outcome is Outcome.TIMEOUT
     if failed and engine_failures > 0:

@@ -48,7 +48,7 @@ def _cancel_pending(db: DbSession, services: Services, batch_id: uuid.UUID) -> i
         sa.update(Session)
         .where(Session.id == pending.c.id)
         .values(
-            state=State.CANCELLED.value, outcome=Outcome.CANCELLED.value, outcome_class=OutcomeClass.TASK.value,
+            state=State.CANCELLED.value, outcome=Outcome.CANCELLED.value, outcome_class=OutcomeClass.CANCELLED.value,
             finished_at=now, heartbeat_at=None, lease=None, worker=services.worker, feed_seq=last + pending.c.n,
         )
         .returning(Session.task_pk)

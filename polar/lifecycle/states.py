@@ -32,18 +32,20 @@ ALLOWED: dict[State, frozenset[State]] = {
 
 
 class Outcome(StrEnum):
-    """How an attempt ended; postrun turns it into a terminal state, and ``polar.lifecycle.attempts`` says
-    whether the policy or the infrastructure caused it."""
+    """How an attempt ended; postrun turns it into a terminal state, and ``polar.lifecycle.attempts`` classes it:
+    the policy's doing (task), the machinery's (infrastructure), or a cancel."""
 
     # What the task did: the training signal.
     EXITED = "exited"  # the harness exited by itself (any exit code)
     TIMEOUT = "timeout"  # the session's budget ran out while its own steps ran (prepare, the harness)
-    CANCELLED = "cancelled"  # the batch was cancelled
     PREPARE_FAILED = "prepare_failed"  # one of the task's own prepare steps failed
+    # Neither: never scored, never served.
+    CANCELLED = "cancelled"  # the batch was cancelled
     # What the machinery did: never a reward.
     WORKER_LOST = "worker_lost"  # the run worker stopped heartbeating (killed, its machine froze)
     NODE_LOST = "node_lost"  # every worker of the node holding the runtime is gone
     RUNTIME_FAILED = "runtime_failed"  # the runtime could not be created, reached, or disappeared
     ENGINE_FAILED = "engine_failed"  # the harness failed after the engine failed its calls
     QUEUE_TIMEOUT = "queue_timeout"  # the budget ran out before the harness started (waiting for a run slot)
+    UNSCORABLE = "unscorable"  # the evaluator's own code failed (a bug, its runtime gone), not the work it judged
     ERROR = "error"  # Polar itself failed unexpectedly

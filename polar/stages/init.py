@@ -9,7 +9,8 @@ hands the session back to the shared queue for another.
 The budget starts here (not while pending): ``deadline_at = init start + timeout_seconds``.
 
 A prepare step of the task's own that fails is the task's outcome (``prepare_failed``); a runtime that cannot be
-created or used is the infrastructure's (``runtime_failed``, retried as a new attempt).
+created or used is the infrastructure's (``runtime_failed``, retried as a new attempt), and so is an evaluator whose
+own code fails while it says which runtime it wants (``unscorable``: it could not be loaded, or raised).
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ class _BudgetExhausted(Exception):
 
 class _StepFailed(Exception):
     """One of the task's own prepare steps failed: the task's outcome, not the infrastructure's."""
+
+
+class _EvaluatorFailed(Exception):
+    """The evaluator's own code failed (not loadable, or raised deciding its runtime): nothing could judge."""
 
 
 class _LeaseLost(Exception):
@@ -127,8 +132,8 @@ def _prepare_evaluator_runtime(services: Services, claimed: Claimed) -> Runtime 
     """The clean runtime the evaluator judges in, when it wants one (e.g. ``swebench``)."""
     try:
         spec = fresh_runtime_spec(load_evaluator(claimed.task.evaluator, services.config.plugin_modules), claimed.task)
-    except Exception as exc:  # the evaluator's own code: whatever it raises fails the session, nothing else
-        raise _StepFailed(f"evaluator {claimed.task.evaluator.name!r}: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # the evaluator's own code: whatever it raises, not the task's doing
+        raise _EvaluatorFailed(f"evaluator {claimed.task.evaluator.name!r}: {type(exc).__name__}: {exc}") from exc
     if spec is None:
         return None
     runtime = _create(services, claimed, spec, EVALUATOR_ROLE, "evaluator_runtime_handle")
@@ -164,6 +169,8 @@ def init_session(services: Services, session_id: uuid.UUID) -> None:
             moved = fail(Outcome.TIMEOUT, str(exc))
         except _StepFailed as exc:
             moved = fail(Outcome.PREPARE_FAILED, str(exc))
+        except _EvaluatorFailed as exc:
+            moved = fail(Outcome.UNSCORABLE, str(exc))
         except RuntimeFailure as exc:
             moved = fail(Outcome.RUNTIME_FAILED, str(exc))
         else:

@@ -5,8 +5,13 @@ when it had one).
 The terminal compare-and-set, the trajectory rows and the reward commit in one transaction, so a redelivered
 postrun can never leave duplicate trajectories.
 
-An attempt lost to the infrastructure (``polar.lifecycle.attempts``) is not scored: its trajectories are kept
-for audit, and the same transaction starts the sample's next attempt, or settles the sample as out of attempts.
+Only an attempt with a task outcome is scored (``polar.lifecycle.attempts``); a cancelled one never is. How the
+evaluator ends decides the rest: a score; a work that broke, hung or tampered with its judging (``EvaluationError``,
+``UnsafePath``) scores the task's ``failure_reward``, never None; the evaluator's own code failing (any other
+exception, or a reward that is no finite number) makes the attempt ``unscorable``, an infrastructure outcome, and
+an evaluator runtime that broke makes it ``runtime_failed``. An attempt lost to the infrastructure is not scored:
+its trajectories are kept for audit, and the same transaction starts the sample's next attempt, or settles the
+sample as out of attempts.
 Postrun is bounded: after ``MAX_POSTRUN_CLAIMS`` tries that never finished, the next ends the session unscored
 (trajectories kept) instead of retrying forever; what an evaluator reads of a session's output is bounded too
 (``polar.runtimes.session_files.read_output``, which also never reads through a link the harness left).
@@ -16,6 +21,7 @@ A lost node's sessions are finished here by a surviving node, which cannot reach
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +29,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from polar.errors import RuntimeFailure
+from polar.errors import EvaluationError, RuntimeFailure, UnsafePath
 from polar.evaluators import Evaluation, EvaluationContext, load_evaluator
 from polar.lifecycle.admission import admit
 from polar.lifecycle.attempts import OutcomeClass, classify, refine, retries_left, start_next_attempt
@@ -122,7 +128,30 @@ def engine_failures(services: Services, session_id: uuid.UUID) -> int:
 class _Scored:
     evaluation: Evaluation | None
     error: str | None
-    runtime_failed: bool  # the evaluator's runtime broke under it: nothing was judged
+    runtime_failed: bool = False  # the evaluator's runtime broke under it: nothing was judged
+    unscorable: bool = False  # the evaluator's own code failed: nothing was judged
+
+
+def _is_reward(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _checked(evaluation: object) -> Evaluation:
+    """The evaluator's answer, refused (``TypeError``: the evaluator's own bug) unless it is an ``Evaluation``
+    whose rewards are finite numbers: a trainer never gets None, NaN or a string for a scored sample."""
+    if not isinstance(evaluation, Evaluation) or not _is_reward(evaluation.reward):
+        raise TypeError(f"the evaluator returned {evaluation!r}, not an Evaluation with a finite reward")
+    if evaluation.trajectory_rewards is not None and not all(map(_is_reward, evaluation.trajectory_rewards)):
+        raise TypeError(f"the evaluator's trajectory_rewards {evaluation.trajectory_rewards!r} are not all finite")
+    return evaluation
+
+
+def _failed_work(claimed: Claimed, exc: EvaluationError | UnsafePath | None, error: str) -> _Scored:
+    """The work broke, hung or tampered with its judging (or the task's own prepare step left nothing to judge):
+    the task's failure, scored ``failure_reward``."""
+    details = dict(exc.details) if isinstance(exc, EvaluationError) else {}
+    details["failed"] = error
+    return _Scored(Evaluation(reward=claimed.task.failure_reward, details=details), error)
 
 
 def _evaluate(
@@ -148,10 +177,16 @@ def _evaluate(
     )
     try:
         evaluator = load_evaluator(claimed.task.evaluator, services.config.plugin_modules)
-        return _Scored(evaluator.evaluate(context), None, False)
+        return _Scored(_checked(evaluator.evaluate(context)), None)
     except Exception as exc:
         error = f"evaluator {claimed.task.evaluator.name!r} failed: {type(exc).__name__}: {exc}"
-        return _Scored(None, error, isinstance(exc, RuntimeFailure))
+        if isinstance(exc, EvaluationError | UnsafePath):
+            return _failed_work(claimed, exc, error)
+        if isinstance(exc, RuntimeFailure):
+            return _Scored(None, error, runtime_failed=True)
+        if outcome is Outcome.PREPARE_FAILED:  # the task's own setup failed: nothing to judge, and a retry fails alike
+            return _failed_work(claimed, None, error)
+        return _Scored(None, error, unscorable=True)
 
 
 @dataclass(frozen=True)
@@ -276,11 +311,13 @@ def _ending(
     error = session.error
     if outcome is Outcome.ENGINE_FAILED:
         error = f"the engine failed {failures} of the harness's calls; {error or recorded.value}"
-    if classify(outcome) is OutcomeClass.INFRASTRUCTURE:
-        return _Ending(outcome, error, _Scored(None, None, False))
+    if classify(outcome) is not OutcomeClass.TASK:  # lost to the infrastructure, or cancelled: never scored
+        return _Ending(outcome, error, _Scored(None, None))
     scored = _evaluate(services, claimed, outcome, runtimes or _Runtimes(None, None), calls, trajectories)
     if refine(outcome, session.exit_code, failures, scored.runtime_failed) is Outcome.RUNTIME_FAILED:
-        return _Ending(Outcome.RUNTIME_FAILED, error or scored.error, _Scored(None, scored.error, True))
+        return _Ending(Outcome.RUNTIME_FAILED, error or scored.error, _Scored(None, scored.error, runtime_failed=True))
+    if scored.unscorable:
+        return _Ending(Outcome.UNSCORABLE, error or scored.error, _Scored(None, scored.error, unscorable=True))
     return _Ending(outcome, error, scored)
 
 
@@ -290,7 +327,7 @@ def _give_up(claimed: Claimed) -> _Ending:
     tries = claimed.session.postrun_claims - 1
     error = f"postrun did not finish in {tries} tries (its worker died or failed each time); ended unscored"
     return _Ending(Outcome.ERROR, f"{error}; {claimed.session.error}" if claimed.session.error else error,
-                   _Scored(None, None, False))  # fmt: skip
+                   _Scored(None, None))  # fmt: skip
 
 
 def postrun_session(services: Services, session_id: uuid.UUID) -> None:

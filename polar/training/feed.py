@@ -4,9 +4,11 @@ behind a cursor; optionally only whole groups (all n samples of a task settled).
 The cursor is ``sessions.feed_seq``, assigned in postrun's terminal transaction under a lock, so positions are
 handed out in commit order: a reader that has seen position p can never later find a session below p appear.
 
-Only *settled* samples get a position (``polar.lifecycle.attempts``): an attempt with a task outcome, or a last
-attempt lost to the infrastructure. Attempts that were retried never appear, and a sample that ran out of
-attempts completes its group without contributing trajectories: the feed carries training signal only.
+Only *settled* samples get a position (``polar.lifecycle.attempts``): an attempt with a task outcome, a cancelled
+one, or a last attempt lost to the infrastructure. Attempts that were retried never appear, and a sample that was
+cancelled or ran out of attempts completes its group without contributing trajectories: the feed carries task
+outcomes only. Each item says how its group stands (``polar.lifecycle.groups``): ``group_scored`` samples scored,
+and ``group_missing``, why each of the others is missing (reason -> count; empty when the whole group is scored).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from sqlalchemy.orm import Session as DbSession
 
 from polar.errors import Busy
 from polar.lifecycle.attempts import OutcomeClass
-from polar.lifecycle.groups import group_id
+from polar.lifecycle.groups import group_id, group_standing
 from polar.lifecycle.states import TERMINAL
 from polar.serialization import trajectory_json
 from polar.services import Services
@@ -143,12 +145,14 @@ def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit:
         ):
             trajectories.setdefault(trajectory.session_id, []).append(trajectory)
         routed = routed_experts_of(db, {c for found in trajectories.values() for t in found for c in t.call_ids})
+        standing = group_standing(db, tasks.keys())
         items = []
         for session_id, position in rows:
             session = sessions[session_id]
-            if session.outcome_class == OutcomeClass.INFRASTRUCTURE.value:
-                continue  # out of attempts: settles its group, carries no data
+            if session.outcome_class != OutcomeClass.TASK.value:
+                continue  # cancelled, or out of attempts: settles its group, carries no data
             task = tasks[session.task_pk]
+            group = standing[task.id]
             context = {
                 "batch_id": str(session.batch_id),
                 "task_id": session.task_id,
@@ -156,6 +160,8 @@ def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit:
                 "attempt": session.attempt,
                 "group_id": group_id(session.batch_id, task.position, task.spec.get("metadata")),
                 "group_size": task.num_samples,
+                "group_scored": group.scored,
+                "group_missing": group.missing,
                 "state": session.state,
                 "feed_position": position,
             }

@@ -125,6 +125,40 @@ BATCHES: dict[str, list[dict[str, Any]]] = {
         ),
         calculator_task("missing", {"name": "reward_file", "config": {"command": "echo no tests here"}}),
     ],
+    # Reward hacking: work that breaks, hangs or tampers with its own judging scores 0 (or the task's
+    # failure_reward), never None, which a trainer would drop or mask.
+    "hacks": [
+        command_task(
+            "log-link",
+            'echo hi; ln -sf /etc/hostname "$POLAR_SESSION_DIR/logs/evaluator.log"',
+            evaluator=on_output({"command": "false"}),
+        ),
+        command_task(
+            "hang",
+            "echo 'sleep 600' > check.sh",
+            evaluator={"name": "reward_file", "config": {"command": "sh check.sh", "timeout_seconds": 2}},
+            failure_reward=-1,
+        ),
+        command_task(
+            "delete-reward",
+            """echo 'rm -f "$POLAR_REWARD_DIR/reward.txt"' > after_tests.sh""",
+            evaluator={
+                "name": "reward_file",
+                "config": {"command": 'echo 1 > "$POLAR_REWARD_DIR/reward.txt"; sh after_tests.sh'},
+            },
+        ),
+        command_task(
+            "reward-link",
+            'ln -s /tmp "$POLAR_SESSION_DIR/logs/verifier"',
+            evaluator={"name": "reward_file", "config": {"command": 'echo 1 > "$POLAR_REWARD_DIR/reward.txt"'}},
+        ),
+        command_task(
+            "evaluator-bug",
+            "true",
+            evaluator={"name": "tests.e2e.evaluator_plugins.broken:Buggy"},
+            max_attempts=2,
+        ),
+    ],
     "plugins": [
         calculator_task(
             "module-class",
@@ -246,12 +280,57 @@ def test_reward_files_written_by_a_verifier(stack: RunningStack, batch_ids: dict
     assert json_file["evaluation"]["file"] == "logs/verifier/reward.json"
     assert json_file["evaluation"]["rewards"] == {"reward": 0.5, "passed": 2.0}
 
-    missing = sessions["missing"]
-    assert outcome(missing) == ("failed", None)
+    missing = sessions["missing"]  # the work's failure: the task's failure_reward (default 0.0), never None
+    assert outcome(missing) == ("failed", 0.0)
     assert missing["error"].startswith("evaluator 'reward_file' failed: EvaluationError: no reward file: looked for")
-    assert "no tests here" in missing["error"] and missing["evaluation"] is None
+    assert "no tests here" in missing["error"] and missing["evaluation"]["failed"] == missing["error"]
+    assert missing["evaluation"]["verifier"]["exit_code"] == 0
     trajectories = stack.client.trajectories(missing["session_id"])
-    assert trajectories and all(t["reward"] is None for t in trajectories)  # kept, unscored
+    assert trajectories and all(t["reward"] == 0.0 for t in trajectories)  # kept, scored
+
+
+def test_work_that_breaks_hangs_or_tampers_with_its_verifier_scores_the_failure_reward(
+    stack: RunningStack, batch_ids: dict[str, str]
+) -> None:
+    sessions = finished(stack, batch_ids, "hacks")
+    expected = {
+        "log-link": ("logs/evaluator.log is a symbolic link", 0.0),
+        "hang": ("the verifier ran out of its 2s", -1.0),
+        "delete-reward": ("no reward file", 0.0),
+        "reward-link": ("logs/verifier is a symbolic link", 0.0),
+    }
+    ended = {task_id: (sessions[task_id]["state"], sessions[task_id]["reward"]) for task_id in expected}
+    assert ended == {task_id: ("failed", reward) for task_id, (_, reward) in expected.items()}
+    for task_id, (words, _) in expected.items():
+        session = sessions[task_id]
+        assert session["outcome_class"] == "task", session
+        assert words in session["error"] and words in session["evaluation"]["failed"], (task_id, session["error"])
+    assert sessions["hang"]["evaluation"]["verifier"]["timed_out"] is True
+
+
+def test_a_failure_reward_that_is_no_number_is_refused(stack: RunningStack) -> None:
+    counts = "SELECT (SELECT count(*) FROM batches), (SELECT count(*) FROM sessions)"
+    before = stack.sql(counts)
+    body = {"tasks": [command_task("fine", "true"), command_task("bad", "true", failure_reward="-1")]}
+    response = httpx.post(f"{stack.api_url}/v1/batches", json=body, headers=stack.api_headers, timeout=10)
+    assert response.status_code == 400
+    assert response.json()["error"]["field"] == "tasks[1].failure_reward"
+    assert response.json()["error"]["message"] == "tasks[1].failure_reward: Input should be a valid number"
+    assert stack.sql(counts) == before
+
+
+def test_an_evaluator_whose_own_code_fails_is_retried(stack: RunningStack, batch_ids: dict[str, str]) -> None:
+    finished(stack, batch_ids, "hacks")
+    rows = stack.sql(
+        "SELECT attempt, state, outcome, outcome_class, reward, error FROM sessions "
+        "WHERE batch_id = :b AND task_id = 'evaluator-bug' ORDER BY attempt",
+        b=batch_ids["hacks"],
+    )
+    assert [tuple(row[:5]) for row in rows] == [
+        (1, "failed", "unscorable", "infrastructure", None),
+        (2, "failed", "unscorable", "infrastructure", None),  # a second attempt ran
+    ]
+    assert all("an evaluator bug" in row.error for row in rows)
 
 
 def test_custom_evaluators_by_import_path_and_entry_point(stack: RunningStack, batch_ids: dict[str, str]) -> None:

@@ -63,8 +63,10 @@ class BatchFactory:
         session_id = uuid.uuid4()
         task_id = next(t for pk, t in self.tasks if pk == task_pk)
         with self.services.db.unit() as db:
+            outcome_class = "cancelled" if state == "cancelled" else "task"  # as postrun classes them
             db.add(Session(id=session_id, batch_id=self.batch_id, task_pk=task_pk, task_id=task_id,
-                           sample_index=sample, state=state, reward=reward, num_calls=calls))  # fmt: skip
+                           sample_index=sample, state=state, reward=reward, num_calls=calls,
+                           outcome_class=outcome_class))  # fmt: skip
             db.flush()
             for seq in range(1, calls + 1):
                 status = 500 if failed_last and seq == calls else 200
@@ -141,8 +143,8 @@ def test_rl_min_reward_filters_sessions(services: Services) -> None:
     rows = list(export_rows(services, f.batch_id, "rl", 0.5))
     assert {r["session_id"] for r in rows} == {str(keep)} and len(rows) == 2
     summary = export_summary(services, f.batch_id, "rl", 0.5)
-    assert (summary.sessions, summary.accepted, summary.rows) == (4, 1, 2)
-    assert summary.acceptance_rate == 0.25
+    assert (summary.sessions, summary.accepted, summary.rows) == (3, 1, 2)  # a cancelled session is not considered
+    assert summary.acceptance_rate == 0.333333
 
 
 def test_sft_rows_use_last_successful_call(services: Services) -> None:

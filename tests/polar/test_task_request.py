@@ -30,6 +30,10 @@ def task(**extra: Any) -> dict[str, Any]:
         ({"tasks": [task(runtime={"backend": "vm"})]}, "tasks[0].runtime.backend", "'local'"),
         ({"tasks": [task()], "extra": 1}, "extra", "unknown field"),
         ({"tasks": [task(instruction=None)]}, "tasks[0].instruction", "string"),
+        ({"tasks": [task(failure_reward="low")]}, "tasks[0].failure_reward", "valid number"),
+        ({"tasks": [task(failure_reward=True)]}, "tasks[0].failure_reward", "valid number"),
+        ({"tasks": [task(failure_reward=None)]}, "tasks[0].failure_reward", "valid number"),
+        ({"tasks": [task(failure_reward=float("-inf"))]}, "tasks[0].failure_reward", "finite number"),
     ],
 )
 def test_bad_requests_name_the_field(body: Any, field: str | None, words: str) -> None:
@@ -86,3 +90,9 @@ def test_call_limits_are_optional_and_may_come_from_the_defaults() -> None:
     request = parse_batch_request({"defaults": {"max_calls": 40}, "tasks": [task(), task(max_concurrent_calls=2)]})
     assert [(t.max_concurrent_calls, t.max_calls) for t in request.tasks] == [(None, 40), (2, 40)]
     assert parse_batch_request({"tasks": [task()]}).tasks[0].max_calls is None
+
+
+def test_failure_reward_defaults_to_zero_and_takes_any_finite_number() -> None:
+    parsed = parse_batch_request({"defaults": {"failure_reward": -1}, "tasks": [task(), task(failure_reward=0.5)]})
+    assert [t.failure_reward for t in parsed.tasks] == [-1.0, 0.5]
+    assert parse_batch_request({"tasks": [task()]}).tasks[0].failure_reward == 0.0

@@ -1,6 +1,6 @@
 """Evaluators that fail, for the classification of how an attempt ends: one whose runtime breaks under it (the
-infrastructure's fault), one with a bug of its own (the task's), and one that takes its worker down every time
-(postrun must not retry it forever)."""
+infrastructure's fault), one with a bug of its own and one whose reward is no number (the attempt is unscorable),
+and one that takes its worker down every time (postrun must not retry it forever)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,14 @@ class Buggy:
 
     def evaluate(self, context: EvaluationContext) -> Evaluation:
         raise ValueError("an evaluator bug")
+
+
+class NotANumber:
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        pass
+
+    def evaluate(self, context: EvaluationContext) -> Evaluation:
+        return Evaluation(reward=float("nan"))
 
 
 class Dies:

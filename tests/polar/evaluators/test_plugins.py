@@ -64,6 +64,8 @@ def test_a_worker_refuses_a_stored_path_the_allow_list_no_longer_holds(database_
     narrowed.dispatcher.sent.extend(allowed.dispatcher.sent)  # type: ignore[attr-defined]
     deliver_all(narrowed)
     with narrowed.db.unit() as db:
-        (session,) = db.scalars(sa.select(Session)).all()
-    assert session.state == "failed" and session.reward is None
-    assert "is not allowed" in (session.error or "") and "POLAR_PLUGIN_MODULES" in (session.error or "")
+        sessions = db.scalars(sa.select(Session).order_by(Session.attempt)).all()
+    # The evaluator cannot be loaded: nothing judged the work, so each attempt is unscorable (retried), never scored.
+    assert [(s.state, s.outcome, s.reward) for s in sessions] == [("failed", "unscorable", None)] * 3
+    for session in sessions:
+        assert "is not allowed" in (session.error or "") and "POLAR_PLUGIN_MODULES" in (session.error or "")

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from polar.errors import EvaluationError
 from polar.evaluators import Evaluation, load_evaluator
 from polar.evaluators.swebench import SWEBench
 from polar.runtimes.base import Runtime
@@ -145,8 +146,9 @@ def test_a_patch_that_does_not_apply_is_not_tested(session: FinishedSession, swe
 
 
 def test_a_session_without_the_repository_fails_loudly(session: FinishedSession, swe: SweRepo) -> None:
+    # The harness removed (or broke) its repository: the work's failure, which scores the failure reward.
     _checkout(session.clean_runtime(), swe)
-    with pytest.raises(RuntimeError, match="cannot take the harness's diff"):
+    with pytest.raises(EvaluationError, match="cannot take the harness's diff"):
         SWEBench(_config(swe)).evaluate(session.context())
 
 

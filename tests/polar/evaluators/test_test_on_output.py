@@ -62,10 +62,11 @@ def test_the_output_tail_keeps_the_end(session: FinishedSession) -> None:
     assert len(tail) == 2000 and tail.endswith("4999\n5000\n")
 
 
-def test_a_command_out_of_time_scores_zero(session: FinishedSession) -> None:
-    evaluation = evaluate(session, {"command": "sleep 30", "timeout_seconds": 0.5})
-    details = evaluation.details["command"]
-    assert evaluation.reward == 0.0
+def test_a_command_out_of_time_is_the_works_failure(session: FinishedSession) -> None:
+    # The work hung its judging: an EvaluationError (postrun scores the task's failure_reward), details kept.
+    with pytest.raises(EvaluationError, match=r"the command ran out of its 0.5s") as failed:
+        evaluate(session, {"command": "sleep 30", "timeout_seconds": 0.5})
+    details = failed.value.details["command"]
     assert details["timed_out"] is True and details["exit_code"] is None and details["duration_s"] < 10
 
 

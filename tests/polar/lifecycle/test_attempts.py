@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 import sqlalchemy as sa
 
+from polar.client import PolarClient
+from polar.config import load_config
 from polar.lifecycle.attempts import OutcomeClass, classify, refine
 from polar.lifecycle.batches import batch_status
 from polar.lifecycle.cancel import cancel_batch
@@ -21,12 +25,21 @@ from polar.lifecycle.outbox import dispatch
 from polar.lifecycle.reconciler import reconcile
 from polar.lifecycle.states import Outcome
 from polar.services import Services
-from polar.storage.models import ModelCall, Session, SessionEvent
+from polar.storage.models import ModelCall, Session, SessionEvent, Trajectory
 from polar.training.exports import export_rows
 from polar.training.feed import read_feed
-from tests.support import command_task, deliver_all, domain_services, session_dirs, submit_tasks
+from tests.support import (
+    command_task,
+    deliver_all,
+    domain_services,
+    session_dirs,
+    stage_functions,
+    submit_tasks,
+    wait_until,
+)
+from web.api import create_app
 
-TASK, INFRA = OutcomeClass.TASK, OutcomeClass.INFRASTRUCTURE
+TASK, INFRA, CANCELLED = OutcomeClass.TASK, OutcomeClass.INFRASTRUCTURE, OutcomeClass.CANCELLED
 
 
 @pytest.mark.parametrize(
@@ -34,13 +47,14 @@ TASK, INFRA = OutcomeClass.TASK, OutcomeClass.INFRASTRUCTURE
     [
         (Outcome.EXITED, TASK),
         (Outcome.TIMEOUT, TASK),
-        (Outcome.CANCELLED, TASK),
+        (Outcome.CANCELLED, CANCELLED),
         (Outcome.PREPARE_FAILED, TASK),
         (Outcome.WORKER_LOST, INFRA),
         (Outcome.NODE_LOST, INFRA),
         (Outcome.RUNTIME_FAILED, INFRA),
         (Outcome.ENGINE_FAILED, INFRA),
         (Outcome.QUEUE_TIMEOUT, INFRA),
+        (Outcome.UNSCORABLE, INFRA),
         (Outcome.ERROR, INFRA),
     ],
 )
@@ -49,7 +63,7 @@ def test_every_outcome_has_a_class(outcome: Outcome, expected: OutcomeClass) -> 
 
 
 def test_the_table_covers_every_outcome() -> None:
-    assert {classify(outcome) for outcome in Outcome} == {TASK, INFRA}
+    assert {classify(outcome) for outcome in Outcome} == {TASK, INFRA, CANCELLED}
 
 
 @pytest.mark.parametrize(
@@ -140,19 +154,34 @@ def test_copying_what_does_not_exist_is_a_task_outcome(services: Services, tmp_p
     assert ended(session) == ("failed", "prepare_failed", "task") and "nothing to copy" in (session.error or "")
 
 
-def test_a_cancel_is_a_task_outcome(services: Services) -> None:
+def test_a_cancel_is_neither_task_nor_infrastructure(services: Services) -> None:
     batch_id = submit_tasks(services, command_task("t", "true", samples=6))
     cancel_batch(services, batch_id)
     deliver_all(services)
-    assert {ended(s) for s in attempts(services)} == {("cancelled", "cancelled", "task")}
+    rows = attempts(services)
+    assert {ended(s) for s in rows} == {("cancelled", "cancelled", "cancelled")}
+    assert {s.reward for s in rows} == {None}
 
 
-def test_an_evaluator_bug_is_a_task_outcome(services: Services) -> None:
+def test_an_evaluator_bug_makes_the_attempt_unscorable_and_retried(services: Services) -> None:
+    # The evaluator's own code raised: nothing was judged, so the sample is retried (here until out of attempts),
+    # never scored None under the task class.
     evaluator = {"name": "tests.e2e.evaluator_plugins.broken:Buggy"}
-    submit_tasks(services, command_task("t", "true", evaluator=evaluator))
+    submit_tasks(services, command_task("t", "true", evaluator=evaluator, max_attempts=2))
+    deliver_all(services)
+    first, second = attempts(services)
+    assert ended(first) == ended(second) == ("failed", "unscorable", "infrastructure")
+    assert first.reward is None and second.reward is None and "an evaluator bug" in (first.error or "")
+    assert (first.retried_as, second.attempt, second.feed_seq is not None) == (second.id, 2, True)
+
+
+def test_an_evaluator_whose_reward_is_no_number_makes_the_attempt_unscorable(services: Services) -> None:
+    evaluator = {"name": "tests.e2e.evaluator_plugins.broken:NotANumber"}
+    submit_tasks(services, command_task("t", "true", evaluator=evaluator, max_attempts=1))
     deliver_all(services)
     session = only(services)
-    assert ended(session) == ("failed", "exited", "task") and "an evaluator bug" in (session.error or "")
+    assert ended(session) == ("failed", "unscorable", "infrastructure") and session.reward is None
+    assert "not an Evaluation with a finite reward" in (session.error or "")
 
 
 def test_a_runtime_that_cannot_be_created_is_retried(database_url: str, tmp_path: Path) -> None:
@@ -323,3 +352,109 @@ def test_every_event_records_its_node(services: Services) -> None:
     with services.db.unit() as db:
         nodes = db.scalars(sa.select(SessionEvent.node)).all()
     assert nodes and set(nodes) == {services.config.node}
+
+
+def test_a_batch_cancelled_mid_run_serves_none_of_its_cancelled_sessions(database_url: str, tmp_path: Path) -> None:
+    # Two samples finish, then the batch is cancelled while a third runs: the running one is stopped, a prepared one
+    # goes through postrun, a pending one ends at once. Each cancelled session that reached postrun has a trajectory.
+    services = domain_services(database_url, tmp_path / "work", ready_buffer=2, heartbeat_interval_s=0.2)
+    started = tmp_path / "started"
+    started.mkdir()
+    hang = f'touch {started}/"$POLAR_SESSION_ID"; exec sleep 600'
+    batch_id = submit_tasks(services, command_task("done", "true", samples=2), command_task("cut", hang, samples=3))
+
+    def cancel_once_one_runs() -> None:
+        wait_until(lambda: any(started.iterdir()), 300, "a cut sample to be running")
+        cancel_batch(services, batch_id)
+
+    canceller = threading.Thread(target=cancel_once_one_runs, daemon=True)
+    canceller.start()
+    deliver_all(services, until=_calls_before_postrun(services))
+    canceller.join()
+
+    rows = attempts(services)
+    done = {str(s.id) for s in rows if s.task_id == "done"}
+    cut = [s for s in rows if s.task_id == "cut"]
+    assert {(s.state, s.reward) for s in rows if s.task_id == "done"} == {("completed", 1.0)}
+    assert {ended(s) for s in cut} == {("cancelled", "cancelled", "cancelled")}
+    assert {s.reward for s in cut} == {None}  # never scored
+    ran = [s for s in cut if s.run_started_at is not None]
+    assert len(ran) == 1 and (started / str(ran[0].id)).exists()
+    with services.db.unit() as db:
+        kept = db.scalar(sa.select(sa.func.count()).select_from(Trajectory).where(Trajectory.session_id == ran[0].id))
+    assert kept == 1  # the partial trace is kept for audit, and served nowhere:
+
+    for groups in (False, True):
+        page = read_feed(services, batch_id, after=0, limit=100, groups=groups)
+        assert {item["session_id"] for item in page.items} == done, groups
+        assert {(item["group_scored"], str(item["group_missing"])) for item in page.items} == {(2, "{}")}
+    assert {row["session_id"] for row in export_rows(services, batch_id, "rl", None)} == done
+    assert {row["session_id"] for row in export_rows(services, batch_id, "sft", None)} <= done
+    with services.db.unit() as db:
+        query = sa.text("SELECT task_id, mean_reward FROM task_rewards WHERE batch_id = :b")
+        rewards = {row.task_id: row.mean_reward for row in db.execute(query, {"b": batch_id})}
+        batch_mean = db.scalar(sa.text("SELECT mean_reward FROM batch_rewards WHERE batch_id = :b"), {"b": batch_id})
+    assert rewards == {"done": 1.0, "cut": None} and batch_mean == 1.0
+
+
+def test_a_group_says_how_many_samples_are_scored_and_why_the_others_are_missing(services: Services) -> None:
+    batch_id = submit_tasks(services, command_task("t", "true", samples=3, max_attempts=2))
+    _lose_the_run(services, sample_index=0)
+    record = _calls_before_postrun(services)
+    sent = services.dispatcher.sent  # type: ignore[attr-defined]
+    held = []  # the retry's messages, kept back while the other samples run to their end
+    while sent:
+        stage, session_id = sent.pop(0)
+        with services.db.unit() as db:
+            attempt = db.scalar(sa.select(Session.attempt).where(Session.id == session_id))
+        if attempt == 2:
+            held.append((stage, session_id))
+            continue
+        record(stage, session_id)
+        stage_functions()[stage](services, session_id)
+    sent.extend(held)
+    # Sample 0's retry is queued: the two scored samples are in the feed, their group says what it still lacks.
+    page = read_feed(services, batch_id, after=0, limit=10)
+    assert sorted(item["sample_index"] for item in page.items) == [1, 2]
+    assert {(item["group_size"], item["group_scored"], str(item["group_missing"])) for item in page.items} == {
+        (3, 2, "{'pending': 1}")
+    }
+    deliver_all(services, until=record)
+    page = read_feed(services, batch_id, after=0, limit=10, groups=True)
+    # The retry took the lost attempt's place: the whole group is scored, and nothing lost is in its baseline.
+    assert sorted((item["sample_index"], item["attempt"]) for item in page.items) == [(0, 2), (1, 1), (2, 1)]
+    assert {(item["group_scored"], str(item["group_missing"])) for item in page.items} == {(3, "{}")}
+
+
+def test_a_group_with_a_sample_out_of_attempts_says_so(services: Services) -> None:
+    batch_id = submit_tasks(services, command_task("t", "true", samples=2, max_attempts=1))
+    _lose_the_run(services, sample_index=0)
+    deliver_all(services, until=_calls_before_postrun(services))
+    page = read_feed(services, batch_id, after=0, limit=10, groups=True)
+    assert [item["sample_index"] for item in page.items] == [1]
+    assert (page.items[0]["group_scored"], page.items[0]["group_missing"]) == (1, {"out_of_attempts": 1})
+
+
+def test_iter_groups_reads_past_pages_of_groups_that_hold_no_data(
+    database_url: str, broker_url: str, tmp_path: Path
+) -> None:
+    # 101 groups cancelled before they started take the first 101 positions; the one sample that had already run
+    # settles after them. A page of 100 cancelled groups holds no item, and must not end the iteration.
+    services = domain_services(database_url, tmp_path / "work", ready_buffer=1)
+    batch_id = submit_tasks(
+        services, command_task("ran", "true"), *(command_task(f"cut{i}", "true") for i in range(101))
+    )
+    record = _calls_before_postrun(services)
+    deliver_all(services, until=lambda stage, session_id: record(stage, session_id) or stage is Stage.POSTRUN)
+    cancel_batch(services, batch_id)
+    deliver_all(services, until=_calls_before_postrun(services))
+    token = "test-admin-token-" + "0" * 24
+    env = {"POLAR_DATABASE_URL": database_url, "POLAR_BROKER_URL": broker_url, "POLAR_API_TOKEN": token}
+    client = PolarClient("http://api", token)
+    app = create_app(load_config(env, cwd=tmp_path))
+    client._http = httpx.Client(  # the real API over WSGI
+        transport=httpx.WSGITransport(app=app), base_url="http://api", headers={"Authorization": f"Bearer {token}"}
+    )
+    groups = list(client.iter_groups(str(batch_id)))
+    assert [[item["task_id"] for item in group] for group in groups] == [["ran"]]
+    assert (groups[0][0]["group_scored"], groups[0][0]["group_missing"]) == (1, {})

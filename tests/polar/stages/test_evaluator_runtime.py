@@ -82,17 +82,21 @@ def test_a_failing_clean_runtime_prepare_fails_the_session_and_removes_both(serv
     submit_tasks(services, _task(runtime={"prepare": [{"run": "echo broken >&2; exit 4"}]}))
     drain(services)
     (session,) = sessions(services)
-    assert session.state == "failed"
+    # The task's own prepare failed: nothing to judge, the task's failure_reward (0.0), not an unscorable retry.
+    assert (session.state, session.outcome, session.reward) == ("failed", "prepare_failed", 0.0)
     assert "evaluator runtime prepare step 0" in (session.error or "") and "broken" in (session.error or "")
     assert _dirs(services, session) == []
 
 
-def test_an_evaluator_that_raises_deciding_its_runtime_fails_the_session(services: Services) -> None:
+def test_an_evaluator_that_raises_deciding_its_runtime_makes_the_attempt_unscorable(services: Services) -> None:
+    # The evaluator's own code failed, not the task: each attempt is retried as an infrastructure loss.
     submit_tasks(services, _task(explode=True))
     drain(services)
-    (session,) = sessions(services)
-    assert session.state == "failed" and "cannot decide" in (session.error or "")
-    assert session.evaluator_runtime_handle is None
+    attempts = sessions(services)
+    assert [(s.state, s.outcome, s.outcome_class, s.reward) for s in attempts] == [
+        ("failed", "unscorable", "infrastructure", None)
+    ] * 3
+    assert all("cannot decide" in (s.error or "") and s.evaluator_runtime_handle is None for s in attempts)
 
 
 def test_the_reconciler_removes_a_leaked_clean_runtime(database_url: str, tmp_path: Path) -> None:

@@ -35,5 +35,6 @@ def test_a_harness_that_links_the_evaluator_log_fails_its_evaluation(database_ur
     task = command_task("t", f"ln -s {outside.victim} ../logs/evaluator.log", evaluator=evaluator)
     session = _only(database_url, tmp_path, task)
     outside.assert_unchanged()
-    assert (session.state, session.outcome_class, session.reward) == ("failed", "task", None)
+    # The work tampered with its judging: the policy's failure, scored the task's failure_reward (0.0), never None.
+    assert (session.state, session.outcome_class, session.reward) == ("failed", "task", 0.0)
     assert "UnsafePath" in (session.error or "") and "logs/evaluator.log" in (session.error or "")
