@@ -116,6 +116,7 @@ HarnessName = Literal[
     "mini_swe_agent",
     "hermes",
     "openclaw",
+    "oracle",
 ]
 
 
