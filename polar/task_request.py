@@ -117,6 +117,9 @@ HarnessName = Literal[
     "hermes",
     "openclaw",
     "oracle",
+    "kilocode",
+    "cline",
+    "mistral_vibe",
 ]
 
 

@@ -11,11 +11,14 @@ from collections.abc import Sequence
 from polar.errors import PluginNotAllowed, ValidationError
 from polar.harnesses.base import Harness, HarnessContext, HarnessLaunch, proxy_environment
 from polar.harnesses.claude_code import ClaudeCodeHarness
+from polar.harnesses.cline import ClineHarness
 from polar.harnesses.codex import CodexHarness
 from polar.harnesses.command import REFUSAL, CommandHarness, placeholder_problem
 from polar.harnesses.gemini_cli import GeminiCliHarness
 from polar.harnesses.hermes import HermesHarness
+from polar.harnesses.kilocode import KilocodeHarness
 from polar.harnesses.mini_swe_agent import MiniSweAgentHarness
+from polar.harnesses.mistral_vibe import MistralVibeHarness
 from polar.harnesses.openclaw import OpenclawHarness
 from polar.harnesses.opencode import OpencodeHarness
 from polar.harnesses.oracle import OracleHarness, solution_files
@@ -39,6 +42,9 @@ HARNESSES: dict[str, Harness] = {
         HermesHarness(),
         OpenclawHarness(),
         OracleHarness(),
+        KilocodeHarness(),
+        ClineHarness(),
+        MistralVibeHarness(),
     )
 }
 
