@@ -120,6 +120,7 @@ HarnessName = Literal[
     "kilocode",
     "cline",
     "mistral_vibe",
+    "droid",
 ]
 
 

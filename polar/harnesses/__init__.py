@@ -14,6 +14,7 @@ from polar.harnesses.claude_code import ClaudeCodeHarness
 from polar.harnesses.cline import ClineHarness
 from polar.harnesses.codex import CodexHarness
 from polar.harnesses.command import REFUSAL, CommandHarness, placeholder_problem
+from polar.harnesses.droid import DroidHarness
 from polar.harnesses.gemini_cli import GeminiCliHarness
 from polar.harnesses.hermes import HermesHarness
 from polar.harnesses.kilocode import KilocodeHarness
@@ -45,6 +46,7 @@ HARNESSES: dict[str, Harness] = {
         KilocodeHarness(),
         ClineHarness(),
         MistralVibeHarness(),
+        DroidHarness(),
     )
 }
 

@@ -42,6 +42,9 @@ class CliPackage:
     node: str | None = None  # the Node.js version it needs when the system's is older (npm ``node-linux-<arch>``)
     extras: str | None = None  # pip extras installed with it (``mcp`` for hermes' MCP servers)
     python: str | None = None  # the Python its venv needs when Polar's is older ("3.12"; ``python_for``)
+    # npm packages installed with it, exactly these versions (a platform binary the registry here publishes under
+    # another version than its wrapper's optional dependency names).
+    companions: tuple[str, ...] = ()
 
     def spec(self) -> str:
         """What the package manager is asked for."""
@@ -69,6 +72,8 @@ PACKAGES: Mapping[str, CliPackage] = {
     # cline 3's packages declare Node >= 22.
     "cline": CliPackage("cline", "cline", version="3.0.65", node="24.21.0"),
     # mistral-vibe 3.x pins certifi==2026.10.19, which the registry here has only as .post1.
+    # droid's wrapper runs the platform binary its optional dependency names: 0.225.1, which the registry lacks.
+    "droid": CliPackage("@factory/cli", "droid", version="0.225.1", companions=("@factory/cli-linux-x64@0.225.2",)),
     "mistral_vibe": CliPackage("mistral-vibe", "vibe", "pypi", "2.26.1", python="3.12"),
 }
 INSTALL_TIMEOUT_S = 900.0
@@ -145,7 +150,8 @@ def _install_locked(names: list[str], cache: Path) -> dict[str, str]:
         # Install scripts run with the first ``node`` on PATH: the newer Node for CLIs that check it.
         path = os.pathsep.join([*(str(_node_binary(v, cache).parent) for v in nodes), os.environ.get("PATH", "")])
         command = ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(cache)]
-        _run(command + [package.spec() for package in npm], "npm install", {**os.environ, "PATH": path})
+        specs = [spec for package in npm for spec in (package.spec(), *package.companions)]
+        _run(command + specs, "npm install", {**os.environ, "PATH": path})
     for name in missing:
         if PACKAGES[name].source == "pypi":
             _install_venv(name, cache)

@@ -22,7 +22,8 @@ from polar.harnesses.install import (
 from polar.task_request import HarnessSpec
 from tests.outside import Outside, refusal
 
-PRESETS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "mini_swe_agent", "hermes", "openclaw")
+PRESETS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "mini_swe_agent", "hermes", "openclaw",
+           "kilocode", "cline", "mistral_vibe", "droid")  # fmt: skip
 KEY = "pk-test"
 PROXY = "http://127.0.0.1:9"
 BASE = f"{PROXY}/s/{KEY}"
@@ -230,6 +231,51 @@ def test_hermes_gets_a_home_with_only_the_proxy_and_no_side_traffic(cache: Path,
         launch(tmp_path, "hermes", settings={"mcp_servers": MCP})
 
 
+def test_kilocode_is_opencode_with_kilos_own_switches_off(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "kilocode", model="k", settings={"extra_args": ["--x"]})
+    assert result.command[1:] == ["run", "--auto", "--format", "json", "-m", "polar/k", "--x", "--",
+                                  "Create hello.txt containing HI"]  # fmt: skip
+    config = json.loads((home / ".config" / "kilo" / "kilo.json").read_text())
+    assert config["provider"]["polar"]["options"] == {"baseURL": f"{BASE}/v1", "apiKey": KEY}
+    assert config["enabled_providers"] == ["polar"] and set(config["permission"].values()) == {"allow"}
+    assert result.env["KILO_DISABLE_MODELS_FETCH"] == "1" and result.env["KILO_DISABLE_AUTOUPDATE"] == "1"
+    with pytest.raises(RuntimeFailure, match="does not support"):
+        launch(tmp_path, "kilocode", settings={"max_turns": 3})
+
+
+def test_cline_gets_an_openai_compatible_provider_and_node_24(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "cline", model="c")
+    assert result.command[1:] == ["--json", "--config", str(home / ".cline"), "--auto-approve", "true", "-P",
+                                  "openai-compatible", "-m", "c", "--", "Create hello.txt containing HI"]  # fmt: skip
+    providers = json.loads((home / ".cline" / "data" / "settings" / "providers.json").read_text())
+    assert providers["providers"]["openai-compatible"]["settings"] == {
+        "provider": "openai-compatible", "apiKey": KEY, "model": "c", "baseUrl": f"{BASE}/v1",
+    }  # fmt: skip
+    assert result.env["PATH"].split(":")[0] == str(runtime_bin_dirs("cline", cache)[0])
+
+
+def test_mistral_vibe_runs_programmatically_on_one_generic_provider(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "mistral_vibe", model="v", settings={"max_turns": 5})
+    assert result.command[0] == str(cache / "venvs" / "mistral_vibe" / "bin" / "vibe")
+    assert result.command[1:] == ["--trust", "--output", "json", "--max-turns", "5",
+                                  "--prompt=Create hello.txt containing HI"]  # fmt: skip
+    config = tomllib.loads((home / ".vibe" / "config.toml").read_text())
+    assert config["providers"] == [{"name": "polar", "api_base": f"{BASE}/v1", "api_key_env_var": "OPENAI_API_KEY",
+                                    "backend": "generic"}]  # fmt: skip
+    assert config["models"] == [{"name": "v", "provider": "polar", "alias": "v"}] and config["active_model"] == "v"
+    assert config["enable_telemetry"] is False and config["enable_update_checks"] is False
+    assert result.env["VIBE_HOME"] == str(home / ".vibe")
+
+
+def test_droid_uses_a_custom_model_without_an_account(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "droid", model="d")
+    assert result.command[1:] == ["exec", "--skip-permissions-unsafe", "--output-format", "json", "-m",
+                                  "custom:polar-0", "--", "Create hello.txt containing HI"]  # fmt: skip
+    [model] = json.loads((home / ".factory" / "settings.json").read_text())["customModels"]
+    assert (model["model"], model["baseUrl"], model["apiKey"]) == ("d", f"{BASE}/v1", KEY)
+    assert model["provider"] == "generic-chat-completion-api"
+
+
 def test_a_pinned_preset_at_another_version_is_not_installed(tmp_path: Path) -> None:
     """``pip install hermes-agent`` by hand, or an older pin: the preset's own version is installed over it."""
     cache = tmp_path / "cache"
@@ -263,6 +309,10 @@ CONFIG_FILES = {
     "pi": ".pi/agent/models.json",
     "openclaw": ".openclaw/openclaw.json",
     "hermes": ".hermes/config.yaml",
+    "kilocode": ".config/kilo/kilo.json",
+    "cline": ".cline/data/settings/providers.json",
+    "mistral_vibe": ".vibe/config.toml",
+    "droid": ".factory/settings.json",
 }
 # Where each preset keeps its state: the directory the link tests point elsewhere (mini-swe-agent writes no
 # config of Polar's, but its global config folder is made there).
