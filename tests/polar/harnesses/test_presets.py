@@ -248,6 +248,7 @@ def test_cline_gets_an_openai_compatible_provider_and_node_24(cache: Path, tmp_p
     assert result.command[1:] == ["--json", "--config", str(home / ".cline"), "--auto-approve", "true", "-P",
                                   "openai-compatible", "-m", "c", "--", "Create hello.txt containing HI"]  # fmt: skip
     providers = json.loads((home / ".cline" / "data" / "settings" / "providers.json").read_text())
+    assert providers["providers"]["openai-compatible"]["updatedAt"].endswith("Z")
     assert providers["providers"]["openai-compatible"]["settings"] == {
         "provider": "openai-compatible", "apiKey": KEY, "model": "c", "baseUrl": f"{BASE}/v1",
     }  # fmt: skip
