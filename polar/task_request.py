@@ -121,6 +121,7 @@ HarnessName = Literal[
     "cline",
     "mistral_vibe",
     "droid",
+    "kimi_cli",
 ]
 
 

@@ -18,6 +18,7 @@ from polar.harnesses.droid import DroidHarness
 from polar.harnesses.gemini_cli import GeminiCliHarness
 from polar.harnesses.hermes import HermesHarness
 from polar.harnesses.kilocode import KilocodeHarness
+from polar.harnesses.kimi_cli import KimiCliHarness
 from polar.harnesses.mini_swe_agent import MiniSweAgentHarness
 from polar.harnesses.mistral_vibe import MistralVibeHarness
 from polar.harnesses.openclaw import OpenclawHarness
@@ -47,6 +48,7 @@ HARNESSES: dict[str, Harness] = {
         ClineHarness(),
         MistralVibeHarness(),
         DroidHarness(),
+        KimiCliHarness(),
     )
 }
 

@@ -74,6 +74,8 @@ PACKAGES: Mapping[str, CliPackage] = {
     # mistral-vibe 3.x pins certifi==2026.10.19, which the registry here has only as .post1.
     # droid's wrapper runs the platform binary its optional dependency names: 0.225.1, which the registry lacks.
     "droid": CliPackage("@factory/cli", "droid", version="0.225.1", companions=("@factory/cli-linux-x64@0.225.2",)),
+    # kimi-cli 1.52.0 was archived: it only prints a notice. 1.51.0 is the last that runs.
+    "kimi_cli": CliPackage("kimi-cli", "kimi", "pypi", "1.51.0", python="3.12"),
     "mistral_vibe": CliPackage("mistral-vibe", "vibe", "pypi", "2.26.1", python="3.12"),
 }
 INSTALL_TIMEOUT_S = 900.0

@@ -114,6 +114,17 @@ def test_codex_shell_array() -> None:
     assert call == ToolCall("shell", {"command": ["bash", "-lc", "printf '%s' HELLO-123 > hello.txt"]})
 
 
+def test_cline_run_commands_takes_whole_command_lines() -> None:
+    commands = {"type": "array", "items": {"type": "string", "description": "The non-interactive shell command"}}
+    cline = (
+        tool("read_files", {"files": {"type": "array", "items": {"type": "object"}}}),
+        tool("run_commands", {"commands": commands}),
+        tool("editor", {"path": STRING, "new_text": STRING, "old_text": STRING}, ["path", "new_text"]),
+    )
+    call = first_call(cline)
+    assert call == ToolCall("run_commands", {"commands": ["printf '%s' HELLO-123 > hello.txt"]})
+
+
 def test_codex_apply_patch_when_nothing_else() -> None:
     patch = "*** Begin Patch\n*** Add File: hello.txt\n+HELLO-123\n*** End Patch\n"
     assert first_call(CODEX_PATCH_ONLY) == ToolCall("apply_patch", {"input": patch})
