@@ -122,6 +122,7 @@ HarnessName = Literal[
     "mistral_vibe",
     "droid",
     "kimi_cli",
+    "aider",
 ]
 
 

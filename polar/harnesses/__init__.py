@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from polar.errors import PluginNotAllowed, ValidationError
+from polar.harnesses.aider import AiderHarness
 from polar.harnesses.base import Harness, HarnessContext, HarnessLaunch, proxy_environment
 from polar.harnesses.claude_code import ClaudeCodeHarness
 from polar.harnesses.cline import ClineHarness
@@ -49,6 +50,7 @@ HARNESSES: dict[str, Harness] = {
         MistralVibeHarness(),
         DroidHarness(),
         KimiCliHarness(),
+        AiderHarness(),
     )
 }
 

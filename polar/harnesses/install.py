@@ -76,6 +76,7 @@ PACKAGES: Mapping[str, CliPackage] = {
     "droid": CliPackage("@factory/cli", "droid", version="0.225.1", companions=("@factory/cli-linux-x64@0.225.2",)),
     # kimi-cli 1.52.0 was archived: it only prints a notice. 1.51.0 is the last that runs.
     "kimi_cli": CliPackage("kimi-cli", "kimi", "pypi", "1.51.0", python="3.12"),
+    "aider": CliPackage("aider-chat", "aider", "pypi", "0.86.2"),
     "mistral_vibe": CliPackage("mistral-vibe", "vibe", "pypi", "2.26.1", python="3.12"),
 }
 INSTALL_TIMEOUT_S = 900.0

@@ -23,7 +23,7 @@ from polar.task_request import HarnessSpec
 from tests.outside import Outside, refusal
 
 PRESETS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "mini_swe_agent", "hermes", "openclaw",
-           "kilocode", "cline", "mistral_vibe", "droid")  # fmt: skip
+           "kilocode", "cline", "mistral_vibe", "droid", "kimi_cli", "aider")  # fmt: skip
 KEY = "pk-test"
 PROXY = "http://127.0.0.1:9"
 BASE = f"{PROXY}/s/{KEY}"
@@ -277,6 +277,35 @@ def test_droid_uses_a_custom_model_without_an_account(cache: Path, tmp_path: Pat
     assert model["provider"] == "generic-chat-completion-api"
 
 
+def test_kimi_cli_prints_from_one_openai_provider(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "kimi_cli", model="k2", settings={"max_turns": 6, "mcp_servers": MCP},
+                          env={"KIMI_MODEL_NAME": "mine"})  # fmt: skip
+    config_file = home / ".kimi" / "config.json"
+    assert result.command[0] == str(cache / "venvs" / "kimi_cli" / "bin" / "kimi")
+    mcp = json.dumps({"mcpServers": MCP})
+    assert result.command[1:] == ["--print", "--output-format", "stream-json", "--yolo", "--config-file",
+                                  str(config_file), "-m", "polar", "--max-steps-per-turn", "6", "--mcp-config",
+                                  mcp, "--prompt=Create hello.txt containing HI"]  # fmt: skip
+    config = json.loads(config_file.read_text())
+    assert config["providers"]["polar"] == {"type": "openai_legacy", "base_url": f"{BASE}/v1", "api_key": KEY}
+    assert config["models"]["polar"]["model"] == "k2" and config["telemetry"] is False
+    assert result.env["KIMI_SHARE_DIR"] == str(home / ".kimi") and result.env["KIMI_DISABLE_TELEMETRY"] == "1"
+    assert result.env["KIMI_MODEL_NAME"] == "mine"  # a task's own env still wins
+
+
+def test_aider_lists_whole_files_through_litellm(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "aider", model="a")
+    assert result.command[0] == str(cache / "venvs" / "aider" / "bin" / "aider")
+    assert result.command[1:6] == ["--message=Create hello.txt containing HI", "--yes-always", "--edit-format",
+                                   "whole", "--model"]  # fmt: skip
+    assert result.command[6:9] == ["openai/a", "--openai-api-base", f"{BASE}/v1"]
+    assert "--no-git" in result.command and "--analytics-disable" in result.command
+    assert str(home / ".aider" / "chat.history.md") in result.command
+    assert result.env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True" and result.env["OPENAI_API_KEY"] == KEY
+    with pytest.raises(RuntimeFailure, match="does not support"):
+        launch(tmp_path, "aider", settings={"max_turns": 2})
+
+
 def test_a_pinned_preset_at_another_version_is_not_installed(tmp_path: Path) -> None:
     """``pip install hermes-agent`` by hand, or an older pin: the preset's own version is installed over it."""
     cache = tmp_path / "cache"
@@ -314,10 +343,12 @@ CONFIG_FILES = {
     "cline": ".cline/data/settings/providers.json",
     "mistral_vibe": ".vibe/config.toml",
     "droid": ".factory/settings.json",
+    "kimi_cli": ".kimi/config.json",
 }
 # Where each preset keeps its state: the directory the link tests point elsewhere (mini-swe-agent writes no
 # config of Polar's, but its global config folder is made there).
-CONFIG_DIRS = {**{name: path.split("/")[0] for name, path in CONFIG_FILES.items()}, "mini_swe_agent": ".config"}
+CONFIG_DIRS = {**{name: path.split("/")[0] for name, path in CONFIG_FILES.items()}, "mini_swe_agent": ".config",
+               "aider": ".aider"}  # fmt: skip
 MCP = {"fs": {"command": "mcp-fs", "args": ["/"]}}
 
 
