@@ -75,7 +75,9 @@ PACKAGES: Mapping[str, CliPackage] = {
     # droid's wrapper runs the platform binary its optional dependency names: 0.225.1, which the registry lacks.
     "droid": CliPackage("@factory/cli", "droid", version="0.225.1", companions=("@factory/cli-linux-x64@0.225.2",)),
     # kimi-cli 1.52.0 was archived: it only prints a notice. 1.51.0 is the last that runs.
-    "kimi_cli": CliPackage("kimi-cli", "kimi", "pypi", "1.51.0", python="3.12"),
+    # On 3.12.1 (pyenv's here) typing lets a TypeError out of a generic's __call__ that kimi's slash commands
+    # raise; 3.13 catches it.
+    "kimi_cli": CliPackage("kimi-cli", "kimi", "pypi", "1.51.0", python="3.13"),
     "aider": CliPackage("aider-chat", "aider", "pypi", "0.86.2"),
     "mistral_vibe": CliPackage("mistral-vibe", "vibe", "pypi", "2.26.1", python="3.12"),
 }
@@ -124,6 +126,8 @@ def installed_version(name: str, cache: Path | None = None) -> str | None:
         return None
     if package.node is not None and not _node_binary(package.node, cache).exists():
         return None
+    if package.python is not None and _venv_python(name, cache) != package.python:
+        return None  # made on another interpreter than the one pinned
     version = _pypi_version(name, package, cache) if package.source == "pypi" else _npm_version(package, cache)
     return None if package.version is not None and version != package.version else version
 
@@ -221,6 +225,19 @@ def _pypi_version(name: str, package: CliPackage, cache: Path) -> str | None:
     site = [str(path) for path in (_venv(name, cache) / "lib").glob("python3*/site-packages")]
     found = [dist.version for dist in importlib.metadata.distributions(name=package.package, path=site)]
     return found[0] if found else None
+
+
+def _venv_python(name: str, cache: Path) -> str | None:
+    """The major.minor of the interpreter preset ``name``'s venv was made from (its pyvenv.cfg ``version``)."""
+    try:
+        lines = (_venv(name, cache) / "pyvenv.cfg").read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key.strip() in ("version", "version_info"):
+            return ".".join(value.strip().split(".")[:2])
+    return None
 
 
 def _venv(name: str, cache: Path) -> Path:

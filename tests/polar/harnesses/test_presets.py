@@ -38,6 +38,8 @@ def stand_in(cache: Path, name: str, version: str) -> None:
     binary.write_text("#!/bin/sh\n")
     if package.source == "pypi":
         site = cache / "venvs" / name / "lib" / "python3.11" / "site-packages"
+        if package.python is not None:  # made on the interpreter the preset pins
+            (binary.parent.parent / "pyvenv.cfg").write_text(f"home = /py/bin\nversion = {package.python}.4\n")
         dist = site / f"{package.package.replace('-', '_')}-{version}.dist-info"  # as pip names it
         dist.mkdir(parents=True, exist_ok=True)
         (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package.package}\nVersion: {version}\n")
@@ -318,6 +320,13 @@ def test_a_pinned_preset_at_another_version_is_not_installed(tmp_path: Path) -> 
     (runtime_bin_dirs("openclaw", cache)[0] / "node").unlink()  # the Node.js 24 it runs on went missing
     assert installed_version("openclaw", cache) is None
     assert runtime_bin_dirs("pi", cache) == []
+
+
+def test_a_venv_on_another_python_than_the_pinned_one_is_not_installed(cache: Path) -> None:
+    assert installed_version("kimi_cli", cache) == PACKAGES["kimi_cli"].version
+    config = cache / "venvs" / "kimi_cli" / "pyvenv.cfg"
+    config.write_text("home = /py/bin\nversion = 3.12.1\n")  # kimi-cli 1.51 fails on 3.12.1's typing
+    assert installed_version("kimi_cli", cache) is None
 
 
 def test_install_skips_what_is_cached(cache: Path) -> None:
