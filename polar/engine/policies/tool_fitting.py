@@ -18,12 +18,12 @@ from polar.engine.conversation import ToolCall
 
 Function = Mapping[str, Any]
 
-WRITE_TOOLS = ("write", "write_file", "create_file", "writefile")
+WRITE_TOOLS = ("write", "write_file", "create_file", "writefile", "create")  # "Create": Factory's Droid
 READ_TOOLS = ("read", "read_file", "view", "readfile", "read_many_files")
 LIST_TOOLS = ("ls", "list_directory", "list", "list_dir", "glob", "find")
 EDIT_TOOLS = ("edit", "replace", "str_replace", "edit_file", "multiedit")
 SHELL_TOOLS = ("bash", "shell", "exec_command", "run_shell_command", "local_shell", "shell_command", "exec", "terminal",
-               "run_commands")  # fmt: skip
+               "run_commands", "execute")  # fmt: skip
 PATCH_TOOLS = ("apply_patch",)
 PATH_PROPERTIES = ("file_path", "path", "filePath", "absolute_path", "filename", "dir_path", "directory")
 CONTENT_PROPERTIES = ("content", "text", "contents")

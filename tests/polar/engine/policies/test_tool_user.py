@@ -125,6 +125,15 @@ def test_cline_run_commands_takes_whole_command_lines() -> None:
     assert call == ToolCall("run_commands", {"commands": ["printf '%s' HELLO-123 > hello.txt"]})
 
 
+def test_droid_create() -> None:
+    droid = (
+        tool("Execute", {"summary": STRING, "command": STRING}, ["summary", "command"]),
+        tool("Create", {"file_path": STRING, "content": STRING}),
+    )
+    assert first_call(droid) == ToolCall("Create", {"file_path": "hello.txt", "content": "HELLO-123"})
+    assert first_call(droid[:1]).arguments["command"] == "printf '%s' HELLO-123 > hello.txt"
+
+
 def test_aider_gets_a_file_listing_then_the_answer() -> None:
     system = "Act as an expert software developer.\nYou MUST use this *file listing* format:\n\npath/to/file.js\n```"
     policy = ToolUserPolicy({})
