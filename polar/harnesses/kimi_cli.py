@@ -8,9 +8,10 @@ OpenAI Chat Completions.
 ``base_url`` = the proxy's ``/v1`` and the session key, the model ``M`` on it as the default, and telemetry off;
 no Kimi account is used. ``KIMI_SHARE_DIR`` keeps its sessions and logs in the session home, and
 ``KIMI_CLI_NO_AUTO_UPDATE``/``KIMI_DISABLE_TELEMETRY`` keep it from reaching anything else. It runs from its own
-Python 3.12 virtualenv; 1.51.0 is pinned, the last release before the package was archived (1.52.0 only prints a
-notice pointing elsewhere). Settings: ``max_turns`` (``--max-steps-per-turn``), ``extra_args``,
-``mcp_servers`` (kimi's ``mcpServers`` format, passed as ``--mcp-config``).
+Python 3.13 virtualenv (on 3.12.1 its slash commands raise in typing); 1.51.0 is pinned, the last release before
+the package was archived (1.52.0 only prints a notice pointing elsewhere). Settings: ``max_turns``
+(``--max-steps-per-turn``), ``extra_args``, ``mcp_servers`` (kimi's ``mcpServers`` format, passed as
+``--mcp-config``).
 """
 
 from __future__ import annotations

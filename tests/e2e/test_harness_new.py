@@ -1,7 +1,7 @@
 """The harness presets added for issue 31, unmodified, through the whole pipeline in the local runtime and in
 bubblewrap (whose network holds nothing but the relay to the proxy): API, stage workers, proxy, and the reference
 engine with the ``tool_user`` policy. Kilo Code, Cline and Factory's Droid come from npm; Mistral Vibe and kimi-cli
-from PyPI, each in a Python 3.12 virtualenv of its own; aider from PyPI, in its whole-file edit format (a file
+from PyPI, in Python 3.12 and 3.13 virtualenvs of their own; aider from PyPI, in its whole-file edit format (a file
 listing in the reply, no tool calls). None of them uses an account: each is pointed at the proxy alone.
 
 All twelve sessions run in one batch. Each must complete with reward 1.0 (the ``FileContent`` evaluator found the
