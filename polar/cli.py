@@ -270,9 +270,35 @@ def _load_batch(file: Path, source: dict[str, Any]) -> dict[str, Any]:
         raise click.ClickException(str(exc)) from exc
 
 
+def _load_harbor(directory: Path, harnesses: tuple[str, ...], source: dict[str, Any]) -> dict[str, Any]:
+    from polar.errors import PolarError
+    from polar.loaders import load_harbor, read_mapping
+
+    if source["template"] or source["swebench"] or source["image_template"]:
+        raise click.UsageError("--harbor takes no --template, --swebench or --image-template")
+    default = [name for name in harnesses if "=" not in name]
+    if len(default) > 1:
+        raise click.UsageError(f"one default --harness at most (got {', '.join(default)}); use TASK=NAME for others")
+    per_task = dict(name.split("=", 1) for name in harnesses if "=" in name)
+    try:
+        defaults = read_mapping(source["defaults"], "--defaults") if source["defaults"] else None
+        return load_harbor(
+            directory, harness=default[0] if default else None, per_task=per_task, defaults=defaults,
+            samples=source["samples"], limit=source["limit"], name=source["name"],
+        )  # fmt: skip
+    except PolarError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 @main.command()
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("file", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_batch_source
+@click.option("--harbor", "harbor_dir", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Submit the Harbor task folder DIR, or every task folder under it, as one batch (each "
+                   "environment built into a local Docker image).")  # fmt: skip
+@click.option("--harness", "harnesses", multiple=True, metavar="NAME|TASK=NAME",
+              help="With --harbor: the harness of every task (oracle: each task's solution/solve.sh); TASK=NAME "
+                   "gives one task folder its own. Repeatable.")  # fmt: skip
 @click.option("--wait", is_flag=True, help="Wait for the batch to finish, with a progress bar.")
 @click.option("--api", default=None, help="Rollout API URL (default POLAR_API_URL).")
 @click.option("--token", default=None, help="API token (default POLAR_API_TOKEN).")
@@ -280,10 +306,15 @@ def _load_batch(file: Path, source: dict[str, Any]) -> dict[str, Any]:
               help="Send this Idempotency-Key: a second submit with it returns the first's batch (default: a fresh "
                    "key for this command, which its own retries reuse).")  # fmt: skip
 def submit(
-    file: Path, wait: bool, api: str | None, token: str | None, idempotency_key: str | None, **source: Any
-) -> None:
-    """Submit a batch: FILE is a JSON or YAML batch, or JSONL rows with --template or --swebench."""
-    batch = _load_batch(file, source)
+    file: Path | None, harbor_dir: Path | None, harnesses: tuple[str, ...], wait: bool, api: str | None,
+    token: str | None, idempotency_key: str | None, **source: Any,
+) -> None:  # fmt: skip
+    """Submit a batch: FILE is a JSON or YAML batch, or JSONL rows with --template or --swebench; or --harbor DIR."""
+    if (file is None) == (harbor_dir is None):
+        raise click.UsageError("give FILE or --harbor DIR (one of them)")
+    if harnesses and harbor_dir is None:
+        raise click.UsageError("--harness goes with --harbor (a batch file names its harnesses)")
+    batch = _load_batch(file, source) if file is not None else _load_harbor(harbor_dir, harnesses, source)  # type: ignore[arg-type]
     client = _client(api, token)
     try:
         submitted = client.submit(batch, idempotency_key)

@@ -116,6 +116,13 @@ HarnessName = Literal[
     "mini_swe_agent",
     "hermes",
     "openclaw",
+    "oracle",
+    "kilocode",
+    "cline",
+    "mistral_vibe",
+    "droid",
+    "kimi_cli",
+    "aider",
 ]
 
 

@@ -19,6 +19,7 @@ import pydantic
 
 from polar.errors import PluginNotAllowed, ValidationError
 from polar.evaluators.base import Evaluation, EvaluationContext, Evaluator, EvaluatorConfig, fresh_runtime_spec
+from polar.evaluators.harbor import Harbor
 from polar.evaluators.reward_file import RewardFile
 from polar.evaluators.session_completion import SessionCompletion
 from polar.evaluators.swebench import SWEBench
@@ -33,6 +34,7 @@ EVALUATORS: dict[str, EvaluatorFactory] = {
     "test_on_output": TestOnOutput,
     "reward_file": RewardFile,
     "swebench": SWEBench,
+    "harbor": Harbor,
 }
 ENTRY_POINT_GROUP = "polar.evaluators"
 

@@ -129,7 +129,7 @@ def read_reward(session_dir: Path, name: str, key: str) -> tuple[float, dict[str
     )
 
 
-def _make_reward_dir(session_dir: Path) -> Path:
+def make_reward_dir(session_dir: Path) -> Path:
     """The verifier's reward directory, made now and owned like ``logs/`` (in Docker, by the container's user).
     The harness owns ``logs/``: a link there (or at ``logs/verifier``) is refused, never made into or chowned."""
     try:
@@ -173,7 +173,7 @@ class RewardFile:
         return Evaluation(reward=reward, details=details)
 
     def _verify(self, context: EvaluationContext, runtime: Runtime, command: str) -> dict[str, Any]:
-        reward_dir = _make_reward_dir(runtime.session_dir)
+        reward_dir = make_reward_dir(runtime.session_dir)
         for name in self._files:
             remove_file(runtime.session_dir, name)
         result, output = run_command(

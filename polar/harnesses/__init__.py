@@ -1,7 +1,7 @@
 """Harnesses: the agent programs sessions run. ``base`` holds the launch contract and the proxy environment;
 one module per harness (``command``, ``python``, and the coding-agent CLI presets ``claude_code``, ``codex``,
 ``gemini_cli``, ``qwen_code``, ``opencode``, ``pi``, ``mini_swe_agent``, ``hermes``, ``openclaw`` sharing
-``preset``); ``install`` keeps the CLIs in a cache;
+``preset``, and ``oracle``, a Harbor task's own solution); ``install`` keeps the CLIs in a cache;
 the registry maps TaskRequest ``harness.name`` values to them."""
 
 from __future__ import annotations
@@ -9,15 +9,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from polar.errors import PluginNotAllowed, ValidationError
+from polar.harnesses.aider import AiderHarness
 from polar.harnesses.base import Harness, HarnessContext, HarnessLaunch, proxy_environment
 from polar.harnesses.claude_code import ClaudeCodeHarness
+from polar.harnesses.cline import ClineHarness
 from polar.harnesses.codex import CodexHarness
 from polar.harnesses.command import REFUSAL, CommandHarness, placeholder_problem
+from polar.harnesses.droid import DroidHarness
 from polar.harnesses.gemini_cli import GeminiCliHarness
 from polar.harnesses.hermes import HermesHarness
+from polar.harnesses.kilocode import KilocodeHarness
+from polar.harnesses.kimi_cli import KimiCliHarness
 from polar.harnesses.mini_swe_agent import MiniSweAgentHarness
+from polar.harnesses.mistral_vibe import MistralVibeHarness
 from polar.harnesses.openclaw import OpenclawHarness
 from polar.harnesses.opencode import OpencodeHarness
+from polar.harnesses.oracle import OracleHarness, solution_files
 from polar.harnesses.pi import PiHarness
 from polar.harnesses.python import PythonHarness, check_python_target
 from polar.harnesses.qwen_code import QwenCodeHarness
@@ -37,6 +44,13 @@ HARNESSES: dict[str, Harness] = {
         MiniSweAgentHarness(),
         HermesHarness(),
         OpenclawHarness(),
+        OracleHarness(),
+        KilocodeHarness(),
+        ClineHarness(),
+        MistralVibeHarness(),
+        DroidHarness(),
+        KimiCliHarness(),
+        AiderHarness(),
     )
 }
 
@@ -53,6 +67,11 @@ def check_harness(spec: HarnessSpec, field: str, plugin_modules: Sequence[str] =
         )
     if spec.name == "command" and (problem := placeholder_problem(spec.command or "")) is not None:
         raise ValidationError(f"{field}.command: {REFUSAL} ({problem})", field=f"{field}.command")
+    if spec.name == "oracle":
+        try:
+            solution_files(spec.settings)
+        except ValueError as exc:
+            raise ValidationError(f"{field}.settings.{exc}", field=f"{field}.settings") from exc
     if spec.name == "python":
         try:
             check_python_target(spec.command or "", plugin_modules)

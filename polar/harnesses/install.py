@@ -4,7 +4,9 @@ own environment.
 ``install(["codex", "hermes"])`` installs each preset not installed yet: the npm CLIs with one
 ``npm install --no-audit --no-fund --prefix <cache> <package>…`` (their binaries land in
 ``<cache>/node_modules/.bin/``), each Python CLI into a virtualenv of its own, ``<cache>/venvs/<preset>``
-(mini-swe-agent pulls litellm, hermes its own openai and pydantic: they must not meet Polar's). A CLI that needs a
+(mini-swe-agent pulls litellm, hermes its own openai and pydantic: they must not meet Polar's); a Python CLI that
+needs a newer Python than Polar's gets its venv from that interpreter (``python3.12`` on ``PATH``, else pyenv's
+``~/.pyenv/versions/3.12.*``), or a clear error naming the version. A CLI that needs a
 newer Node.js than the system's gets one from npm's ``node-linux-<arch>`` package under ``<cache>/node/<version>``,
 which its preset puts first on ``PATH`` (``runtime_bin_dirs``). Every version is pinned and installed exactly; a
 different installed version counts as missing. The cache is ``POLAR_HARNESS_CACHE``, else
@@ -18,6 +20,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
@@ -38,6 +41,10 @@ class CliPackage:
     version: str | None = None  # pinned: installed as package@version (npm) or package==version (pypi)
     node: str | None = None  # the Node.js version it needs when the system's is older (npm ``node-linux-<arch>``)
     extras: str | None = None  # pip extras installed with it (``mcp`` for hermes' MCP servers)
+    python: str | None = None  # the Python its venv needs when Polar's is older ("3.12"; ``python_for``)
+    # npm packages installed with it, exactly these versions (a platform binary the registry here publishes under
+    # another version than its wrapper's optional dependency names).
+    companions: tuple[str, ...] = ()
 
     def spec(self) -> str:
         """What the package manager is asked for."""
@@ -60,6 +67,19 @@ PACKAGES: Mapping[str, CliPackage] = {
     "hermes": CliPackage("hermes-agent", "hermes", "pypi", "0.19.0", extras="mcp"),
     # openclaw 2026.9.6 refuses Node < 24.16 in its preinstall step; these machines have Node 20.
     "openclaw": CliPackage("openclaw", "openclaw", version="2026.9.6", node="24.21.0"),
+    # 7.8.1's platform binaries are not on the registry here; 7.7.7's are.
+    "kilocode": CliPackage("@kilocode/cli", "kilo", version="7.7.7"),
+    # cline 3's packages declare Node >= 22.
+    "cline": CliPackage("cline", "cline", version="3.0.65", node="24.21.0"),
+    # mistral-vibe 3.x pins certifi==2026.10.19, which the registry here has only as .post1.
+    # droid's wrapper runs the platform binary its optional dependency names: 0.225.1, which the registry lacks.
+    "droid": CliPackage("@factory/cli", "droid", version="0.225.1", companions=("@factory/cli-linux-x64@0.225.2",)),
+    # kimi-cli 1.52.0 was archived: it only prints a notice. 1.51.0 is the last that runs.
+    # On 3.12.1 (pyenv's here) typing lets a TypeError out of a generic's __call__ that kimi's slash commands
+    # raise; 3.13 catches it.
+    "kimi_cli": CliPackage("kimi-cli", "kimi", "pypi", "1.51.0", python="3.13"),
+    "aider": CliPackage("aider-chat", "aider", "pypi", "0.86.2"),
+    "mistral_vibe": CliPackage("mistral-vibe", "vibe", "pypi", "2.26.1", python="3.12"),
 }
 INSTALL_TIMEOUT_S = 900.0
 
@@ -106,6 +126,8 @@ def installed_version(name: str, cache: Path | None = None) -> str | None:
         return None
     if package.node is not None and not _node_binary(package.node, cache).exists():
         return None
+    if package.python is not None and _venv_python(name, cache) != package.python:
+        return None  # made on another interpreter than the one pinned
     version = _pypi_version(name, package, cache) if package.source == "pypi" else _npm_version(package, cache)
     return None if package.version is not None and version != package.version else version
 
@@ -135,7 +157,8 @@ def _install_locked(names: list[str], cache: Path) -> dict[str, str]:
         # Install scripts run with the first ``node`` on PATH: the newer Node for CLIs that check it.
         path = os.pathsep.join([*(str(_node_binary(v, cache).parent) for v in nodes), os.environ.get("PATH", "")])
         command = ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(cache)]
-        _run(command + [package.spec() for package in npm], "npm install", {**os.environ, "PATH": path})
+        specs = [spec for package in npm for spec in (package.spec(), *package.companions)]
+        _run(command + specs, "npm install", {**os.environ, "PATH": path})
     for name in missing:
         if PACKAGES[name].source == "pypi":
             _install_venv(name, cache)
@@ -150,9 +173,33 @@ def _install_venv(name: str, cache: Path) -> None:
     """``python -m venv <cache>/venvs/<name>`` on the interpreter Polar runs on (its base, not Polar's venv:
     ``venv`` resolves it), then ``pip install package==version`` inside."""
     venv = _venv(name, cache)
-    _run([sys.executable, "-m", "venv", "--clear", str(venv)], "python -m venv")
+    wanted = PACKAGES[name].python
+    _run([python_for(wanted) if wanted else sys.executable, "-m", "venv", "--clear", str(venv)], "python -m venv")
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-q"]
     _run([*pip, PACKAGES[name].spec()], "pip install")
+
+
+def python_for(version: str, env: Mapping[str, str] | None = None) -> str:
+    """An interpreter of Python ``version`` ("3.12"): ``python3.12`` on PATH, else the newest pyenv install of it;
+    RuntimeFailure when this machine has none."""
+    env = os.environ if env is None else env
+    found = shutil.which(f"python{version}", path=env.get("PATH"))
+    if found and _answers(found):
+        return found
+    root = Path(env.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    for candidate in sorted(root.glob(f"versions/{version}.*/bin/python{version}"), reverse=True):
+        if _answers(str(candidate)):
+            return str(candidate)
+    raise RuntimeFailure(f"this CLI needs Python {version}, and neither python{version} on PATH nor {root}/versions "
+                         f"has one")  # fmt: skip
+
+
+def _answers(python: str) -> bool:
+    """A pyenv shim answers ``python3.12`` even when no 3.12 is selected: run it to know."""
+    try:
+        return subprocess.run([python, "-c", ""], capture_output=True, timeout=30, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def _run(command: list[str], what: str, env: Mapping[str, str] | None = None) -> None:
@@ -178,6 +225,19 @@ def _pypi_version(name: str, package: CliPackage, cache: Path) -> str | None:
     site = [str(path) for path in (_venv(name, cache) / "lib").glob("python3*/site-packages")]
     found = [dist.version for dist in importlib.metadata.distributions(name=package.package, path=site)]
     return found[0] if found else None
+
+
+def _venv_python(name: str, cache: Path) -> str | None:
+    """The major.minor of the interpreter preset ``name``'s venv was made from (its pyvenv.cfg ``version``)."""
+    try:
+        lines = (_venv(name, cache) / "pyvenv.cfg").read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key.strip() in ("version", "version_info"):
+            return ".".join(value.strip().split(".")[:2])
+    return None
 
 
 def _venv(name: str, cache: Path) -> Path:

@@ -12,6 +12,7 @@ chat answer.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from array import array
@@ -57,12 +58,25 @@ def enabled(db: Database, session_id: uuid.UUID) -> bool:
     return bool((spec or {}).get("token_in_token_out"))
 
 
-def _identity(message: dict[str, Any]) -> tuple[Any, ...]:
-    """What ties a resent assistant message to the call that produced it: its tool-call ids, else its text."""
+def _identities(message: dict[str, Any]) -> set[tuple[Any, ...]]:
+    """What ties a resent assistant message to the call that produced it: its tool-call ids, or the calls' names
+    and parsed arguments (Factory's Droid resends a call under an id of its own, its arguments re-serialised), else
+    its text. A match is only a candidate: ``find_link`` still checks the history before it."""
     calls = message.get("tool_calls") or []
     if calls:
-        return ("calls", tuple(str(call.get("id")) for call in calls))
-    return ("text", str(message.get("content") or "").strip())
+        return {("calls", tuple(str(call.get("id")) for call in calls)), ("named", tuple(map(_call_key, calls)))}
+    return {("text", str(message.get("content") or "").strip())}
+
+
+def _call_key(call: Any) -> tuple[str, str]:
+    function = (call.get("function") if isinstance(call, dict) else None) or {}
+    arguments = function.get("arguments")
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        canonical = json.dumps(parsed, sort_keys=True)
+    except (ValueError, TypeError):
+        canonical = str(arguments)
+    return str(function.get("name")), canonical
 
 
 def find_link(
@@ -74,7 +88,7 @@ def find_link(
     index = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), None)
     if index is None:
         return None
-    wanted = _identity(messages[index])
+    wanted = _identities(messages[index])
 
     with db.engine.connect() as connection:
         rows = session_rows(connection, session_id, columns=(ModelCall.agent, ModelCall.status_code,
@@ -83,7 +97,7 @@ def find_link(
     answers = rebuild(rows, {row.id for row in candidates}, prompts=False, parts=["response"])
     for row in reversed(candidates):
         answer = ((answers[row.id].response or {}).get("choices") or [{}])[0].get("message") or {}
-        if _identity(answer) == wanted:
+        if _identities(answer) & wanted:
             if not _continues(_history_rows(db, session_id, row.seq), row.id, messages[:index], tools):
                 return None
             prompt = full_prompts(rows, {row.id})[row.id]

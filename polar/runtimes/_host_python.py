@@ -18,8 +18,27 @@ def python_paths() -> list[str]:
 
 
 def host_tool_paths() -> list[str]:
-    """``python_paths`` plus the harness install cache, when it exists."""
+    """``python_paths`` plus the harness install cache, when it exists, and the prefix of every other interpreter a
+    venv there was made from (a CLI needing Python 3.12 runs on pyenv's, which is not Polar's)."""
     from polar.harnesses.install import cache_dir
 
     cache = cache_dir()
-    return python_paths() + ([str(cache)] if cache.is_dir() else [])
+    if not cache.is_dir():
+        return python_paths()
+    paths = set(python_paths()) | {str(cache)} | _venv_bases(cache / "venvs")
+    return sorted(p for p in paths if os.path.isdir(p) and p not in ("/", "/usr", "/usr/local"))
+
+
+def _venv_bases(venvs: Path) -> set[str]:
+    """The installation prefix (``home`` of pyvenv.cfg, less its ``bin``) of each venv under ``venvs``."""
+    found = set()
+    for config in venvs.glob("*/pyvenv.cfg"):
+        try:
+            lines = config.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue
+        for line in lines:
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and value.strip():
+                found.add(str(Path(value.strip()).resolve().parent))
+    return found

@@ -51,11 +51,13 @@ def commands(body: str) -> list[list[str]]:
 
 def check_polar(args: list[str], workdir: Path) -> None:
     """Parse ``polar ARGS`` exactly as the CLI would, without running it (files it names exist, empty, in
-    ``workdir``: the parser checks existence, not content)."""
-    for word in args:
+    ``workdir``, and the directory after ``--harbor``: the parser checks existence, not content)."""
+    for before, word in zip(["", *args], args, strict=False):
         if re.fullmatch(r"[\w./-]+\.(json|jsonl|yaml|yml|parquet)", word) and not word.startswith("/"):
             (workdir / word).parent.mkdir(parents=True, exist_ok=True)
             (workdir / word).touch()
+        elif before == "--harbor" and not word.startswith("/"):  # a directory of task folders
+            (workdir / word).mkdir(parents=True, exist_ok=True)
     command: click.Command = polar_cli
     context = command.make_context("polar", list(args), resilient_parsing=False)
     with warnings.catch_warnings():

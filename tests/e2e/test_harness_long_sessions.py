@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from polar.harnesses.check import Report, build_report, check_task, decode_token
-from polar.harnesses.install import PACKAGES, install
+from polar.harnesses.install import install
 from tests.support import RunningStack, running_stack
 
 pytestmark = [pytest.mark.long(seconds=138), pytest.mark.timeout(1500)]
@@ -29,7 +29,7 @@ STEPS = 20
 def reports(
     module_database_url: str, module_broker_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[tuple[str, bool], Report]]:
-    install(PACKAGES)
+    install(CLIS)
     tmp = tmp_path_factory.mktemp("long-sessions")
     with running_stack(
         module_database_url, module_broker_url, tmp, policy="plan", policy_config=json.dumps({"steps": STEPS}),

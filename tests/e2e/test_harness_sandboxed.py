@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from polar.harnesses.install import PACKAGES, install
+from polar.harnesses.install import install
 from tests.docker_engine import containers_of, require_docker_image
 from tests.support import running_stack
 
@@ -35,7 +35,7 @@ def cli_task(cli: str, backend: str) -> dict[str, Any]:
 
 def test_the_six_clis_in_bwrap_and_docker(database_url: str, broker_url: str, tmp_path: Path) -> None:
     require_docker_image()
-    install(PACKAGES)
+    install(CLIS)
     with running_stack(
         database_url, broker_url, tmp_path, policy="tool_user", policy_config="{}", run_concurrency=4,
         env={"PYTHONPATH": REPO, "POLAR_PLUGIN_MODULES": "tests.e2e"},

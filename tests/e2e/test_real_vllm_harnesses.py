@@ -17,14 +17,26 @@ from typing import Any
 
 import pytest
 
-from polar.harnesses.install import PACKAGES, install
+from polar.harnesses.install import install
 from tests.real_vllm import SharedVllm
 from tests.support import RunningStack, engine_tokenize, running_stack
 
 pytestmark = [pytest.mark.long(seconds=120), pytest.mark.timeout(1200)]
 
 REPO = str(Path(__file__).resolve().parents[2])
-HARNESSES = tuple(PACKAGES)  # the six CLIs, mini_swe_agent, hermes, openclaw
+# The six CLIs, mini_swe_agent, hermes, openclaw; the presets of issue 31 run on the reference engine
+# (tests/e2e/test_harness_new.py).
+HARNESSES = (
+    "claude_code",
+    "codex",
+    "gemini_cli",
+    "qwen_code",
+    "opencode",
+    "pi",
+    "mini_swe_agent",
+    "hermes",
+    "openclaw",
+)
 CONTENT = "polar-ok"
 
 

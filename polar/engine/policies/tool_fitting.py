@@ -18,15 +18,16 @@ from polar.engine.conversation import ToolCall
 
 Function = Mapping[str, Any]
 
-WRITE_TOOLS = ("write", "write_file", "create_file", "writefile")
+WRITE_TOOLS = ("write", "write_file", "create_file", "writefile", "create")  # "Create": Factory's Droid
 READ_TOOLS = ("read", "read_file", "view", "readfile", "read_many_files")
 LIST_TOOLS = ("ls", "list_directory", "list", "list_dir", "glob", "find")
 EDIT_TOOLS = ("edit", "replace", "str_replace", "edit_file", "multiedit")
-SHELL_TOOLS = ("bash", "shell", "exec_command", "run_shell_command", "local_shell", "shell_command", "exec", "terminal")
+SHELL_TOOLS = ("bash", "shell", "exec_command", "run_shell_command", "local_shell", "shell_command", "exec", "terminal",
+               "run_commands", "execute")  # fmt: skip
 PATCH_TOOLS = ("apply_patch",)
 PATH_PROPERTIES = ("file_path", "path", "filePath", "absolute_path", "filename", "dir_path", "directory")
 CONTENT_PROPERTIES = ("content", "text", "contents")
-COMMAND_PROPERTIES = ("command", "cmd")
+COMMAND_PROPERTIES = ("command", "cmd", "commands")
 OLD_PROPERTIES = ("old_string", "oldString", "oldText", "old_str", "old_text")
 NEW_PROPERTIES = ("new_string", "newString", "newText", "new_str", "new_text")
 
@@ -108,13 +109,16 @@ def path_call(
 
 def shell_call(function: Function, script: str, purpose: str) -> ToolCall | None:
     """A call of a shell tool running ``script``: a string ``command``/``cmd``, or ``["bash", "-lc", script]`` when
-    the schema wants an array; None when it has neither property."""
+    the schema wants an argv array, or ``[script]`` in a ``commands`` array (Cline's ``run_commands``: each item a
+    whole command line); None when it has none of these properties."""
     props = properties(function)
     command_name = first(props, COMMAND_PROPERTIES)
     if command_name is None:
         return None
     schema = props[command_name] if isinstance(props[command_name], Mapping) else {}
-    command: Any = ["bash", "-lc", script] if schema.get("type") == "array" else script
+    command: Any = script
+    if schema.get("type") == "array":
+        command = [script] if command_name == "commands" else ["bash", "-lc", script]
     return ToolCall(str(function["name"]), fill_required(function, {command_name: command}, purpose))
 
 

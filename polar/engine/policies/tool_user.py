@@ -21,7 +21,9 @@ is there, or when no tool fits (or ``tool_choice`` is "none"), the policy answer
 
 A harness that offers no tools but asks, in its prompt, for one fenced shell block per reply and names a submit
 command (mini-swe-agent's text-based mode, ``polar.engine.policies.shell_blocks``) gets the same ``printf`` in
-such a block, then the submit command alone once the harness has shown that block's output.
+such a block, then the submit command alone once the harness has shown that block's output. One that offers no
+tools and asks for a *file listing* (aider's ``whole`` edit format, ``polar.engine.policies.file_listing``) gets the
+file's path and its content in a fence, then "Created FILE." if it calls again.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 from polar.engine.conversation import Message, ToolCall
 from polar.engine.policies.base import AssistantTurn, PolicyRequest
+from polar.engine.policies.file_listing import file_listing_protocol
 from polar.engine.policies.shell_blocks import block_protocol
 from polar.engine.policies.tool_fitting import (
     CONTENT_PROPERTIES,
@@ -112,6 +115,10 @@ class ToolUserPolicy:
                 script = write_script(task.path, task.content)
                 return AssistantTurn(content=protocol.reply(f"I will create {task.path}.", script))
             return AssistantTurn(content=protocol.reply(f"{task.path} is created; I submit.", protocol.submit))
+        if not request.tools and (listing := file_listing_protocol(request.messages)) is not None:
+            if listing.listed_since(request.messages, index, task.path):
+                return AssistantTurn(content=f"Created {task.path}.")
+            return AssistantTurn(content=listing.reply(f"I will create {task.path}.", task.path, task.content))
         call = choose_call(request.tools if request.tool_names else (), task, working_directory(request.messages))
         if call is None:
             return AssistantTurn(content=f"Created {task.path}.")

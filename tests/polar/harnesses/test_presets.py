@@ -22,7 +22,8 @@ from polar.harnesses.install import (
 from polar.task_request import HarnessSpec
 from tests.outside import Outside, refusal
 
-PRESETS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "mini_swe_agent", "hermes", "openclaw")
+PRESETS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "mini_swe_agent", "hermes", "openclaw",
+           "kilocode", "cline", "mistral_vibe", "droid", "kimi_cli", "aider")  # fmt: skip
 KEY = "pk-test"
 PROXY = "http://127.0.0.1:9"
 BASE = f"{PROXY}/s/{KEY}"
@@ -37,6 +38,8 @@ def stand_in(cache: Path, name: str, version: str) -> None:
     binary.write_text("#!/bin/sh\n")
     if package.source == "pypi":
         site = cache / "venvs" / name / "lib" / "python3.11" / "site-packages"
+        if package.python is not None:  # made on the interpreter the preset pins
+            (binary.parent.parent / "pyvenv.cfg").write_text(f"home = /py/bin\nversion = {package.python}.4\n")
         dist = site / f"{package.package.replace('-', '_')}-{version}.dist-info"  # as pip names it
         dist.mkdir(parents=True, exist_ok=True)
         (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package.package}\nVersion: {version}\n")
@@ -230,6 +233,81 @@ def test_hermes_gets_a_home_with_only_the_proxy_and_no_side_traffic(cache: Path,
         launch(tmp_path, "hermes", settings={"mcp_servers": MCP})
 
 
+def test_kilocode_is_opencode_with_kilos_own_switches_off(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "kilocode", model="k", settings={"extra_args": ["--x"]})
+    assert result.command[1:] == ["run", "--auto", "--format", "json", "-m", "polar/k", "--x", "--",
+                                  "Create hello.txt containing HI"]  # fmt: skip
+    config = json.loads((home / ".config" / "kilo" / "kilo.json").read_text())
+    assert config["provider"]["polar"]["options"] == {"baseURL": f"{BASE}/v1", "apiKey": KEY}
+    assert config["enabled_providers"] == ["polar"] and set(config["permission"].values()) == {"allow"}
+    assert result.env["KILO_DISABLE_MODELS_FETCH"] == "1" and result.env["KILO_DISABLE_AUTOUPDATE"] == "1"
+    with pytest.raises(RuntimeFailure, match="does not support"):
+        launch(tmp_path, "kilocode", settings={"max_turns": 3})
+
+
+def test_cline_gets_an_openai_compatible_provider_and_node_24(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "cline", model="c")
+    assert result.command[1:] == ["--json", "--config", str(home / ".cline"), "--auto-approve", "true", "-P",
+                                  "openai-compatible", "-m", "c", "--", "Create hello.txt containing HI"]  # fmt: skip
+    providers = json.loads((home / ".cline" / "data" / "settings" / "providers.json").read_text())
+    assert providers["providers"]["openai-compatible"]["updatedAt"].endswith("Z")
+    assert providers["providers"]["openai-compatible"]["settings"] == {
+        "provider": "openai-compatible", "apiKey": KEY, "model": "c", "baseUrl": f"{BASE}/v1",
+    }  # fmt: skip
+    assert result.env["PATH"].split(":")[0] == str(runtime_bin_dirs("cline", cache)[0])
+
+
+def test_mistral_vibe_runs_programmatically_on_one_generic_provider(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "mistral_vibe", model="v", settings={"max_turns": 5})
+    assert result.command[0] == str(cache / "venvs" / "mistral_vibe" / "bin" / "vibe")
+    assert result.command[1:] == ["--trust", "--output", "json", "--max-turns", "5",
+                                  "--prompt=Create hello.txt containing HI"]  # fmt: skip
+    config = tomllib.loads((home / ".vibe" / "config.toml").read_text())
+    assert config["providers"] == [{"name": "polar", "api_base": f"{BASE}/v1", "api_key_env_var": "OPENAI_API_KEY",
+                                    "backend": "generic"}]  # fmt: skip
+    assert config["models"] == [{"name": "v", "provider": "polar", "alias": "v"}] and config["active_model"] == "v"
+    assert config["enable_telemetry"] is False and config["enable_update_checks"] is False
+    assert result.env["VIBE_HOME"] == str(home / ".vibe")
+
+
+def test_droid_uses_a_custom_model_without_an_account(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "droid", model="d")
+    assert result.command[1:] == ["exec", "--skip-permissions-unsafe", "--output-format", "json", "-m",
+                                  "custom:polar-0", "--", "Create hello.txt containing HI"]  # fmt: skip
+    [model] = json.loads((home / ".factory" / "settings.json").read_text())["customModels"]
+    assert (model["model"], model["baseUrl"], model["apiKey"]) == ("d", f"{BASE}/v1", KEY)
+    assert model["provider"] == "generic-chat-completion-api"
+
+
+def test_kimi_cli_prints_from_one_openai_provider(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "kimi_cli", model="k2", settings={"max_turns": 6, "mcp_servers": MCP},
+                          env={"KIMI_MODEL_NAME": "mine"})  # fmt: skip
+    config_file = home / ".kimi" / "config.json"
+    assert result.command[0] == str(cache / "venvs" / "kimi_cli" / "bin" / "kimi")
+    mcp = json.dumps({"mcpServers": MCP})
+    assert result.command[1:] == ["--print", "--output-format", "stream-json", "--yolo", "--config-file",
+                                  str(config_file), "-m", "polar", "--max-steps-per-turn", "6", "--mcp-config",
+                                  mcp, "--prompt=Create hello.txt containing HI"]  # fmt: skip
+    config = json.loads(config_file.read_text())
+    assert config["providers"]["polar"] == {"type": "openai_legacy", "base_url": f"{BASE}/v1", "api_key": KEY}
+    assert config["models"]["polar"]["model"] == "k2" and config["telemetry"] is False
+    assert result.env["KIMI_SHARE_DIR"] == str(home / ".kimi") and result.env["KIMI_DISABLE_TELEMETRY"] == "1"
+    assert result.env["KIMI_MODEL_NAME"] == "mine"  # a task's own env still wins
+
+
+def test_aider_lists_whole_files_through_litellm(cache: Path, tmp_path: Path) -> None:
+    result, home = launch(tmp_path, "aider", model="a")
+    assert result.command[0] == str(cache / "venvs" / "aider" / "bin" / "aider")
+    assert result.command[1:6] == ["--message=Create hello.txt containing HI", "--yes-always", "--edit-format",
+                                   "whole", "--model"]  # fmt: skip
+    assert result.command[6:9] == ["openai/a", "--openai-api-base", f"{BASE}/v1"]
+    assert "--no-git" in result.command and "--analytics-disable" in result.command
+    assert str(home / ".aider" / "chat.history.md") in result.command
+    assert result.env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True" and result.env["OPENAI_API_KEY"] == KEY
+    with pytest.raises(RuntimeFailure, match="does not support"):
+        launch(tmp_path, "aider", settings={"max_turns": 2})
+
+
 def test_a_pinned_preset_at_another_version_is_not_installed(tmp_path: Path) -> None:
     """``pip install hermes-agent`` by hand, or an older pin: the preset's own version is installed over it."""
     cache = tmp_path / "cache"
@@ -242,6 +320,13 @@ def test_a_pinned_preset_at_another_version_is_not_installed(tmp_path: Path) -> 
     (runtime_bin_dirs("openclaw", cache)[0] / "node").unlink()  # the Node.js 24 it runs on went missing
     assert installed_version("openclaw", cache) is None
     assert runtime_bin_dirs("pi", cache) == []
+
+
+def test_a_venv_on_another_python_than_the_pinned_one_is_not_installed(cache: Path) -> None:
+    assert installed_version("kimi_cli", cache) == PACKAGES["kimi_cli"].version
+    config = cache / "venvs" / "kimi_cli" / "pyvenv.cfg"
+    config.write_text("home = /py/bin\nversion = 3.12.1\n")  # kimi-cli 1.51 fails on 3.12.1's typing
+    assert installed_version("kimi_cli", cache) is None
 
 
 def test_install_skips_what_is_cached(cache: Path) -> None:
@@ -263,10 +348,16 @@ CONFIG_FILES = {
     "pi": ".pi/agent/models.json",
     "openclaw": ".openclaw/openclaw.json",
     "hermes": ".hermes/config.yaml",
+    "kilocode": ".config/kilo/kilo.json",
+    "cline": ".cline/data/settings/providers.json",
+    "mistral_vibe": ".vibe/config.toml",
+    "droid": ".factory/settings.json",
+    "kimi_cli": ".kimi/config.json",
 }
 # Where each preset keeps its state: the directory the link tests point elsewhere (mini-swe-agent writes no
 # config of Polar's, but its global config folder is made there).
-CONFIG_DIRS = {**{name: path.split("/")[0] for name, path in CONFIG_FILES.items()}, "mini_swe_agent": ".config"}
+CONFIG_DIRS = {**{name: path.split("/")[0] for name, path in CONFIG_FILES.items()}, "mini_swe_agent": ".config",
+               "aider": ".aider"}  # fmt: skip
 MCP = {"fs": {"command": "mcp-fs", "args": ["/"]}}
 
 

@@ -114,6 +114,40 @@ def test_codex_shell_array() -> None:
     assert call == ToolCall("shell", {"command": ["bash", "-lc", "printf '%s' HELLO-123 > hello.txt"]})
 
 
+def test_cline_run_commands_takes_whole_command_lines() -> None:
+    commands = {"type": "array", "items": {"type": "string", "description": "The non-interactive shell command"}}
+    cline = (
+        tool("read_files", {"files": {"type": "array", "items": {"type": "object"}}}),
+        tool("run_commands", {"commands": commands}),
+        tool("editor", {"path": STRING, "new_text": STRING, "old_text": STRING}, ["path", "new_text"]),
+    )
+    call = first_call(cline)
+    assert call == ToolCall("run_commands", {"commands": ["printf '%s' HELLO-123 > hello.txt"]})
+
+
+def test_droid_create() -> None:
+    droid = (
+        tool("Execute", {"summary": STRING, "command": STRING}, ["summary", "command"]),
+        tool("Create", {"file_path": STRING, "content": STRING}),
+    )
+    assert first_call(droid) == ToolCall("Create", {"file_path": "hello.txt", "content": "HELLO-123"})
+    assert first_call(droid[:1]).arguments["command"] == "printf '%s' HELLO-123 > hello.txt"
+
+
+def test_aider_gets_a_file_listing_then_the_answer() -> None:
+    system = "Act as an expert software developer.\nYou MUST use this *file listing* format:\n\npath/to/file.js\n```"
+    policy = ToolUserPolicy({})
+    messages = [Message("system", system), Message("user", ASK)]
+    listing = policy.respond(PolicyRequest(tuple(messages), tools=())).content
+    assert listing == "I will create hello.txt.\n\nhello.txt\n```\nHELLO-123\n```\n"
+    messages.append(Message("assistant", listing))
+    messages.append(Message("user", "I committed the changes."))
+    assert policy.respond(PolicyRequest(tuple(messages), tools=())).content == "Created hello.txt."
+    # Without the format named, a tool-less request is answered as before.
+    plain = policy.respond(PolicyRequest((Message("user", ASK),), tools=())).content
+    assert plain == "Created hello.txt."
+
+
 def test_codex_apply_patch_when_nothing_else() -> None:
     patch = "*** Begin Patch\n*** Add File: hello.txt\n+HELLO-123\n*** End Patch\n"
     assert first_call(CODEX_PATCH_ONLY) == ToolCall("apply_patch", {"input": patch})

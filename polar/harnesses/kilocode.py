@@ -1,0 +1,71 @@
+"""The ``kilocode`` preset: Kilo Code's CLI (``kilo run``, a fork of opencode), on OpenAI Chat Completions.
+
+    kilo run --auto --format json -m polar/M [extra_args…] -- INSTRUCTION
+
+``<home>/.config/kilo/kilo.json`` declares an OpenAI-compatible ``polar`` provider whose ``baseURL`` is the proxy,
+allows every permission and turns off sharing, updates and Kilo's own cloud features; the XDG folders all sit in
+the session home, and ``KILO_DISABLE_*`` variables keep it from fetching model lists, LSP servers or anything else.
+Settings: ``extra_args``, ``mcp_servers`` (opencode's ``mcp`` format); ``max_turns`` is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from polar.harnesses.base import HarnessContext, HarnessLaunch, proxy_environment
+from polar.harnesses.preset import binary, home_dir, model_name, preset_settings, refuse, write_json
+
+PROVIDER = "polar"
+# What Kilo would otherwise reach beyond the proxy (its model catalogue, LSP downloads, its cloud and telemetry).
+_OFF = ("AUTOUPDATE", "MODELS_FETCH", "LSP_DOWNLOAD", "SHARE", "SESSION_INGEST", "CODEBASE_INDEXING", "PRESENCE",
+        "CLAUDE_CODE", "EXTERNAL_SKILLS", "DEFAULT_PLUGINS", "PROJECT_CONFIG", "EMBEDDED_WEB_UI")  # fmt: skip
+
+
+def kilo_config(context: HarnessContext, model: str, mcp_servers: dict[str, Any]) -> dict[str, Any]:
+    """kilo.json: the proxy as the only provider, every permission allowed, nothing shared."""
+    config: dict[str, Any] = {
+        "provider": {
+            PROVIDER: {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "Polar",
+                "options": {"baseURL": f"{context.proxy_base}/v1", "apiKey": context.proxy_key},
+                "models": {model: {"name": model}},
+            }
+        },
+        "model": f"{PROVIDER}/{model}",
+        "small_model": f"{PROVIDER}/{model}",
+        "enabled_providers": [PROVIDER],
+        "permission": {"edit": "allow", "bash": "allow", "webfetch": "allow", "external_directory": "allow"},
+        "autoupdate": False,
+        "share": "disabled",
+    }
+    if mcp_servers:
+        config["mcp"] = mcp_servers
+    return config
+
+
+class KilocodeHarness:
+    name: ClassVar[str] = "kilocode"
+
+    def launch(self, context: HarnessContext) -> HarnessLaunch:
+        settings = preset_settings(context)
+        refuse(context, settings, "max_turns")
+        program, model = binary(context), model_name(context)
+        home = home_dir(context)
+        config = kilo_config(context, model, settings.mcp_servers)
+        write_json(context, home_dir(context, ".config", "kilo") / "kilo.json", config)
+        command = [program, "run", "--auto", "--format", "json", "-m", f"{PROVIDER}/{model}", *settings.extra_args]
+        command += ["--", context.instruction]
+        env = proxy_environment(context)
+        env.update({f"KILO_DISABLE_{name}": "1" for name in _OFF})
+        env.update(
+            {
+                "XDG_CONFIG_HOME": str(home / ".config"),
+                "XDG_DATA_HOME": str(home / ".local" / "share"),
+                "XDG_CACHE_HOME": str(home / ".cache"),
+                "XDG_STATE_HOME": str(home / ".local" / "state"),
+                "OPENCODE_FAKE_VCS": "git",
+            }
+        )
+        env.update(context.spec.env)
+        return HarnessLaunch(command, env)

@@ -1,0 +1,2 @@
+#!/bin/bash
+printf '%s' 'harbor-claude-ok' > hello.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+printf '%s' 'harbor-codex-ok' > hello.txt
