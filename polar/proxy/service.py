@@ -55,6 +55,7 @@ from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimiter, CallLimits, call_limiter
 from polar.proxy.renderers import ChatRenderer
 from polar.proxy.template_kwargs import check_setting, check_template_kwargs
+from polar.proxy.token_check import check_tokens
 from polar.storage.database import Database
 from polar.storage.outage import ride_out
 from polar.training.engine_control import ControlState, ControlView
@@ -351,6 +352,8 @@ class ProxyService:
             if reply.status_code == 200 and EngineAnswer(reply.body).finish_reason == "abort":
                 # vLLM's /pause?mode=abort ends calls in flight with what they sampled so far: not an answer.
                 raise EngineError("the engine aborted the call (paused with mode=abort); retry", status_code=502)
+            if reply.status_code == 200:
+                check_tokens(reply.body)
         except EngineError as exc:
             self._capture_failure(call, engine_body, exc)
             raise
