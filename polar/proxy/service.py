@@ -5,7 +5,12 @@ Errors come back in the client's own error shape with a truthful status; nothing
 
 A session's calls run under its call limits (``polar.proxy.limits``): a model call over ``max_concurrent_calls``
 or ``max_calls`` gets the protocol's 429 and is neither sent to the engine nor recorded (it is no model call);
-counting tokens takes a concurrency slot but does not count toward ``max_calls``.
+counting tokens takes a concurrency slot but does not count toward ``max_calls``. Under the task's ``over_budget:
+stop`` a call over ``max_calls`` is answered instead with a final stop, recorded as synthesized (``budget``).
+
+Before the engine is asked, the task's ``sampling`` mode and ``POLAR_SAMPLING_OVERRIDES`` shape the sampling
+parameters, and both what was asked and what was sent are recorded (``sampling``). A 200 answer without the token
+ids and logprobs capture needs is an engine failure (``token_check``).
 
 A call the engine failed (unreachable, 5xx, timed out) is recorded too, with the status the harness got, so
 postrun can tell an engine outage from the policy's own failure (``polar.lifecycle.attempts``). While the
@@ -187,9 +192,8 @@ class ProxyService:
 
     def session_for_key(self, key: str | None) -> tuple[uuid.UUID, CallLimits, str]:
         """The running session a key belongs to, with its call limits and sampling mode. Positive answers are
-        cached briefly: a
-        key never changes session, and a session that stopped running is caught again when its call is
-        recorded."""
+        cached briefly: a key never changes session, and a session that stopped running is caught again when its
+        call is recorded."""
         if not key:
             raise Unauthorized("no proxy key: use the session base URL /s/<key>/… or send the key as the API key")
         key_hash = hash_key(key)
