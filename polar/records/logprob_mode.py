@@ -13,6 +13,7 @@ normaliser, so every alternative but a near-certain one moves by far more than t
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Literal
 
 import httpx
@@ -23,12 +24,15 @@ TOP = 5
 SEED = 1234
 # Raw logprobs agree to ~1e-3 across batches (batch-variant kernels); temperature 0.5 moves alternatives by > 0.5.
 TOLERANCE = 0.05
+# The probe's requests name themselves (vLLM and ``polar engine`` take ``request_id``), so an engine log or an audit
+# can tell them from harness calls: they are Polar's, never captured as a session's.
+REQUEST_PREFIX = "polar-logprob-probe-"
 
 
 def probe_body(model: str, temperature: float) -> dict[str, Any]:
     return {
         "model": model, "messages": PROMPT, "max_tokens": 1, "temperature": temperature, "top_p": 1.0, "seed": SEED,
-        "logprobs": True, "top_logprobs": TOP,
+        "logprobs": True, "top_logprobs": TOP, "request_id": f"{REQUEST_PREFIX}{uuid.uuid4().hex}",
     }  # fmt: skip
 
 
