@@ -63,6 +63,9 @@ def main() -> None:
 @click.option("--api", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True,
               help="Wire protocol: vLLM's OpenAI-compatible API or SGLang's native /generate API.")  # fmt: skip
 @click.option("--weight-version", default=None, help="The weight version reported until /update_weight_version.")
+@click.option("--logprobs-mode", default="raw_logprobs", show_default=True,
+              type=click.Choice(["raw_logprobs", "processed_logprobs"]),
+              help="As vLLM's (torch backend): logprobs before or after temperature and top-p.")  # fmt: skip
 @click.option("--export-tokenizer", default=None, metavar="DIR",
               help="Write the engine's tokenizer and chat template as a Hugging Face tokenizer directory and exit "
                    "(what Polar's proxy renders SGLang prompts with).")  # fmt: skip
@@ -107,6 +110,7 @@ def engine(**options: Any) -> None:
         seed=options["seed"],
         api=options["api"],
         weight_version=options["weight_version"],
+        logprobs_mode=options["logprobs_mode"],
     )
     serve(settings)
 

@@ -121,6 +121,10 @@ class CallJSON(TypedDict):
     # vLLM's per-token expert routing (base64 .npy, shape (prompt + completion - 1, layers, experts per token));
     # None but for mixture-of-experts models served with --enable-return-routed-experts.
     routed_experts: str | None
+    # The sampling parameters the harness asked for and the ones the engine was sent (polar.proxy.sampling); None
+    # for calls stored before they were recorded.
+    sampling: dict[str, Any] | None
+    synthesized: bool  # True: Polar's final stop reply over the call budget (over_budget: stop), not model tokens
 
 
 @with_config(_CLOSED)
@@ -276,6 +280,8 @@ def call_json(call: Any, whole: WholeCall) -> CallJSON:
         "prompt_prefix_len": call.prompt_prefix_len,
         "delivered": call.delivered,
         "routed_experts": _base64(call.routed_experts),
+        "sampling": call.sampling,
+        "synthesized": bool(call.synthesized),
     }
 
 

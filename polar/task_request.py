@@ -167,6 +167,12 @@ class TaskRequest(_Strict):
     # Per-session proxy limits (polar.proxy.limits); unset: POLAR_SESSION_MAX_CONCURRENT_CALLS / _MAX_CALLS.
     max_concurrent_calls: int | None = Field(default=None, ge=1)
     max_calls: int | None = Field(default=None, ge=1)
+    # A call over max_calls: refused with the protocol's 429 (refuse), or answered with a final stop reply in the
+    # caller's protocol, so the harness ends and its work is still graded (stop; polar.proxy.budget).
+    over_budget: Literal["refuse", "stop"] = "refuse"
+    # record: send the sampling parameters the harness asked for; neutralize: temperature 1, top_p 1, no top_k,
+    # min_p or penalties (on-policy RL). Both record what was asked and what was sent (polar.proxy.sampling).
+    sampling: Literal["record", "neutralize"] = "record"
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("task_id")

@@ -120,10 +120,14 @@ class RunningStack:
 
 
 def engine_entries(engine_log: Path) -> dict[str, dict[str, Any]]:
-    """What the reference engine served (its ``--log``), by request id: the token ids it read and sampled."""
+    """What the reference engine served (its ``--log``), by request id: the token ids it read and sampled; the API's
+    logprob-mode probes (polar.records.logprob_mode) left out."""
+    from polar.records.logprob_mode import REQUEST_PREFIX
+
     if not engine_log.exists():
         return {}
-    return {e["request_id"]: e for e in map(json.loads, engine_log.read_text().splitlines())}
+    entries = map(json.loads, engine_log.read_text().splitlines())
+    return {e["request_id"]: e for e in entries if REQUEST_PREFIX not in e["request_id"]}
 
 
 # A stack's processes start within seconds on a quiet machine; this bounds a hang, not a start-up time.

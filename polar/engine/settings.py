@@ -8,6 +8,7 @@ from typing import Any
 
 APIS = ("vllm", "sglang")
 BACKENDS = ("policy", "torch")
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,17 @@ class EngineSettings:
     seed: int = 0
     # The weight version the engine reports until ``/update_weight_version`` changes it.
     weight_version: str | None = None
+    # As vLLM's --logprobs-mode (torch backend): the model's distribution before temperature and top-p, or the one
+    # the token was sampled from.
+    logprobs_mode: str = "raw_logprobs"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.api not in APIS:
             raise ValueError(f"api must be one of {', '.join(APIS)}, got {self.api!r}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be at least 1")
         if self.prefill_tokens_per_s < 0 or self.decode_tokens_per_s < 0:

@@ -8,8 +8,10 @@ Sampling is autoregressive with a KV cache: temperature, top-p, the request's se
 stop at end-of-turn, a stop token or a stop string, then the stop rules of ``Generator._stop`` cut the ids exactly
 as for the scripted backend. Logprobs are the raw model's (``log_softmax`` of the logits, before temperature and
 top-p), as vLLM reports them by default (``logprobs_mode="raw_logprobs"``); at temperature 1 and top-p 1 they are
-the sampling distribution's. One generation at a time: the engine calls ``generate`` and ``load`` from one worker
-thread (``Engine.generate``), so weights never change under a running generation.
+the sampling distribution's. With ``logprobs_mode="processed_logprobs"`` they are the distribution each token was
+sampled from, as vLLM's (what ``polar.records.logprob_mode`` tells apart). One generation at a time: the engine
+calls ``generate`` and ``load`` from one worker thread (``Engine.generate``), so weights never change under a running
+generation.
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ class TorchGenerator(Generator):
             logits = out.logits[0, -1].float()
             raw = torch.log_softmax(logits, dim=-1)
             token = _pick(logits, sampling, rng)
+            if self._settings.logprobs_mode == "processed_logprobs" and sampling.temperature > 0:
+                raw = _processed(logits, sampling)
             alternatives: tuple[tuple[int, float], ...] = ()
             if top:
                 best = torch.topk(raw, min(top, TOP_LOGPROBS_MAX))
@@ -126,6 +130,19 @@ class TorchGenerator(Generator):
 def _cache_argument(model_class: type) -> str:
     """The KV cache's name in and out of ``forward``: ``cache`` in transformers 5, ``past_key_values`` before."""
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
+def _processed(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """The log of the distribution ``_pick`` samples from; tokens outside the nucleus get vLLM's JSON floor."""
+    import torch
+
+    logprobs = torch.log_softmax(logits / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_logprobs, order = torch.sort(logprobs, descending=True)
+        outside = torch.cumsum(sorted_logprobs.exp(), dim=-1) - sorted_logprobs.exp() >= sampling.top_p
+        kept = torch.full_like(logprobs, float("-inf")).scatter(0, order[~outside], sorted_logprobs[~outside])
+        logprobs = torch.log_softmax(kept, dim=-1)
+    return logprobs.clamp(min=-9999.0)
 
 
 def _pick(logits: torch.Tensor, sampling: SamplingParams, rng: torch.Generator) -> int:

@@ -63,7 +63,7 @@ def gym_answer(row: dict[str, Any], settled: Settled, calls: Sequence[CallJSON],
     if settled.outcome_class == "infrastructure":
         return _error(503, f"the session's last attempt ({settled.attempt}) was lost to the infrastructure: "
                            f"{settled.error}; send the row again", polar, SESSION_LOST)  # fmt: skip
-    delivered = [call for call in calls if call["delivered"] and call["status_code"] == 200]
+    delivered = [c for c in calls if c["delivered"] and c["status_code"] == 200 and not c.get("synthesized")]
     if not delivered:
         kind = CANCELLED if settled.state == "cancelled" else AGENT_RUN_ERROR
         return _error(422, f"the session ended {settled.state} without a model call, so there is no sample "

@@ -30,7 +30,8 @@ _CALL_COLUMNS = (
     ModelCall.session_id, ModelCall.agent, ModelCall.provider, ModelCall.model, ModelCall.stream, ModelCall.logprobs,
     ModelCall.finish_reason, ModelCall.status_code, ModelCall.latency_ms, ModelCall.engine_latency_ms,
     ModelCall.policy_version, ModelCall.created_at, ModelCall.delivered, ModelCall.policy_version_end,
-    ModelCall.spans_policy_update, ModelCall.engine_kind, ModelCall.routed_experts,
+    ModelCall.spans_policy_update, ModelCall.engine_kind, ModelCall.routed_experts, ModelCall.sampling,
+    ModelCall.synthesized,
 )  # fmt: skip
 
 

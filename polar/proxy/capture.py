@@ -91,6 +91,7 @@ def _candidates(length: Callable[[Any], sa.ColumnElement[Any]]) -> sa.CompoundSe
             _calls.c.chain_hash,
             _calls.c.seq,
             _calls.c.status_code,
+            _calls.c.synthesized,
         )
         .where(_calls.c.session_id == sa.bindparam("session_id"))
         .order_by(_calls.c.seq.desc())
@@ -101,7 +102,8 @@ def _candidates(length: Callable[[Any], sa.ColumnElement[Any]]) -> sa.CompoundSe
         sa.true().label("is_chain"), recent.c.id, recent.c.length, recent.c.chain_hash, recent.c.seq,
         sa.cast(sa.null(), sa.JSON).label("payload_index"),
     ).where(
-        recent.c.status_code == 200, recent.c.chain_hash.is_not(None), recent.c.length <= sa.bindparam("max_length")
+        recent.c.status_code == 200, ~recent.c.synthesized, recent.c.chain_hash.is_not(None),
+        recent.c.length <= sa.bindparam("max_length"),
     )  # fmt: skip
     latest = (
         sa.select(_calls.c.id, _calls.c.seq, _calls.c.payload_index)
@@ -133,6 +135,8 @@ _SESSION_FOR_KEY = (
         _tasks.c.spec["max_concurrent_calls"].as_integer().label("max_concurrent_calls"),
         _tasks.c.spec["max_calls"].as_integer().label("max_calls"),
         _tasks.c.spec["timeout_seconds"].as_float().label("timeout_seconds"),
+        _tasks.c.spec["over_budget"].as_string().label("over_budget"),
+        _tasks.c.spec["sampling"].as_string().label("sampling"),
     )
     .join(_tasks, _tasks.c.id == _sessions.c.task_pk)
     .where(_sessions.c.proxy_key_hash == sa.bindparam("key_hash"))
@@ -160,6 +164,8 @@ class CallRecord:
     response: dict[str, Any]
     engine_kind: str | None = None  # vllm | sglang (polar.proxy.engines)
     routed_experts: bytes | None = None  # vLLM's per-token expert routing (.npy bytes), mixture-of-experts only
+    sampling: dict[str, Any] | None = None  # {"requested": …, "used": …} (polar.proxy.sampling)
+    synthesized: bool = False  # Polar's own answer, no model tokens (polar.proxy.budget)
 
 
 def record_call(db: Database, record: CallRecord, call_id: uuid.UUID | None = None) -> uuid.UUID:
@@ -239,6 +245,8 @@ class KeyOwner:
     max_concurrent_calls: int | None
     max_calls: int | None
     timeout_seconds: float | None
+    over_budget: str | None = None  # refuse | stop (None: a task stored before the field: refuse)
+    sampling: str | None = None  # record | neutralize (None: record)
 
 
 def session_state_for_key(db: Database, key_hash: str) -> KeyOwner | None:
@@ -247,4 +255,6 @@ def session_state_for_key(db: Database, key_hash: str) -> KeyOwner | None:
         row = connection.execute(_SESSION_FOR_KEY, {"key_hash": key_hash}).first()
     if row is None:
         return None
-    return KeyOwner(row.id, row.state, row.max_concurrent_calls, row.max_calls, row.timeout_seconds)
+    return KeyOwner(
+        row.id, row.state, row.max_concurrent_calls, row.max_calls, row.timeout_seconds, row.over_budget, row.sampling
+    )

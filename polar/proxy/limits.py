@@ -45,10 +45,16 @@ class CallLimits:
     max_concurrent: int
     max_calls: int
     keep_s: int
+    over_budget: str = "refuse"  # a call over max_calls: refused (429), or answered with a final stop (budget.py)
 
     @classmethod
     def of_task(
-        cls, config: Config, max_concurrent_calls: int | None, max_calls: int | None, timeout_s: float | None
+        cls,
+        config: Config,
+        max_concurrent_calls: int | None,
+        max_calls: int | None,
+        timeout_s: float | None,
+        over_budget: str | None = None,
     ) -> CallLimits:
         """The limits a task's sessions run under: its own fields, else the deployment's. A session's counts are
         kept for its whole budget after each call (it cannot call later than that) plus a call's longest hold."""
@@ -56,6 +62,7 @@ class CallLimits:
             max_concurrent=max_concurrent_calls or config.session_max_concurrent_calls,
             max_calls=max_calls or config.session_max_calls,
             keep_s=math.ceil((timeout_s or DEFAULT_TIMEOUT_S) + hold_s(config)),
+            over_budget=over_budget or "refuse",
         )
 
 

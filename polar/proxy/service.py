@@ -5,7 +5,12 @@ Errors come back in the client's own error shape with a truthful status; nothing
 
 A session's calls run under its call limits (``polar.proxy.limits``): a model call over ``max_concurrent_calls``
 or ``max_calls`` gets the protocol's 429 and is neither sent to the engine nor recorded (it is no model call);
-counting tokens takes a concurrency slot but does not count toward ``max_calls``.
+counting tokens takes a concurrency slot but does not count toward ``max_calls``. Under the task's ``over_budget:
+stop`` a call over ``max_calls`` is answered instead with a final stop, recorded as synthesized (``budget``).
+
+Before the engine is asked, the task's ``sampling`` mode and ``POLAR_SAMPLING_OVERRIDES`` shape the sampling
+parameters, and both what was asked and what was sent are recorded (``sampling``). A 200 answer without the token
+ids and logprobs capture needs is an engine failure (``token_check``).
 
 A call the engine failed (unreachable, 5xx, timed out) is recorded too, with the status the harness got, so
 postrun can tell an engine outage from the policy's own failure (``polar.lifecycle.attempts``). While the
@@ -48,13 +53,15 @@ from polar.protocols import (
     continued_answer,
     without_routed_experts,
 )
-from polar.proxy import sglang, tito
+from polar.proxy import budget, sglang, tito
 from polar.proxy.capture import CallRecord, mark_undelivered, record_call, session_state_for_key
 from polar.proxy.engines import EnginePool, EngineReply
 from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimiter, CallLimits, call_limiter
 from polar.proxy.renderers import ChatRenderer
+from polar.proxy.sampling import engine_sampling
 from polar.proxy.template_kwargs import check_setting, check_template_kwargs
+from polar.proxy.token_check import check_tokens
 from polar.storage.database import Database
 from polar.storage.outage import ride_out
 from polar.training.engine_control import ControlState, ControlView
@@ -130,6 +137,7 @@ class _Call:
     body: Any
     started: float
     policy_version: str | None
+    sampling_mode: str = "record"  # the task's ``sampling`` (polar.proxy.sampling)
 
 
 def _guarded(protocol: ModuleType, events: Iterator[bytes]) -> Iterator[bytes]:
@@ -164,7 +172,7 @@ class ProxyService:
         self.engines = engines
         self.limiter = limiter or call_limiter(config)
         self.metrics = metrics or ProxyMetrics()
-        self._keys: dict[str, tuple[uuid.UUID, CallLimits, float]] = {}
+        self._keys: dict[str, tuple[uuid.UUID, CallLimits, str, float]] = {}
         self.control = ControlView(db, config.pause_max_waiters)
         check_setting(config.chat_template_kwargs)
         self._tito: dict[uuid.UUID, bool] = {}
@@ -182,26 +190,29 @@ class ProxyService:
             self._renderer = ChatRenderer.load(self.config.engine_tokenizer)
         return self._renderer
 
-    def session_for_key(self, key: str | None) -> tuple[uuid.UUID, CallLimits]:
-        """The running session a key belongs to, with its call limits. Positive answers are cached briefly: a
-        key never changes session, and a session that stopped running is caught again when its call is
-        recorded."""
+    def session_for_key(self, key: str | None) -> tuple[uuid.UUID, CallLimits, str]:
+        """The running session a key belongs to, with its call limits and sampling mode. Positive answers are
+        cached briefly: a key never changes session, and a session that stopped running is caught again when its
+        call is recorded."""
         if not key:
             raise Unauthorized("no proxy key: use the session base URL /s/<key>/… or send the key as the API key")
         key_hash = hash_key(key)
         cached = self._keys.get(key_hash)
-        if cached is not None and cached[2] > time.monotonic():
-            return cached[0], cached[1]
+        if cached is not None and cached[3] > time.monotonic():
+            return cached[0], cached[1], cached[2]
         found = self._recorded(lambda: session_state_for_key(self.db, key_hash))
         if found is None:
             raise Unauthorized("unknown proxy key")
         if found.state != State.RUNNING.value:
             raise SessionNotRunning(f"this session is {found.state}; its proxy key no longer accepts calls")
-        limits = CallLimits.of_task(self.config, found.max_concurrent_calls, found.max_calls, found.timeout_seconds)
+        limits = CallLimits.of_task(
+            self.config, found.max_concurrent_calls, found.max_calls, found.timeout_seconds, found.over_budget
+        )
+        sampling_mode = found.sampling or "record"
         if len(self._keys) > KEY_CACHE_SIZE:
             self._keys.clear()
-        self._keys[key_hash] = (found.session_id, limits, time.monotonic() + KEY_CACHE_S)
-        return found.session_id, limits
+        self._keys[key_hash] = (found.session_id, limits, sampling_mode, time.monotonic() + KEY_CACHE_S)
+        return found.session_id, limits, sampling_mode
 
     def _recorded(self, work: Callable[[], T]) -> T:
         """``work`` against the database, waiting out an outage; ``CaptureFailed`` if it lasts too long."""
@@ -241,14 +252,14 @@ class ProxyService:
         try:
             if detected.operation == "head":
                 return ProxyAnswer(200, {})
-            session_id, limits = self.session_for_key(key)
+            session_id, limits, sampling_mode = self.session_for_key(key)
             if detected.operation == "models":
                 return ProxyAnswer(200, protocol.render_models(self._model_names()))
             body = parse_json(raw)
             if detected.operation == "count_tokens":
                 with self.limiter.slot(session_id, limits, counted=False):
                     return self._count_tokens(protocol, context, session_id, body)
-            return self._generate(protocol, context, session_id, limits, agent, body)
+            return self._generate(protocol, context, session_id, limits, sampling_mode, agent, body)
         except PolarError as exc:
             if (reason := _refusal(exc)) is not None:
                 self.metrics.refused(protocol.PROVIDER, reason)
@@ -322,6 +333,7 @@ class ProxyService:
         context: RequestContext,
         session_id: uuid.UUID,
         limits: CallLimits,
+        sampling_mode: str,
         agent: str | None,
         body: Any,
     ) -> ProxyAnswer:
@@ -329,15 +341,29 @@ class ProxyService:
         request = protocol.normalize(body, context)
         check_template_kwargs(request.engine_body, self.config.chat_template_kwargs)
         control = self._admitted()
-        call = _Call(session_id, agent, request, body, started, control.policy_version)
-        # The slot is held until the answer is recorded; a stream is rendered afterwards from memory.
-        with self.limiter.slot(session_id, limits):
-            return self._answer(protocol, call)
+        call = _Call(session_id, agent, request, body, started, control.policy_version, sampling_mode)
+        try:
+            # The slot is held until the answer is recorded; a stream is rendered afterwards from memory.
+            with self.limiter.slot(session_id, limits):
+                return self._answer(protocol, call)
+        except TooManyCalls as exc:
+            if exc.retry_after_s is None and limits.over_budget == "stop":  # over max_calls, not concurrency
+                return self._stop(protocol, call)
+            raise
+
+    def _stop(self, protocol: ModuleType, call: _Call) -> ProxyAnswer:
+        """Answer a call over the session's ``max_calls`` with a final stop (``over_budget: stop``), recorded as
+        synthesized; the engine is not asked."""
+        answer = budget.stop_answer(call.request)
+        _, sampling = engine_sampling(call.request.engine_body, self.config.sampling_overrides, call.sampling_mode)
+        reply = EngineReply(None, 200, answer.body, 0.0)
+        call_id = self._capture(call, {}, reply, {**sampling, "used": None}, synthesized=True)
+        return self._render(protocol, call.request, answer, {}, call_id)
 
     def _answer(self, protocol: ModuleType, call: _Call) -> ProxyAnswer:
         """Ask the engine for ``call``, record it, and render the answer in the client's protocol."""
         session_id, agent, request, started = call.session_id, call.agent, call.request, call.started
-        chat_body = {**request.engine_body, **self.config.sampling_overrides}
+        chat_body, sampling = engine_sampling(request.engine_body, self.config.sampling_overrides, call.sampling_mode)
         kind = self.engines.route(session_id).kind
         link = self._tito_link(session_id, agent, chat_body) if kind == "vllm" else None
         engine_body = _capture_fields(chat_body)
@@ -351,11 +377,13 @@ class ProxyService:
             if reply.status_code == 200 and EngineAnswer(reply.body).finish_reason == "abort":
                 # vLLM's /pause?mode=abort ends calls in flight with what they sampled so far: not an answer.
                 raise EngineError("the engine aborted the call (paused with mode=abort); retry", status_code=502)
+            if reply.status_code == 200:
+                check_tokens(reply.body)
         except EngineError as exc:
-            self._capture_failure(call, engine_body, exc)
+            self._capture_failure(call, engine_body, exc, sampling)
             raise
         captured = time.perf_counter()
-        call_id = self._capture(call, engine_body, reply)
+        call_id = self._capture(call, engine_body, reply, sampling)
         capture_s, total_s = time.perf_counter() - captured, time.perf_counter() - started
         self.metrics.timed(protocol.PROVIDER, reply.latency_ms / 1000, capture_s, total_s)
         # Where the proxy's time went, for clients and benchmarks (W3C Server-Timing).
@@ -368,18 +396,28 @@ class ProxyService:
             return ProxyAnswer(reply.status_code, error, headers=timing)
         answer = continued_answer(request.engine_body, EngineAnswer(reply.body))
         self.metrics.tokens(protocol.PROVIDER, len(answer.prompt_token_ids), len(answer.completion_token_ids))
+        return self._render(protocol, request, answer, timing, call_id)
+
+    @staticmethod
+    def _render(
+        protocol: ModuleType, request: ClientRequest, answer: EngineAnswer, headers: dict[str, str], call_id: uuid.UUID
+    ) -> ProxyAnswer:
+        """``answer`` in the client's protocol, as a stream when it asked for one."""
         if request.stream:
             media_type = request.options.get("stream_media_type", "text/event-stream")
             stream = _guarded(protocol, protocol.render_stream(request, answer))
-            return ProxyAnswer(200, stream=stream, media_type=media_type, headers=timing, call_id=call_id)
-        return ProxyAnswer(200, protocol.render_response(request, answer), headers=timing, call_id=call_id)
+            return ProxyAnswer(200, stream=stream, media_type=media_type, headers=headers, call_id=call_id)
+        return ProxyAnswer(200, protocol.render_response(request, answer), headers=headers, call_id=call_id)
 
-    def _capture_failure(self, call: _Call, engine_body: dict[str, Any], exc: EngineError) -> None:
+    def _capture_failure(
+        self, call: _Call, engine_body: dict[str, Any], exc: EngineError, sampling: dict[str, Any]
+    ) -> None:
         """Record a call the engine failed, with the status the harness gets (best effort: the harness gets its
         error either way)."""
         status = exc.status_code or 502
         try:
-            self._capture(call, engine_body, EngineReply(None, status, {"error": {"message": str(exc)}}, 0.0))
+            failed = EngineReply(None, status, {"error": {"message": str(exc)}}, 0.0)
+            self._capture(call, engine_body, failed, sampling)
         except (PolarError, sa.exc.DBAPIError):
             log.warning("could not record a call the engine failed (%s)", status)
 
@@ -391,7 +429,14 @@ class ProxyService:
         except (PolarError, sa.exc.DBAPIError):
             log.warning("could not mark call %s undelivered", call_id)
 
-    def _capture(self, call: _Call, engine_body: dict[str, Any], reply: EngineReply) -> uuid.UUID:
+    def _capture(
+        self,
+        call: _Call,
+        engine_body: dict[str, Any],
+        reply: EngineReply,
+        sampling: dict[str, Any],
+        synthesized: bool = False,
+    ) -> uuid.UUID:
         answer = EngineAnswer(reply.body) if reply.status_code == 200 else None
         record = CallRecord(
             session_id=call.session_id,
@@ -413,6 +458,8 @@ class ProxyService:
             response=without_routed_experts(reply.body),
             engine_kind=reply.kind if reply.url is not None else None,
             routed_experts=answer.routed_experts if answer else None,
+            sampling=sampling,
+            synthesized=synthesized,
         )
         # The same call id on every try: a commit whose acknowledgement was lost is not stored twice.
         call_id = uuid.uuid4()

@@ -81,7 +81,9 @@ def sampled(body: Mapping[str, Any]) -> tuple[list[int], list[float]]:
         raise EngineError("the SGLang engine's answer has no meta_info.output_token_logprobs", status_code=502)
     triples = meta["output_token_logprobs"]
     ids = [int(entry[1]) for entry in triples]
-    logprobs = [float(entry[0]) if entry[0] is not None else 0.0 for entry in triples]
+    if any(entry[0] is None for entry in triples):  # never read as 0.0 (p=1): see polar.proxy.token_check
+        raise EngineError("the SGLang engine's answer has a sampled token without a logprob", status_code=502)
+    logprobs = [float(entry[0]) for entry in triples]
     output_ids = body.get("output_ids")
     if output_ids is not None and list(output_ids) != ids:
         raise EngineError("the SGLang engine's output_ids and output_token_logprobs disagree", status_code=502)

@@ -4,7 +4,7 @@
      "config_digest": "sha256:…", "config": {non-secret configuration},
      "evaluators": [{"name": "test_on_output", "config_sha256": "…", "tasks": 3, "code": "polar 0.1.0"}],
      "engines": [{"url": "http://gpu1:8000", "models": ["Qwen/Qwen3-8B"], "version": "0.10.1", "error": null,
-                  "checked_at": "…"}],
+                  "checked_at": "…", "logprob_mode": "raw", "logprob_mode_error": null}],
      "recorded_at": "…"}
 
 Secrets never enter it: configuration fields named like a secret (token, password, key, …) are left out, and URLs
@@ -14,6 +14,10 @@ keep only scheme, host, port and path (no user, password or query). Evaluator co
 Engines are asked for ``/v1/models`` and ``/version`` with a short timeout, all at once, and the answers are kept
 per process for ``ttl_s`` (an ``EngineProbe`` lives in ``Services``), so a submission never waits more than
 ``timeout_s`` + 0.5 s and an engine that is down is recorded as such (``error``) instead of failing the submission.
+
+Each engine's logprob mode (raw or processed, ``polar.records.logprob_mode``) is probed once per engine and process,
+in the background: a submission waits for it no longer than for the rest, records ``logprob_mode: null`` with why
+while it runs, and a later one records the answer. A probe that could not tell is tried again after ``ttl_s``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import httpx
@@ -35,6 +39,7 @@ import httpx
 from polar.clock import iso, utcnow
 from polar.config import Config
 from polar.evaluators import ENTRY_POINT_GROUP, EVALUATORS
+from polar.records import logprob_mode
 from polar.redaction import shown_url
 from polar.task_request import TaskRequest
 
@@ -44,6 +49,7 @@ PROBE_TIMEOUT_S = 1.0
 PROBE_TTL_S = 60.0
 _BUILT_IN_CODE = "polar"
 _PATHS = ("/v1/models", "/version")
+LOGPROB_PROBE_TIMEOUT_S = 30.0
 
 
 def polar_version() -> str:
@@ -116,6 +122,10 @@ class EngineProbe:
         self.ttl_s = ttl_s
         self._lock = threading.Lock()
         self._cached: dict[str, tuple[float, dict[str, Any]]] = {}
+        # Per engine, its logprob-mode probe and when it may be asked again (never, once it told).
+        self._modes: dict[str, tuple[Future[dict[str, Any]], float]] = {}
+        self._mode_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="logprob-mode")
+        self._mode_client = httpx.Client(timeout=httpx.Timeout(LOGPROB_PROBE_TIMEOUT_S, connect=timeout_s))
 
     def engines(self, urls: Iterable[str]) -> list[dict[str, Any]]:
         """What each engine said (or why it said nothing), in ``urls`` order."""
@@ -123,10 +133,29 @@ class EngineProbe:
         with self._lock:
             now = time.monotonic()
             stale = [url for url in dict.fromkeys(urls) if url not in self._cached or self._cached[url][0] <= now]
+            modes = {url: self._mode_probe(url) for url in dict.fromkeys(urls)}
             if stale:
                 for url, facts in zip(stale, self._ask(stale), strict=True):
                     self._cached[url] = (time.monotonic() + self.ttl_s, facts)
-            return [self._cached[url][1] for url in urls]
+            wait(modes.values(), timeout=self.timeout_s + 0.5)
+            return [{**self._cached[url][1], **_mode(modes[url])} for url in urls]
+
+    def _mode_probe(self, url: str) -> Future[dict[str, Any]]:
+        """The engine's logprob-mode probe: the one that told, one still running, or a new one."""
+        known = self._modes.get(url)
+        if known is not None and (not known[0].done() or known[1] > time.monotonic()):
+            return known[0]
+        from polar.proxy.engines import parse_engine_url
+
+        address = parse_engine_url(url).url
+        future = self._mode_pool.submit(logprob_mode.probe, self._mode_client, address)
+        self._modes[url] = (future, float("inf"))
+        future.add_done_callback(lambda done: self._retry_later(url, done))
+        return future
+
+    def _retry_later(self, url: str, done: Future[dict[str, Any]]) -> None:
+        if done.result()["logprob_mode"] is None:
+            self._modes[url] = (done, time.monotonic() + self.ttl_s)
 
     def _ask(self, urls: Sequence[str]) -> list[dict[str, Any]]:
         """Every engine's answers, all asked at once; what has not answered by the deadline is recorded as such
@@ -145,6 +174,12 @@ class EngineProbe:
             pool.shutdown(wait=False, cancel_futures=True)
             client.close()
         return [_facts(url, answers[(url, "/v1/models")], answers[(url, "/version")]) for url in urls]
+
+
+def _mode(probe: Future[dict[str, Any]]) -> dict[str, Any]:
+    if probe.done():
+        return probe.result()
+    return {"logprob_mode": None, "logprob_mode_error": "probe still running; a later batch records it"}
 
 
 def _address(engine: str, path: str) -> str:

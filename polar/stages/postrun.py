@@ -64,7 +64,12 @@ def captured_calls(services: Services, session_id: uuid.UUID) -> list[CapturedCa
                 ModelCall.logprobs,
                 ModelCall.finish_reason,
             )
-            .where(ModelCall.session_id == session_id, ModelCall.status_code == 200, ModelCall.delivered)
+            .where(
+                ModelCall.session_id == session_id,
+                ModelCall.status_code == 200,
+                ModelCall.delivered,
+                ~ModelCall.synthesized,
+            )
             .order_by(ModelCall.seq)
         ).all()
     prompts = full_prompts(rows)
@@ -80,7 +85,12 @@ def final_message(services: Services, session_id: uuid.UUID) -> str | None:
     with services.db.unit() as db:
         last = db.execute(
             sa.select(ModelCall.id, ModelCall.seq)
-            .where(ModelCall.session_id == session_id, ModelCall.status_code == 200, ModelCall.delivered)
+            .where(
+                ModelCall.session_id == session_id,
+                ModelCall.status_code == 200,
+                ModelCall.delivered,
+                ~ModelCall.synthesized,
+            )
             .order_by(ModelCall.seq.desc())
             .limit(1)
         ).first()

@@ -203,6 +203,11 @@ class ModelCall(Base):
     # False when the answer never reached the harness (captured first, then the client was gone); such calls are
     # kept for audit and left out of trajectories.
     delivered: Mapped[bool] = mapped_column(sa.Boolean(), nullable=False, server_default=sa.true())
+    # What the harness asked of sampling and what the engine was sent (polar.proxy.sampling): migration 0015.
+    sampling: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON())
+    # True: Polar wrote this answer, not the engine (over_budget: stop, polar.proxy.budget); no model tokens, never
+    # in a trajectory.
+    synthesized: Mapped[bool] = mapped_column(sa.Boolean(), nullable=False, server_default=sa.false())
     # The policy version when the answer was recorded; ``spans_policy_update``: it differs from ``policy_version``
     # (the call was held across a weight update, so its sampled tokens came from two policies).
     policy_version_end: Mapped[str | None] = mapped_column(sa.Text())

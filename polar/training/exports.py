@@ -88,7 +88,7 @@ def _last_successful_call() -> Any:
     """Per session, the seq of its last call the engine answered with 200."""
     return (
         sa.select(ModelCall.session_id, sa.func.max(ModelCall.seq).label("seq"))
-        .where(ModelCall.status_code == 200)
+        .where(ModelCall.status_code == 200, ~ModelCall.synthesized)
         .group_by(ModelCall.session_id)
         .subquery()
     )

@@ -35,7 +35,15 @@ def services(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Service
 def test_a_key_names_its_session_and_its_tasks_call_limits(services: Services) -> None:
     body = {
         "tasks": [
-            command_task("limited", "true", max_calls=3, max_concurrent_calls=2, timeout_seconds=120),
+            command_task(
+                "limited",
+                "true",
+                max_calls=3,
+                max_concurrent_calls=2,
+                timeout_seconds=120,
+                over_budget="stop",
+                sampling="neutralize",
+            ),
             command_task("default", "true"),
         ]
     }
@@ -53,8 +61,10 @@ def test_a_key_names_its_session_and_its_tasks_call_limits(services: Services) -
             )
 
     limited, default = keys["limited"], keys["default"]
-    assert session_state_for_key(services.db, hash_key(limited[1])) == KeyOwner(limited[0], "running", 2, 3, 120.0)
+    assert session_state_for_key(services.db, hash_key(limited[1])) == KeyOwner(
+        limited[0], "running", 2, 3, 120.0, "stop", "neutralize"
+    )
     assert session_state_for_key(services.db, hash_key(default[1])) == KeyOwner(
-        default[0], "running", None, None, 600.0
+        default[0], "running", None, None, 600.0, "refuse", "record"
     )
     assert session_state_for_key(services.db, hash_key("pk-unknown")) is None
