@@ -106,3 +106,23 @@ def test_an_engine_that_never_answers_is_the_infrastructures_loss(database_url: 
     session = _only(services)
     assert (session.state, session.outcome, session.outcome_class) == ("failed", "engine_failed", "infrastructure")
     assert "no engine answered /health within 1.5s" in (session.error or "") and session.reward is None
+
+
+def test_the_harness_waits_out_a_pause_before_it_starts(database_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    services = domain_services(database_url, tmp_path / "work", engine_urls=(f"http://127.0.0.1:{port}",),
+                               engine_wait_s=60.0)  # fmt: skip
+    started = tmp_path / "started"
+    command = f"python3 -c \"import time; open('{started}', 'w').write(str(time.time()))\""
+    submit_tasks(services, command_task("t", command, max_attempts=1))
+    with _engine_after(port, delay_s=0.0):
+        set_state(services.db, paused=True, mode="reject")
+        runner = threading.Thread(target=deliver_all, args=(services,))
+        runner.start()
+        _wait_for(lambda: _only(services).state == "running", "the run")
+        time.sleep(2.0)
+        resumed = time.time()
+        set_state(services.db, paused=False)
+        runner.join()
+    assert _only(services).state == "completed"
+    assert float(started.read_text()) >= resumed  # its calls would all have been refused before
