@@ -25,6 +25,7 @@ PLAN = ChaosPlan(tasks=12, samples=3, calls=6, tool_s=2.0, run_concurrency=2, sc
 def test_long_outages_never_become_training_signal(tmp_path: Path) -> None:
     report = run_chaos(PLAN, tmp_path)
     figures = "\n".join(f"{name}: {value}" for name, value in report.figures())
+    print(figures)  # the figures, with -s or -rP
     assert report.violations == [], figures
     assert report.samples == PLAN.sessions and report.task_outcomes == report.samples, figures
     assert report.scored_failures == 0 and report.received > 0, figures
