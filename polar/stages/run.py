@@ -47,12 +47,16 @@ def _start(services: Services, session_id: uuid.UUID, key: str) -> uuid.UUID | N
 
 
 def _record_handle(services: Services, claimed: Claimed, runtime: Runtime) -> None:
-    with services.db.unit() as db:
-        db.execute(
-            sa.update(Session)
-            .where(Session.id == claimed.session.id, claimed.held)
-            .values(runtime_handle=runtime.handle)
-        )
+    def record() -> None:
+        with services.db.unit() as db:
+            db.execute(
+                sa.update(Session)
+                .where(Session.id == claimed.session.id, claimed.held)
+                .values(runtime_handle=runtime.handle)
+            )
+
+    # The harness has started: a database restart right now must not turn a healthy run into a lost one.
+    ride_out(record, within_s=services.config.db_outage_s)
 
 
 def _execute(
