@@ -19,6 +19,7 @@ import json
 import os
 import random
 import signal
+import socket
 import threading
 import time
 from collections import Counter
@@ -129,6 +130,7 @@ class _Deployment:
         upgrade(database_url)
         self.db = Database(database_url)
         ports = {"engine": free_port(), "api": free_port(), "proxy": free_port()}
+        self.engine_port = ports["engine"]
         env = {
             **pipeline_env(database_url, self.redis.url, ports, self.workdir / "state", self.plan.run_concurrency),
             "POLAR_HEARTBEAT_INTERVAL": "0.5",
@@ -263,8 +265,14 @@ class _Faults:
         """The engine down for ``outage_s`` (the supervisor leaves it down until released)."""
         self.stack.hold("engine")
         self._kill("engine")
+        # Its port stays taken meanwhile, bound but not listening (calls are refused as by a dead engine): a minute
+        # free would let another process, or a client connecting to itself, take it, and the engine never return.
+        placeholder = socket.socket()
+        placeholder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        placeholder.bind(("127.0.0.1", self.d.engine_port))
         self._note(f"engine stopped for {self.d.plan.outage_s:g}s")
         time.sleep(self.d.plan.outage_s)
+        placeholder.close()
         self.stack.release("engine")
         self.stack.wait_healthy(120, names=["engine"])
         self._note("engine back")
