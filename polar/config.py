@@ -65,6 +65,7 @@ class Config:
     served_model: str | None = None
     sampling_overrides: Mapping[str, Any] = field(default_factory=dict)
     engine_timeout_s: float = 600.0
+    engine_wait_s: float = 600.0  # how long a run waits for an engine to answer before its harness starts (0: not)
     heartbeat_interval_s: float = 5.0
     stale_after_s: float = 30.0
     requeue_after_s: float = 300.0
@@ -300,6 +301,7 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         served_model=env.get("POLAR_SERVED_MODEL") or None,
         sampling_overrides=_json_object(env, "POLAR_SAMPLING_OVERRIDES"),
         engine_timeout_s=_number(env, "POLAR_ENGINE_TIMEOUT", base.engine_timeout_s),
+        engine_wait_s=_number(env, "POLAR_ENGINE_WAIT", base.engine_wait_s),
         heartbeat_interval_s=_number(env, "POLAR_HEARTBEAT_INTERVAL", base.heartbeat_interval_s),
         stale_after_s=_number(env, "POLAR_STALE_AFTER", base.stale_after_s),
         requeue_after_s=_number(env, "POLAR_REQUEUE_AFTER", base.requeue_after_s),

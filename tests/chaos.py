@@ -1,8 +1,16 @@
-"""Fault injection over a whole deployment: a batch on two worker nodes while Redis, Postgres and the engine
-restart, a worker of every stage is SIGKILLed and restarted, and one whole node is killed (and comes back later).
+"""Fault injection over a whole deployment: a batch on two worker nodes under one of two fault schedules.
+
+- ``short``: Redis, Postgres and the engine restart, a worker of every stage is SIGKILLed and restarted, and one
+  whole node is killed (and comes back later);
+- ``long``: three outages of ``outage_s`` each, spaced apart: the engine stopped, model calls paused for a weight
+  sync in ``reject`` mode, and Postgres stopped.
+
 Afterwards, what must hold: every session terminal, every answer a harness received in Postgres, no duplicate
-trajectories, every sample ended with a task outcome, and attempts lost to the infrastructure nowhere in the feed
-or the exports. ``tests/e2e/test_chaos.py`` asserts it; ``bench/chaos.py`` prints the figures.
+trajectories, every sample ended with exactly one scored attempt (a task outcome with a reward), no task outcome
+that is a failure (the chaos harness always succeeds when the infrastructure lets it: a failure is a fault scored
+as the policy's), no attempt lost to the infrastructure with a reward, and those attempts nowhere in the feed or
+the exports. ``tests/e2e/test_chaos.py`` and ``tests/e2e/test_long_outages.py`` assert it; ``bench/chaos.py``
+prints the figures.
 """
 
 from __future__ import annotations
@@ -11,13 +19,14 @@ import json
 import os
 import random
 import signal
+import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 
@@ -44,6 +53,8 @@ class ChaosPlan:
     stale_after_s: float = 5.0
     seed: int = 0
     faults: bool = True  # False: the same batch undisturbed, for comparison
+    schedule: Literal["short", "long"] = "short"
+    outage_s: float = 60.0  # the long schedule: how long each outage lasts
 
     @property
     def sessions(self) -> int:
@@ -58,7 +69,9 @@ class ChaosReport:
     sessions: int = 0  # attempts, every one a session row
     samples: int = 0
     task_outcomes: int = 0
+    scored_failures: int = 0  # settled task outcomes that failed: a fault scored as the policy's
     retried: Counter[str] = field(default_factory=Counter)  # lost attempts by outcome
+    refusals: Counter[str] = field(default_factory=Counter)  # calls the proxy refused, by reason (call_refusals)
     out_of_attempts: int = 0
     states: Counter[str] = field(default_factory=Counter)  # of each sample's settled attempt
     received: int = 0
@@ -77,8 +90,10 @@ class ChaosReport:
             ("faults injected", str(len(self.faults))),
             ("batch wall time", f"{self.wall_s:.1f} s"),
             ("samples ending with a task outcome", f"{self.task_outcomes} / {self.samples}"),
+            ("task outcomes that failed (faults scored)", str(self.scored_failures)),
             ("attempts lost to the infrastructure", f"{lost} ({by_outcome})"),
             ("samples out of attempts", str(self.out_of_attempts)),
+            ("refused calls recorded", ", ".join(f"{k} {v}" for k, v in sorted(self.refusals.items())) or "none"),
             ("final states", ", ".join(f"{k} {v}" for k, v in sorted(self.states.items()))),
             ("answers harnesses received / found in Postgres", f"{self.received} / {self.received - self._missing()}"),
             ("feed items / RL export rows", f"{self.feed_items} / {self.export_rows}"),
@@ -88,7 +103,7 @@ class ChaosReport:
         ]  # fmt: skip
 
     def _reaped(self) -> str:
-        if not self.plan.faults:
+        if not self.plan.faults or self.plan.schedule != "short":
             return "n/a (no node was lost)"
         return "yes" if self.reaped_on_return else "no"
 
@@ -115,6 +130,7 @@ class _Deployment:
         upgrade(database_url)
         self.db = Database(database_url)
         ports = {"engine": free_port(), "api": free_port(), "proxy": free_port()}
+        self.engine_port = ports["engine"]
         env = {
             **pipeline_env(database_url, self.redis.url, ports, self.workdir / "state", self.plan.run_concurrency),
             "POLAR_HEARTBEAT_INTERVAL": "0.5",
@@ -188,6 +204,13 @@ class _Faults:
             (28.0 + 3 * stale + 10.0, self.revive_node),
             (30.0, lambda: self.kill_worker(Stage.RUN)),
         ]
+        if deployment.plan.schedule == "long":
+            gap = deployment.plan.outage_s + 15.0  # each outage over and its effects settling before the next
+            self.schedule = [
+                (5.0, self.stop_engine),
+                (5.0 + gap, self.pause_calls),
+                (5.0 + 2 * gap, self.stop_postgres),
+            ]
         self.schedule.sort(key=lambda item: item[0])
         if not deployment.plan.faults:
             self.schedule = []
@@ -237,6 +260,38 @@ class _Faults:
         self._note("engine killed")
         self.stack.wait_healthy(60, names=["engine"])  # the supervisor starts it again
         self._note("engine back")
+
+    def stop_engine(self) -> None:
+        """The engine down for ``outage_s`` (the supervisor leaves it down until released)."""
+        self.stack.hold("engine")
+        self._kill("engine")
+        # Its port stays taken meanwhile, bound but not listening (calls are refused as by a dead engine): a minute
+        # free would let another process, or a client connecting to itself, take it, and the engine never return.
+        placeholder = socket.socket()
+        placeholder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        placeholder.bind(("127.0.0.1", self.d.engine_port))
+        self._note(f"engine stopped for {self.d.plan.outage_s:g}s")
+        time.sleep(self.d.plan.outage_s)
+        placeholder.close()
+        self.stack.release("engine")
+        self.stack.wait_healthy(120, names=["engine"])
+        self._note("engine back")
+
+    def pause_calls(self) -> None:
+        """A weight sync: model calls paused in ``reject`` mode (429s) for ``outage_s``."""
+        self.d.client.pause(mode="reject")
+        self._note(f"model calls paused (reject) for {self.d.plan.outage_s:g}s")
+        time.sleep(self.d.plan.outage_s)
+        self.d.client.resume()
+        self._note("model calls resumed")
+
+    def stop_postgres(self) -> None:
+        """Postgres stopped (as in a crash) for ``outage_s``, then started on the same data."""
+        self.d.postgres.stop("immediate")
+        self._note(f"Postgres stopped for {self.d.plan.outage_s:g}s")
+        time.sleep(self.d.plan.outage_s)
+        self.d.postgres.start()
+        self._note("Postgres back")
 
     def kill_node(self) -> None:
         """The whole node goes away: its four workers and every process running in its sessions."""
@@ -321,8 +376,8 @@ def _wait_finished(deployment: _Deployment, batch_id: str, faults: _Faults, time
 def _check(d: _Deployment, batch_id: str, report: ChaosReport) -> None:
     v = report.violations
     rows = d.sql(
-        "SELECT id::text AS id, task_id, sample_index, attempt, state, outcome, outcome_class, retried_as, feed_seq "
-        "FROM sessions"
+        "SELECT id::text AS id, task_id, sample_index, attempt, state, outcome, outcome_class, retried_as, feed_seq, "
+        "reward FROM sessions"
     )
     report.sessions = len(rows)
     open_sessions = [r.id for r in rows if r.state not in {"completed", "failed", "timed_out", "cancelled"}]
@@ -342,14 +397,26 @@ def _check(d: _Deployment, batch_id: str, report: ChaosReport) -> None:
         report.states[final.state] += 1
         if final.outcome_class == "task":
             report.task_outcomes += 1
+            if final.reward is None:
+                v.append(f"sample {key}: its task outcome has no reward ({final.state}, {final.outcome})")
+            if final.state != "completed" or final.reward != 1.0:  # the harness succeeds unless a fault hit it
+                report.scored_failures += 1
+                v.append(f"sample {key}: a fault scored as the policy's ({final.state}, {final.outcome}, "
+                         f"reward {final.reward})")  # fmt: skip
         else:
             report.out_of_attempts += 1
             v.append(f"sample {key} ended without a task outcome ({final.outcome})")
         for lost in attempts:
+            if lost.outcome_class == "infrastructure" and lost.reward is not None:
+                v.append(f"sample {key}: attempt {lost.attempt}, lost to the infrastructure, has reward {lost.reward}")
             if lost is not final:
                 report.retried[lost.outcome] += 1
                 if lost.outcome_class != "infrastructure" or lost.retried_as is None:
                     v.append(f"sample {key}: attempt {lost.attempt} neither settled nor retried")
+
+    report.refusals.update({r.reason: int(r.n) for r in d.sql(
+        "SELECT reason, sum(count) AS n FROM call_refusals GROUP BY reason"
+    )})  # fmt: skip
 
     # Every answer a harness received is in Postgres, token for token.
     received = [json.loads(line) for line in d.received_log.read_text().splitlines()] if d.received_log.exists() else []
@@ -400,7 +467,7 @@ def _check(d: _Deployment, batch_id: str, report: ChaosReport) -> None:
         v.append("RL export differs from the task outcomes' trajectories")
 
     # The lost node, back, tears down what it left (directories of sessions that ended meanwhile).
-    if not d.plan.faults:
+    if not d.plan.faults or d.plan.schedule != "short":
         return
     root = d.nodes[LOST_NODE].work_root
     assert root is not None

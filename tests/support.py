@@ -48,6 +48,9 @@ class RecordingDispatcher:
 
 def domain_services(database_url: str, work_root: Path, **overrides: Any) -> Services:
     env = {"POLAR_DATABASE_URL": database_url, "POLAR_WORK_ROOT": str(work_root), "POLAR_BROKER_URL": "memory://"}
+    # No engine runs beside these services unless a test starts one: the run starts harnesses without waiting
+    # for one to answer (``polar.stages.engine_gate``) unless the test asks for the gate.
+    overrides.setdefault("engine_wait_s", 0.0)
     config = load_config(env, cwd=work_root).with_overrides(**overrides)
     return Services(config, Database(database_url), RecordingDispatcher(), "test")
 

@@ -85,19 +85,27 @@ def classify(outcome: Outcome) -> OutcomeClass:
     return _CLASS[outcome]
 
 
-def refine(outcome: Outcome, exit_code: int | None, engine_failures: int, evaluator_runtime_failed: bool) -> Outcome:
+def refine(
+    outcome: Outcome,
+    exit_code: int | None,
+    engine_failures: int,
+    evaluator_runtime_failed: bool,
+    infrastructure_refusals: int = 0,
+) -> Outcome:
     """The outcome postrun records, once it knows what happened around the harness:
 
     - a harness that failed or ran out of time after the engine failed some of its calls (unreachable, 5xx,
-      timed out) failed because of the engine: ``ENGINE_FAILED``. One that exited 0 recovered by itself, and
-      a cancel stays a cancel;
+      timed out), or after the proxy refused some because of the infrastructure (a weight-sync pause, a
+      database outage: ``polar.proxy.refusals``), failed because of the engine: ``ENGINE_FAILED``. One that
+      exited 0 recovered by itself, and a cancel stays a cancel; refusals under the task's own call limits are
+      not counted here (running out of calls is the policy's doing);
     - an evaluator whose runtime broke under it (not one that judged the work bad) could not score the attempt:
       ``RUNTIME_FAILED``.
     """
     if evaluator_runtime_failed and classify(outcome) is OutcomeClass.TASK:
         return Outcome.RUNTIME_FAILED
     failed = (outcome is Outcome.EXITED and exit_code != 0) or outcome is Outcome.TIMEOUT
-    if failed and engine_failures > 0:
+    if failed and engine_failures + infrastructure_refusals > 0:
         return Outcome.ENGINE_FAILED
     return outcome
 

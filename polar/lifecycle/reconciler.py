@@ -11,8 +11,8 @@ moves them on, so every session ends in a terminal state.
   (``polar.lifecycle.outbox``);
 - ``init``/``ready``/``postrun`` whose stage message was lost (``polar.lifecycle.lost_messages`` says how that
   is told from waiting one's turn): sent again (a duplicate is harmless: the second claim finds it taken);
-- ``init``/``ready`` past their deadline: to ``postrun`` as timed out (a task outcome while preparing; while
-  waiting for a run slot, ``queue_timeout``: the harness never ran);
+- ``init`` past its deadline: to ``postrun`` as timed out (a task outcome: its prepare steps took the budget);
+  ``ready`` never expires, since waiting for a run slot is not charged (``polar.lifecycle.budget``);
 - this node's runtimes whose session has ended (teardown interrupted, or finished elsewhere while this node was
   lost): torn down; session directories and containers of sessions that ended or are unknown: removed.
 
@@ -139,7 +139,7 @@ def _plan(services: Services, judge_leases: bool) -> _Plan | None:
         plan.resend = lost_messages(db, live, stale, requeue, services.config.run_concurrency)
         rows = db.execute(
             sa.select(Session.id, Session.state).where(
-                Session.state.in_([State.INIT.value, State.READY.value]),
+                Session.state == State.INIT.value,  # ready waits uncharged: the budget starts with the harness
                 Session.deadline_at < now,
                 sa.or_(Session.heartbeat_at.is_(None), Session.heartbeat_at < stale),
                 live,
@@ -283,9 +283,8 @@ def reconcile(services: Services, judge: LeaseJudge | None = None) -> Counter[st
                 _kill_lost(services, handle)
             done["lost_runs"] += 1
     for session_id, state in plan.expired:
-        # Out of time while preparing is the task's (its prepare steps); while waiting for a run slot, the queue's.
-        outcome = Outcome.TIMEOUT if state is State.INIT else Outcome.QUEUE_TIMEOUT
-        if send_to_postrun(services, session_id, state, outcome, f"budget exhausted while {state.value}"):
+        # Out of time while preparing is the task's (its prepare steps).
+        if send_to_postrun(services, session_id, state, Outcome.TIMEOUT, f"budget exhausted while {state.value}"):
             done["expired"] += 1
     expired = {session_id for session_id, _ in plan.expired}
     for stage, session_id in plan.resend:

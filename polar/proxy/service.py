@@ -4,7 +4,8 @@ call, answer in the client's protocol (as a stream when asked).
 Errors come back in the client's own error shape with a truthful status; nothing here knows about Flask.
 
 A session's calls run under its call limits (``polar.proxy.limits``): a model call over ``max_concurrent_calls``
-or ``max_calls`` gets the protocol's 429 and is neither sent to the engine nor recorded (it is no model call);
+or ``max_calls`` gets the protocol's 429 and is not sent to the engine; it is no model call, but it is counted on the
+session (``polar.proxy.refusals``), as are the 429s of a weight-sync pause and the 503s of a database outage;
 counting tokens takes a concurrency slot but does not count toward ``max_calls``. Under the task's ``over_budget:
 stop`` a call over ``max_calls`` is answered instead with a final stop, recorded as synthesized (``budget``).
 
@@ -58,6 +59,7 @@ from polar.proxy.capture import CallRecord, mark_undelivered, record_call, sessi
 from polar.proxy.engines import EnginePool, EngineReply
 from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimiter, CallLimits, call_limiter
+from polar.proxy.refusals import DATABASE_OUTAGE, RefusalCounter
 from polar.proxy.renderers import ChatRenderer
 from polar.proxy.sampling import engine_sampling
 from polar.proxy.template_kwargs import check_setting, check_template_kwargs
@@ -150,11 +152,14 @@ def _guarded(protocol: ModuleType, events: Iterator[bytes]) -> Iterator[bytes]:
 
 
 def _refusal(exc: PolarError) -> str | None:
-    """Why a call was refused before reaching the engine (a metrics label), or None for other errors."""
+    """Why a call was refused without an answer from the engine (a metrics label and the reason it is recorded
+    under, ``polar.proxy.refusals``), or None for other errors."""
     if isinstance(exc, EnginePaused):
         return PAUSED
     if isinstance(exc, TooManyCalls):
         return MAX_CONCURRENT_CALLS if exc.retry_after_s is not None else MAX_CALLS
+    if isinstance(exc, CaptureFailed):
+        return DATABASE_OUTAGE
     return None
 
 
@@ -166,11 +171,13 @@ class ProxyService:
         engines: EnginePool,
         limiter: CallLimiter | None = None,
         metrics: ProxyMetrics | None = None,
+        refusals: RefusalCounter | None = None,
     ) -> None:
         self.config = config
         self.db = db
         self.engines = engines
         self.limiter = limiter or call_limiter(config)
+        self.refusals = refusals or RefusalCounter(db, config.redis_url)
         self.metrics = metrics or ProxyMetrics()
         self._keys: dict[str, tuple[uuid.UUID, CallLimits, str, float]] = {}
         self.control = ControlView(db, config.pause_max_waiters)
@@ -249,6 +256,7 @@ class ProxyService:
 
     def _handle(self, detected: Detected, key: str | None, agent: str | None, raw: bytes) -> ProxyAnswer:
         protocol, context = detected.protocol, detected.context
+        session_id: uuid.UUID | None = None
         try:
             if detected.operation == "head":
                 return ProxyAnswer(200, {})
@@ -263,6 +271,8 @@ class ProxyService:
         except PolarError as exc:
             if (reason := _refusal(exc)) is not None:
                 self.metrics.refused(protocol.PROVIDER, reason)
+                # On record, so postrun can tell a harness the infrastructure turned away from one that failed.
+                self.refusals.refused(hash_key(key) if key else None, session_id, reason)
             return self.error(protocol, exc)
 
     def _model_names(self) -> list[str]:

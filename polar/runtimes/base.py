@@ -62,6 +62,14 @@ class ExecResult:
 # Called with the started process's id (to record it for orphan clean-up) and then periodically while it runs.
 StartHook = Callable[[int], None]
 TickHook = Callable[[], None]
+# A command's time limit: seconds from its start, or a function giving the seconds left now (a harness's budget,
+# which a weight-sync pause extends while the command runs: ``polar.lifecycle.budget``).
+TimeLimit = float | Callable[[], float]
+
+
+def seconds_left(limit: TimeLimit, started: float, now: float) -> float:
+    """What is left of ``limit`` at ``now`` for a command started at ``started`` (both ``time.monotonic()``)."""
+    return limit() if callable(limit) else limit - (now - started)
 
 
 class Runtime(ABC):
@@ -100,12 +108,13 @@ class Runtime(ABC):
         self,
         command: list[str],
         env: Mapping[str, str],
-        timeout_s: float,
+        timeout_s: TimeLimit,
         log_name: str,
         on_start: StartHook | None = None,
         on_tick: TickHook | None = None,
     ) -> ExecResult:
-        """Run ``command`` in the work directory; kill everything it started when ``timeout_s`` runs out."""
+        """Run ``command`` in the work directory; kill everything it started when ``timeout_s`` runs out (a
+        number of seconds, or a function giving the seconds left, asked again each tick)."""
 
     @contextlib.contextmanager
     def proxy_access(self, proxy_url: str, egress_allow: Sequence[str] = ()) -> Iterator[ProxyAccess]:

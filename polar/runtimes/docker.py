@@ -47,7 +47,16 @@ from polar.config import Config
 from polar.errors import RuntimeFailure
 from polar.runtimes import relay
 from polar.runtimes._host_python import host_tool_paths
-from polar.runtimes.base import SESSION_ROLE, ExecResult, Runtime, StartHook, TickHook, runtime_name
+from polar.runtimes.base import (
+    SESSION_ROLE,
+    ExecResult,
+    Runtime,
+    StartHook,
+    TickHook,
+    TimeLimit,
+    runtime_name,
+    seconds_left,
+)
 from polar.runtimes.session_files import chown_tree, fresh_session_dir, output_tail
 from polar.task_request import RuntimeSpec
 
@@ -202,7 +211,7 @@ class DockerRuntime(Runtime):
         self,
         command: list[str],
         env: Mapping[str, str],
-        timeout_s: float,
+        timeout_s: TimeLimit,
         log_name: str,
         on_start: StartHook | None = None,
         on_tick: TickHook | None = None,
@@ -228,12 +237,13 @@ class DockerRuntime(Runtime):
         timed_out = False
         try:
             while state.get("Running"):
-                if time.monotonic() - started >= timeout_s:
+                left = seconds_left(timeout_s, started, time.monotonic())
+                if left <= 0:
                     timed_out = True
                     break
                 if on_tick:
                     on_tick()
-                time.sleep(min(TICK_S, max(0.0, timeout_s - (time.monotonic() - started))))
+                time.sleep(min(TICK_S, max(0.0, left)))
                 state = api.exec_inspect(exec_id)
         except DockerException as exc:
             raise RuntimeFailure(f"lost the exec of {command[0]!r}: {exc}") from exc

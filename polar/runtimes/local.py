@@ -25,7 +25,16 @@ from typing import Any
 from polar.config import Config
 from polar.errors import RuntimeFailure
 from polar.runtimes import reaper
-from polar.runtimes.base import SESSION_ROLE, ExecResult, Runtime, StartHook, TickHook, runtime_name
+from polar.runtimes.base import (
+    SESSION_ROLE,
+    ExecResult,
+    Runtime,
+    StartHook,
+    TickHook,
+    TimeLimit,
+    runtime_name,
+    seconds_left,
+)
 from polar.runtimes.session_files import fresh_session_dir, open_append, output_tail
 from polar.task_request import RuntimeSpec
 
@@ -97,7 +106,7 @@ class LocalRuntime(Runtime):
         self,
         command: list[str],
         env: Mapping[str, str],
-        timeout_s: float,
+        timeout_s: TimeLimit,
         log_name: str,
         on_start: StartHook | None = None,
         on_tick: TickHook | None = None,
@@ -126,13 +135,14 @@ class LocalRuntime(Runtime):
         timed_out = False
         try:
             while process.poll() is None:
-                if time.monotonic() - started >= timeout_s:
+                left = seconds_left(timeout_s, started, time.monotonic())
+                if left <= 0:
                     timed_out = True
                     break
                 if on_tick:
                     on_tick()
                 try:
-                    process.wait(timeout=min(TICK_S, max(0.0, timeout_s - (time.monotonic() - started))))
+                    process.wait(timeout=min(TICK_S, max(0.0, left)))
                 except subprocess.TimeoutExpired:
                     pass
         finally:

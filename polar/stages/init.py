@@ -6,7 +6,8 @@ Init is the one shared stage: whichever node's worker claims the session becomes
 runtime lives and every later stage runs), provided that node has room in its own READY bound; a full node
 hands the session back to the shared queue for another.
 
-The budget starts here (not while pending): ``deadline_at = init start + timeout_seconds``.
+Init's prepare steps are bounded by the session budget from init's start (``deadline_at = init start +
+timeout_seconds``); the harness gets its whole budget again when it starts (``polar.lifecycle.budget``).
 
 A prepare step of the task's own that fails is the task's outcome (``prepare_failed``); a runtime that cannot be
 created or used is the infrastructure's (``runtime_failed``, retried as a new attempt), and so is an evaluator whose

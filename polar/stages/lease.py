@@ -127,10 +127,12 @@ def heartbeat(
     lease: uuid.UUID | None,
     on_cancel: Callable[[], None] | None = None,
     on_lost: Callable[[], None] | None = None,
+    on_beat: Callable[[], None] | None = None,
 ) -> Iterator[None]:
     """Refresh the lease every ``heartbeat_interval_s`` while the body runs; call ``on_cancel`` (once) when the
     session's batch is cancelled, and ``on_lost`` (once) when the lease has gone to another holder (or the
-    session moved on without us), so a long stage can stop its work."""
+    session moved on without us), so a long stage can stop its work; ``on_beat`` after each beat that found the
+    lease still ours (the run re-reads its budget there)."""
     stop = threading.Event()
 
     def beat() -> None:
@@ -138,6 +140,8 @@ def heartbeat(
         while not stop.wait(services.config.heartbeat_interval_s):
             try:
                 ours, cancelled = _beat(services, session_id, lease) if lease else (True, False)
+                if ours and on_beat is not None:
+                    on_beat()
             except Exception:  # a missed beat is retried; the reconciler tolerates a few
                 continue
             if cancelled and on_cancel is not None and not cancel_told:

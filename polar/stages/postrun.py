@@ -36,6 +36,7 @@ from polar.lifecycle.attempts import OutcomeClass, classify, refine, retries_lef
 from polar.lifecycle.batches import mark_batch_finished
 from polar.lifecycle.states import Outcome, State
 from polar.lifecycle.transitions import transition
+from polar.proxy.refusals import INFRASTRUCTURE_REASONS, fold_in, refusal_counts
 from polar.reconstruction import RECONSTRUCTIONS, CapturedCall, TrajectoryData
 from polar.runtimes import Runtime, attach_runtime
 from polar.services import Services
@@ -132,6 +133,14 @@ def engine_failures(services: Services, session_id: uuid.UUID) -> int:
             )
             or 0
         )
+
+
+def infrastructure_refusals(services: Services, session: Session) -> dict[str, int]:
+    """The session's calls the proxy refused because of the infrastructure, by reason (a pause, a database
+    outage); what Redis counted while the database was away is folded into ``call_refusals`` first."""
+    fold_in(services.db, services.config.redis_url, session.id, session.proxy_key_hash)
+    counts = refusal_counts(services.db, session.id)
+    return {reason: counts[reason] for reason in INFRASTRUCTURE_REASONS if counts.get(reason)}
 
 
 @dataclass(frozen=True)
@@ -317,10 +326,13 @@ def _ending(
     session = claimed.session
     recorded = Outcome(session.outcome or Outcome.ERROR.value)
     failures = engine_failures(services, session.id)
-    outcome = refine(recorded, session.exit_code, failures, evaluator_runtime_failed=False)
+    refused = infrastructure_refusals(services, session)
+    outcome = refine(recorded, session.exit_code, failures, False, sum(refused.values()))
     error = session.error
     if outcome is Outcome.ENGINE_FAILED:
-        error = f"the engine failed {failures} of the harness's calls; {error or recorded.value}"
+        why = [f"the engine failed {failures} of the harness's calls"] if failures else []
+        why += [f"the proxy refused {count} of its calls ({reason})" for reason, count in sorted(refused.items())]
+        error = f"{'; '.join(why)}; {error or recorded.value}"
     if classify(outcome) is not OutcomeClass.TASK:  # lost to the infrastructure, or cancelled: never scored
         return _Ending(outcome, error, _Scored(None, None))
     scored = _evaluate(services, claimed, outcome, runtimes or _Runtimes(None, None), calls, trajectories)

@@ -1,6 +1,7 @@
 """Stage ``ready``: a prepared session is checked and handed to the run queue, where it waits for a run slot.
 
-It stays in ``ready`` (holding its READY-buffer slot) until a run worker takes it.
+It stays in ``ready`` (holding its READY-buffer slot) until a run worker takes it. The wait is not charged to the
+harness's budget, which starts with the harness (``polar.lifecycle.budget``).
 """
 
 from __future__ import annotations
@@ -20,11 +21,6 @@ from polar.stages.lease import load
 def ready_session(services: Services, session_id: uuid.UUID) -> None:
     loaded = load(services, session_id)
     if loaded is None or loaded.session.state != State.READY.value:
-        return
-    if loaded.remaining_s <= 0:
-        send_to_postrun(
-            services, session_id, State.READY, Outcome.QUEUE_TIMEOUT, "budget exhausted while waiting for a run slot"
-        )
         return
     try:
         alive = attach_runtime(loaded.session.runtime_handle or {}, services.config).is_alive()

@@ -1,4 +1,5 @@
-"""Stage ``run``: mint the proxy key, start the harness in the runtime, enforce the remaining budget.
+"""Stage ``run``: mint the proxy key, wait for an engine that answers, start the harness in the runtime with its
+whole budget, and enforce it (``polar.lifecycle.budget``).
 
 Starting the run takes a lease (``polar.stages.lease``); the hand-off to postrun checks it, and a run whose lease
 went elsewhere (the reconciler judged it lost) kills its harness and changes nothing.
@@ -14,11 +15,13 @@ import sqlalchemy as sa
 from polar.errors import RuntimeFailure, UnsafePath
 from polar.harnesses import HARNESSES, HarnessContext
 from polar.lifecycle.admission import admit
+from polar.lifecycle.budget import RunBudget, budget_left, start_run_budget
 from polar.lifecycle.states import Outcome, State
 from polar.lifecycle.transitions import transition
 from polar.proxy.keys import hash_key, mint_key
 from polar.runtimes import Runtime, attach_runtime
 from polar.services import Services
+from polar.stages.engine_gate import wait_for_engine
 from polar.stages.handoff import send_to_postrun
 from polar.stages.lease import Claimed, heartbeat, load
 from polar.storage import db_clock
@@ -44,16 +47,20 @@ def _start(services: Services, session_id: uuid.UUID, key: str) -> uuid.UUID | N
 
 
 def _record_handle(services: Services, claimed: Claimed, runtime: Runtime) -> None:
-    with services.db.unit() as db:
-        db.execute(
-            sa.update(Session)
-            .where(Session.id == claimed.session.id, claimed.held)
-            .values(runtime_handle=runtime.handle)
-        )
+    def record() -> None:
+        with services.db.unit() as db:
+            db.execute(
+                sa.update(Session)
+                .where(Session.id == claimed.session.id, claimed.held)
+                .values(runtime_handle=runtime.handle)
+            )
+
+    # The harness has started: a database restart right now must not turn a healthy run into a lost one.
+    ride_out(record, within_s=services.config.db_outage_s)
 
 
 def _execute(
-    services: Services, claimed: Claimed, key: str, runtime: Runtime
+    services: Services, claimed: Claimed, key: str, runtime: Runtime, budget: RunBudget
 ) -> tuple[Outcome, int | None, str | None]:
     session, task = claimed.session, claimed.task
     # A sandbox reaches the proxy through its relay alone, at the address the harness sees inside.
@@ -74,7 +81,7 @@ def _execute(
         result = runtime.exec(
             access.wrap(launch.command),
             {**launch.env, **access.env},
-            claimed.remaining_s,
+            budget.left,
             log_name="harness",
             on_start=lambda _pid: _record_handle(services, claimed, runtime),
         )
@@ -88,20 +95,45 @@ def _execute(
 
 
 def _run(services: Services, claimed: Claimed, key: str) -> tuple[Outcome, int | None, str | None]:
-    """The harness under the session's heartbeat; a batch cancel kills it and the outcome says so."""
-    if claimed.remaining_s <= 0:
-        return Outcome.QUEUE_TIMEOUT, None, "budget exhausted before the harness started"
-    cancelled = threading.Event()
+    """The harness under the session's heartbeat; a batch cancel kills it and the outcome says so.
+
+    Its budget starts only once an engine answers (the wait for one, like the wait in ``ready``, is not charged)
+    and is re-read at each heartbeat, so a weight-sync pause does not count against it (``polar.lifecycle.budget``).
+    """
+    session_id, timeout_s = claimed.session.id, claimed.task.timeout_seconds
+    cancelled, stopped = threading.Event(), threading.Event()
+    budget = RunBudget(timeout_s)
+    budget_started = threading.Event()
     try:
         runtime = attach_runtime(claimed.session.runtime_handle or {}, services.config)
 
         def cancel() -> None:
             cancelled.set()
+            stopped.set()
             runtime.kill_processes()
 
-        # The lease gone elsewhere (judged lost while we ran): stop; our hand-off will change nothing.
-        with heartbeat(services, claimed.session.id, claimed.lease, on_cancel=cancel, on_lost=runtime.kill_processes):
-            outcome, exit_code, error = _execute(services, claimed, key, runtime)
+        def lost() -> None:  # the lease gone elsewhere (judged lost while we ran): stop; our hand-off changes nothing
+            stopped.set()
+            runtime.kill_processes()
+
+        def beat() -> None:
+            if budget_started.is_set():
+                budget.update(*budget_left(services, session_id))
+
+        with heartbeat(services, session_id, claimed.lease, on_cancel=cancel, on_lost=lost, on_beat=beat):
+            unanswered = wait_for_engine(services, services.config.engine_wait_s, stopped)
+            if unanswered is not None and not stopped.is_set():
+                return Outcome.ENGINE_FAILED, None, unanswered
+            if not stopped.is_set():
+                ride_out(
+                    lambda: start_run_budget(services, session_id, claimed.held, timeout_s),
+                    within_s=services.config.db_outage_s,
+                )
+                budget.update(timeout_s, False)
+                budget_started.set()
+                outcome, exit_code, error = _execute(services, claimed, key, runtime, budget)
+            else:
+                outcome, exit_code, error = Outcome.EXITED, None, "the harness was not started"
     except RuntimeFailure as exc:
         return Outcome.RUNTIME_FAILED, None, str(exc)
     except UnsafePath as exc:  # a prepare step linked the harness's config or log somewhere: the task's doing

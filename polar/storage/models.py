@@ -316,6 +316,20 @@ class EngineControl(Base):
     mode: Mapped[str] = mapped_column(sa.Text(), nullable=False, default="reject")  # reject (429) | wait
     policy_version: Mapped[str | None] = mapped_column(sa.Text())
     updated_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), nullable=False)
+    paused_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))  # when the current pause began
+
+
+class CallRefusal(Base):
+    """How many of a session's model calls the proxy refused before the engine saw them, per reason
+    (``polar.proxy.refusals``)."""
+
+    __tablename__ = "call_refusals"
+
+    session_id: Mapped[uuid.UUID] = mapped_column(sa.ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True)
+    reason: Mapped[str] = mapped_column(sa.Text(), primary_key=True)
+    count: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
+    first_at: Mapped[datetime] = _created()
+    last_at: Mapped[datetime] = _created()
 
 
 class EngineRecord(Base):

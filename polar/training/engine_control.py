@@ -1,5 +1,6 @@
 """Holding model calls while a trainer syncs weights (``POST /v1/engine/pause`` / ``resume``), and the policy
-version every captured call is stamped with.
+version every captured call is stamped with. The paused time is given back to the budgets of the harnesses that
+ran through it (``polar.lifecycle.budget``).
 
 The state is one row in the database. Proxies re-read it at most every ``REFRESH_S``; ``pause`` returns only
 after that long, so once it has returned no proxy starts a new call on the old weights (calls already in flight
@@ -16,8 +17,10 @@ from typing import Literal, cast
 
 import sqlalchemy as sa
 
-from polar.clock import utcnow
+from polar.clock import as_utc, utcnow
 from polar.errors import ValidationError
+from polar.lifecycle.budget import give_back_pause
+from polar.storage import db_clock
 from polar.storage.database import Database
 from polar.storage.models import EngineControl
 from polar.storage.outage import unreachable
@@ -52,6 +55,14 @@ def set_state(db: Database, paused: bool, mode: str = "reject", policy_version: 
         if row is None:
             row = EngineControl(id=1, paused=False, mode="reject", policy_version=None, updated_at=utcnow())
             session.add(row)
+        now = as_utc(session.scalar(sa.select(db_clock.now(session))))
+        if paused and not row.paused:
+            row.paused_at = now
+        elif not paused and row.paused:
+            # The harnesses that ran through the pause had no use of that time: their budgets get it back.
+            if row.paused_at is not None and now is not None:
+                give_back_pause(session, row.paused_at, now)
+            row.paused_at = None
         row.paused, row.mode, row.updated_at = paused, mode, utcnow()
         if policy_version is not None:
             row.policy_version = policy_version

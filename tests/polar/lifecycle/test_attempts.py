@@ -24,6 +24,7 @@ from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.outbox import dispatch
 from polar.lifecycle.reconciler import reconcile
 from polar.lifecycle.states import Outcome
+from polar.proxy.refusals import add_counts
 from polar.services import Services
 from polar.storage.models import ModelCall, Session, SessionEvent, Trajectory
 from polar.training.exports import export_rows
@@ -84,10 +85,25 @@ def test_the_table_covers_every_outcome() -> None:
         (Outcome.NODE_LOST, None, 0, False, Outcome.NODE_LOST),
     ],
 )
-def test_refine(
+def test_refine_engine_failures(
     outcome: Outcome, exit_code: int | None, engine_failures: int, evaluator_runtime_failed: bool, expected: Outcome
 ) -> None:
     assert refine(outcome, exit_code, engine_failures, evaluator_runtime_failed) is expected
+
+
+@pytest.mark.parametrize(
+    ("outcome", "exit_code", "refusals", "expected"),
+    [
+        (Outcome.EXITED, 1, 2, Outcome.ENGINE_FAILED),  # gave up on a pause's or an outage's refusals
+        (Outcome.TIMEOUT, None, 1, Outcome.ENGINE_FAILED),
+        (Outcome.EXITED, 0, 4, Outcome.EXITED),  # rode them out
+        (Outcome.CANCELLED, None, 4, Outcome.CANCELLED),
+    ],
+)
+def test_refine_infrastructure_refusals(
+    outcome: Outcome, exit_code: int | None, refusals: int, expected: Outcome
+) -> None:
+    assert refine(outcome, exit_code, 0, False, infrastructure_refusals=refusals) is expected
 
 
 @pytest.fixture
@@ -123,20 +139,21 @@ def test_harness_exit_nonzero_is_a_task_outcome(services: Services) -> None:
 
 
 def test_budget_timeout_is_a_task_outcome(services: Services) -> None:
-    # The budget starts at init: 10 s leaves a loaded machine room to reach the run before it is spent there
-    # (which would be a queue_timeout), and the harness (30 s) still outlasts it.
-    submit_tasks(services, command_task("t", "sleep 30", timeout_seconds=10.0))
+    # The budget starts with the harness (nothing before is charged), which outlasts it.
+    submit_tasks(services, command_task("t", "sleep 30", timeout_seconds=3.0))
     deliver_all(services)
     assert ended(only(services)) == ("timed_out", "timeout", "task")
 
 
-def test_a_budget_spent_waiting_for_a_run_slot_is_retried(services: Services) -> None:
-    submit_tasks(services, command_task("t", "true", timeout_seconds=1.0, max_attempts=1))
-    deliver_all(services, until=lambda stage, _: stage is Stage.READY)
-    time.sleep(1.1)  # the budget (which starts at init) runs out before the session reaches a run slot
+def test_a_wait_in_ready_longer_than_the_budget_is_not_charged(services: Services) -> None:
+    # Audit F2: the harness needs 2 s of its 4 s budget; the session waits 4.5 s for a run slot first.
+    submit_tasks(services, command_task("t", "sleep 2", timeout_seconds=4.0, max_attempts=1))
+    deliver_all(services, until=lambda stage, _: stage is Stage.RUN)
+    time.sleep(4.5)
+    reconcile(services)  # a wait in ready never expires
     deliver_all(services)
     session = only(services)
-    assert ended(session) == ("failed", "queue_timeout", "infrastructure") and session.reward is None
+    assert ended(session) == ("completed", "exited", "task") and session.reward == 1.0
 
 
 def test_failing_prepare_step_is_a_task_outcome(services: Services) -> None:
@@ -249,6 +266,28 @@ def test_a_harness_failing_after_the_engine_failed_is_retried(services: Services
     assert ended(first) == ("failed", "engine_failed", "infrastructure")
     assert "the engine failed 1 of the harness's calls" in (first.error or "")
     assert ended(second) == ("completed", "exited", "task") and second.reward == 1.0
+
+
+def test_a_harness_that_gave_up_on_refusals_of_the_infrastructure_is_retried(services: Services) -> None:
+    # Audit F1: the proxy refused its calls (a weight-sync pause, then the database away): not the policy's zero.
+    submit_tasks(services, command_task("t", 'test "$POLAR_ATTEMPT" = 2'))  # fails on attempt 1 only
+    deliver_all(services, until=lambda stage, _: stage is Stage.POSTRUN)
+    add_counts(services.db, only(services).id, {"paused": 3, "database_outage": 1})
+    deliver_all(services)
+    first, second = attempts(services)
+    assert ended(first) == ("failed", "engine_failed", "infrastructure") and first.reward is None
+    assert "the proxy refused 1 of its calls (database_outage)" in (first.error or "")
+    assert "the proxy refused 3 of its calls (paused)" in (first.error or "")
+    assert ended(second) == ("completed", "exited", "task") and second.reward == 1.0
+
+
+def test_a_harness_that_ran_out_of_its_own_calls_is_scored(services: Services) -> None:
+    submit_tasks(services, command_task("t", "exit 1"))
+    deliver_all(services, until=lambda stage, _: stage is Stage.POSTRUN)
+    add_counts(services.db, only(services).id, {"max_calls": 5, "max_concurrent_calls": 2})
+    deliver_all(services)
+    session = only(services)
+    assert ended(session) == ("failed", "exited", "task") and session.reward == 0.0
 
 
 def test_a_harness_that_recovered_from_the_engine_is_scored(services: Services) -> None:

@@ -64,9 +64,8 @@ def test_nonzero_exit_fails_with_reward_zero(services: Services) -> None:
 def test_timeout_kills_the_process_group(services: Services, tmp_path: Path) -> None:
     marker = tmp_path / "child-alive"
     command = f"(sleep 30; touch {marker}) & sleep 30"
-    # The budget starts at init: 10 s leaves a loaded machine room to reach the run before it is spent there
-    # (which would be a queue_timeout), and the harness (30 s) still outlasts it.
-    submit(services, command_task("t", command, timeout_seconds=10.0))
+    # The budget starts with the harness (nothing before is charged), which outlasts it.
+    submit(services, command_task("t", command, timeout_seconds=3.0))
     drain(services)
     (session,) = sessions(services)
     assert session.state == "timed_out"

@@ -1,0 +1,101 @@
+"""Refused calls are on record (audit F1): the proxy counts every call it turned away before the engine saw it,
+per session and reason, in ``call_refusals``; while the database is away, in Redis under the session's proxy key,
+folded in at postrun. On Postgres and Redis, with the proxy in this process and no engine listening."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from polar.config import load_config
+from polar.protocols import detect
+from polar.proxy import EnginePool, ProxyService
+from polar.proxy.keys import hash_key
+from polar.proxy.limits import CallLimits, LocalLimiter
+from polar.proxy.refusals import RefusalCounter, fold_in, refusal_counts
+from polar.storage.database import Database
+from polar.storage.models import Session
+from polar.training.engine_control import REFRESH_S, set_state
+from tests.conftest import redis_database
+from tests.support import command_task, domain_services, submit_tasks
+
+CHAT = detect("POST", "/v1/chat/completions", {}, {})
+BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    with redis_database() as url:
+        yield url
+
+
+def _proxy(database_url: str, redis_url: str, tmp_path: Path, **env: str) -> tuple[ProxyService, EnginePool]:
+    settings = {"POLAR_DATABASE_URL": database_url, "POLAR_ENGINE_URLS": "http://127.0.0.1:1",
+                "POLAR_SERVED_MODEL": "m", "POLAR_REDIS_URL": redis_url, **env}  # fmt: skip
+    config = load_config(settings, cwd=tmp_path)
+    engines = EnginePool(config.engine_urls, 5)
+    db = Database(database_url)
+    return ProxyService(config, db, engines, LocalLimiter(), refusals=RefusalCounter(db, redis_url)), engines
+
+
+def _running_session(database_url: str, tmp_path: Path, **limits: int) -> tuple[uuid.UUID, str]:
+    services = domain_services(database_url, tmp_path)
+    submit_tasks(services, command_task("limited", "true", **limits))
+    key = "pk-" + uuid.uuid4().hex
+    with services.db.unit() as db:
+        session_id = db.scalar(sa.select(Session.id))
+        db.execute(sa.update(Session).values(state="running", proxy_key_hash=hash_key(key)))
+    services.db.dispose()
+    assert session_id is not None
+    return session_id, key
+
+
+def test_refused_calls_are_recorded_by_reason(database_url: str, redis_url: str, tmp_path: Path) -> None:
+    assert CHAT is not None
+    session_id, key = _running_session(database_url, tmp_path, max_concurrent_calls=1, max_calls=2)
+    proxy, engines = _proxy(database_url, redis_url, tmp_path)
+    try:
+        set_state(proxy.db, paused=True, mode="reject")
+        statuses = [proxy.handle(CHAT, key, None, BODY).status for _ in range(2)]
+        set_state(proxy.db, paused=False)
+        time.sleep(REFRESH_S + 0.1)  # the proxy re-reads the control row
+        limits = CallLimits(max_concurrent=1, max_calls=2, keep_s=60)
+        with proxy.limiter.slot(session_id, limits, counted=False):  # another call of the session in flight
+            statuses.append(proxy.handle(CHAT, key, None, BODY).status)
+        statuses += [proxy.handle(CHAT, key, None, BODY).status for _ in range(3)]  # engine down twice, then spent
+        assert statuses == [429, 429, 429, 502, 502, 429]
+        assert refusal_counts(proxy.db, session_id) == {"paused": 2, "max_concurrent_calls": 1, "max_calls": 1}
+    finally:
+        engines.close()
+        proxy.db.dispose()
+
+
+def test_refusals_while_the_database_is_away_are_counted_in_redis_then_folded_in(
+    database_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    assert CHAT is not None
+    session_id, key = _running_session(database_url, tmp_path)
+    # A proxy whose database cannot be reached: it resolves no key, and answers 503 after POLAR_DB_OUTAGE.
+    away = "postgresql+psycopg://postgres@127.0.0.1:1/polar"
+    proxy, engines = _proxy(away, redis_url, tmp_path, POLAR_DB_OUTAGE="0.2")
+    try:
+        statuses = [proxy.handle(CHAT, key, None, BODY).status for _ in range(3)]
+    finally:
+        engines.close()
+        proxy.db.dispose()
+    assert statuses == [503, 503, 503]
+    db = Database(database_url)
+    try:
+        assert refusal_counts(db, session_id) == {}
+        fold_in(db, redis_url, session_id, hash_key(key))
+        assert refusal_counts(db, session_id) == {"database_outage": 3}
+        fold_in(db, redis_url, session_id, hash_key(key))  # a second postrun adds nothing
+        assert refusal_counts(db, session_id) == {"database_outage": 3}
+    finally:
+        db.dispose()
