@@ -47,11 +47,11 @@ from polar.integrations.trl import PolarRolloutFunc, polar_reward
 @dataclass
 class Options:
     out: Path
-    rounds: int = 10
-    prompts: int = 4
-    generations: int = 5
+    rounds: int = 8
+    prompts: int = 3
+    generations: int = 4
     iterations: int = 2
-    lr: float = 3e-3
+    lr: float = 5e-4
     warm_start_steps: int = 200
     seed: int = 0
     run_concurrency: int = 4
