@@ -47,9 +47,9 @@ from polar.integrations.trl import PolarRolloutFunc, polar_reward
 @dataclass
 class Options:
     out: Path
-    rounds: int = 8
-    prompts: int = 3
-    generations: int = 4
+    rounds: int = 12
+    prompts: int = 4
+    generations: int = 6
     iterations: int = 2
     lr: float = 5e-4
     warm_start_steps: int = 200
