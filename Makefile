@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 TRAIN_STAMP := $(VENV)/.installed-train-stamp
+TRL_STAMP := $(VENV)/.installed-trl-stamp
 # Test processes: every stack a test starts has its own database, Redis database and ports, so files run in
 # parallel; on 2 cores two processes take about half the time of one (docs/development.md has the figures).
 TEST_WORKERS ?= 2
@@ -12,7 +13,7 @@ TORCH_CPU ?= 2.13.0+cpu
 # default; ENGINE=vllm serves them with real vLLM (installed into its own virtualenv in the engine cache first).
 ENGINE ?= reference
 
-.PHONY: demo test test-stress install services lint up clean rl-demo vllm-engine nemo-gym-client
+.PHONY: demo test test-stress install services lint up clean rl-demo trl-demo vllm-engine nemo-gym-client
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +27,11 @@ $(TRAIN_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet 'torch==$(TORCH_CPU)' || $(BIN)/python -m pip install --quiet torch
 	$(BIN)/python -m pip install --quiet -e '.[dev,train]'
 	touch $(TRAIN_STAMP)
+
+# The `trl` extra (TRL's GRPOTrainer) on top of `train`: make trl-demo and make test.
+$(TRL_STAMP): $(TRAIN_STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,train,trl]'
+	touch $(TRL_STAMP)
 
 install: $(STAMP)
 
@@ -47,13 +53,18 @@ demo: install $(if $(filter vllm,$(ENGINE)),vllm-engine)
 rl-demo: $(TRAIN_STAMP) $(if $(filter vllm,$(ENGINE)),vllm-engine)
 	$(BIN)/python -m examples.grpo_cpu.train --out rl-demo --engine $(if $(filter vllm,$(ENGINE)),vllm,torch)
 
+# TRL's own GRPOTrainer on a CPU with Polar as its rollout backend (examples/trl_cpu): writes trl-demo/steps.jsonl
+# and trl-demo/reward.png.
+trl-demo: $(TRL_STAMP)
+	$(BIN)/python -m examples.trl_cpu.train --out trl-demo
+
 up: install
 	$(BIN)/polar up
 
 services:
 	bash scripts/ensure-services.sh
 
-test: $(TRAIN_STAMP) services vllm-engine nemo-gym-client
+test: $(TRL_STAMP) services vllm-engine nemo-gym-client
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
@@ -67,4 +78,4 @@ lint: install
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) .polar demo-trajectories.jsonl .pytest_cache rl-demo
+	rm -rf $(VENV) .polar demo-trajectories.jsonl .pytest_cache rl-demo trl-demo

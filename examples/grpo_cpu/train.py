@@ -11,9 +11,10 @@ groups from ``GET /v1/trajectories?groups=true``, drops the groups whose calls r
 policy versions ago (counted), checks each trajectory's captured logprobs against the weights that sampled it
 (the fidelity check) and its loss mask against the call's sampled tokens, computes group-relative advantages,
 takes clipped policy-gradient steps with importance ratios from the captured logprobs, then pauses Polar (calls
-held, engines keep theirs), loads the new weights into the engine (``polar.training.weight_loading``: the torch
-backend's ``POST /v1/load_weights``, or real vLLM's ``reload_weights`` over ``/collective_rpc``), and resumes under
-the next policy version. Writes ``steps.jsonl`` (one line per step), ``reward.png`` and the weights.
+held, engines keep theirs), loads the new weights into the engine and resumes under the next policy version
+(``polar.integrations.adapter.PolarRollouts.sync_weights``, over ``polar.training.weight_loading``: the torch
+backend's ``POST /v1/load_weights``, or real vLLM's ``reload_weights`` over ``/collective_rpc``). Writes
+``steps.jsonl`` (one line per step), ``reward.png`` and the weights.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from polar.engine.protocol import parse_chat_request
 from polar.engine.settings import EngineSettings
 from polar.engine.tokenizer import load_tokenizer
 from polar.engine.torch_model import batch_logprobs, new_model, save_weights
-from polar.training.weight_loading import load_weights
+from polar.integrations.adapter import PolarRollouts
 
 SYSTEM = "You answer in one short line."  # polar.agents.one_shot's
 
@@ -252,15 +253,9 @@ def train_step(
     }
 
 
-def sync_weights(
-    client: PolarClient, engine_url: str, model: torch.nn.Module, path: Path, version: int, engine: str
-) -> None:
+def sync_weights(rollouts: PolarRollouts, model: torch.nn.Module, path: Path, version: int) -> None:
     """Hold new calls, freeze the engines' running ones, load the new weights, resume under ``version``."""
-    client.pause(mode="wait")
-    try:
-        load_weights(engine_url, save_weights(model, path), str(version), "vllm" if engine == "vllm" else "torch")
-    finally:
-        client.resume(policy_version=str(version))
+    rollouts.sync_weights(save_weights(model, path), version)
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -284,6 +279,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 def run(options: Options, client: PolarClient, engine_url: str, model: torch.nn.Module, say: Any) -> list[dict]:
     """The loop against a running stack whose engine serves ``model``'s current weights as version 0."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=options.lr, weight_decay=0.0)
+    rollouts = PolarRollouts(client, engine_url, backend="vllm" if options.engine == "vllm" else "torch")
     versions = Versions()
     versions.keep(0, model, options.staleness)
     client.resume(policy_version="0")
@@ -299,7 +295,7 @@ def run(options: Options, client: PolarClient, engine_url: str, model: torch.nn.
             groups = pull_groups(client.iter_groups(batches[step]["batch_id"]), options.tasks)
             figures = train_step(model, optimizer, client, groups, versions, step, options)
             version = step + 1
-            sync_weights(client, engine_url, model, _weights_path(options, version), version, options.engine)
+            sync_weights(rollouts, model, _weights_path(options, version), version)
             versions.keep(version, model, options.staleness)
             row = {"step": step, "policy_version": step, "next_policy_version": version, **figures,
                    "seconds": round(time.monotonic() - started, 2)}  # fmt: skip

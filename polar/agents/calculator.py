@@ -2,7 +2,8 @@
 ``calculator`` tool, runs the calls it makes, and prints the model's final answer (also to ``answer.txt``).
 
 Run by the ``python`` harness as ``polar.agents.calculator:run``; the proxy environment (``OPENAI_BASE_URL``,
-``OPENAI_API_KEY``) points the SDK at the session's proxy base URL.
+``OPENAI_API_KEY``) points the SDK at the session's proxy base URL. ``POLAR_MAX_TOKENS``, when set, caps each
+reply (a model in training can ramble; ``examples/trl_cpu`` sets it).
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ def _calculate(arguments: str) -> str:
 def run(instruction: str, max_turns: int = 6) -> int:
     client = OpenAI(max_retries=2, timeout=120)
     model = os.environ.get("POLAR_MODEL", "polar-reference")
+    limit = {"max_tokens": int(os.environ["POLAR_MAX_TOKENS"])} if os.environ.get("POLAR_MAX_TOKENS") else {}
     messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": instruction}]
     for _ in range(max_turns):
-        reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+        reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, **limit)  # type: ignore[arg-type]
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True, exclude={"refusal", "annotations", "audio"}))
         if not message.tool_calls:

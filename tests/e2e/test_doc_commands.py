@@ -43,6 +43,12 @@ NOT_RUN = {
     "way against a live stack and posts NeMo Gym rows to it",
     ("docs/evaluators.md", "polar submit swe.jsonl"): "needs SWE-bench images and a Claude Code login; "
     "tests/e2e/test_swebench.py submits SWE-bench rows the same way",
+    ("docs/training-data.md", "from polar.client import PolarClient\nfrom polar.integrations"): "needs a TRL "
+    "model, config and dataset; tests/e2e/test_trl_cpu.py runs examples/trl_cpu, which wires TRL the same way",
+    ("docs/training-data.md", "import asyncio\nfrom typing import Any\n\nfrom verl"): "a sketch for verl, which "
+    "is not installed here; its names and shapes were checked against verl's source",
+    ("docs/training-data.md", "import asyncio\nfrom collections import Counter"): "a sketch for SkyRL, which is "
+    "not installed here; its names and shapes were checked against SkyRL's source",
 }
 
 

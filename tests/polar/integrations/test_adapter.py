@@ -1,0 +1,40 @@
+"""The adapter's pure parts: splitting a trajectory into TRL's prompt / completion / env_mask, and one sample per
+session from the feed's items."""
+
+from __future__ import annotations
+
+import pytest
+
+from polar.integrations.adapter import sample_of, split_trajectory
+
+
+def test_a_trajectory_splits_at_the_first_sampled_token() -> None:
+    # prompt 3 tokens, sampled 2, tool result 2 (mask 0), sampled 1
+    prompt, completion, logprobs, env_mask = split_trajectory(
+        [1, 2, 3, 4, 5, 6, 7, 8], [0, 0, 0, 1, 1, 0, 0, 1], [0, 0, 0, -0.5, -0.25, 0, 0, -1.0]
+    )
+    assert prompt == [1, 2, 3]
+    assert completion == [4, 5, 6, 7, 8]
+    assert logprobs == [-0.5, -0.25, 0.0, 0.0, -1.0]
+    assert env_mask == [1, 1, 0, 0, 1]
+
+
+def test_a_trajectory_of_unequal_parts_is_refused() -> None:
+    with pytest.raises(ValueError, match="differ in length"):
+        split_trajectory([1, 2, 3], [0, 1], [0.0, -1.0, -1.0])
+
+
+def _item(session: str, mask: list[int], reward: float | None = 1.0) -> dict:
+    return {"task_id": "t", "sample_index": 2, "session_id": session, "attempt": 2, "token_ids": list(range(len(mask))),
+            "loss_mask": mask, "logprobs": [-0.1 * m for m in mask], "reward": reward, "call_ids": ["c1"]}  # fmt: skip
+
+
+def test_a_session_with_several_trajectories_gives_the_one_with_most_sampled_tokens() -> None:
+    sample = sample_of([_item("s", [0, 1]), _item("s", [0, 0, 1, 1, 0, 1])])
+    assert (sample.task_id, sample.sample_index, sample.session_id, sample.attempt) == ("t", 2, "s", 2)
+    assert sample.prompt_ids == [0, 1] and sample.env_mask == [1, 1, 0, 1]
+    assert sample.trajectories == 2 and sample.reward == 1.0
+
+
+def test_an_unscored_sample_keeps_its_missing_reward() -> None:
+    assert sample_of([_item("s", [0, 1], reward=None)]).reward is None
