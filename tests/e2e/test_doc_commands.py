@@ -43,12 +43,18 @@ NOT_RUN = {
     "way against a live stack and posts NeMo Gym rows to it",
     ("docs/evaluators.md", "polar submit swe.jsonl"): "needs SWE-bench images and a Claude Code login; "
     "tests/e2e/test_swebench.py submits SWE-bench rows the same way",
+    ("docs/harbor.md", "polar submit --harbor"): "needs a Harbor dataset's folders and their base images; "
+    "tests/e2e/test_harbor.py submits seven task folders the same way (oracle and four harnesses, in Docker)",
+    ("docs/harbor.md", "docker tag my-mirror"): "names images a site mirrors; tests/e2e/test_harbor.py builds task "
+    "images from local base images the same way",
     ("docs/training-data.md", "from polar.client import PolarClient\nfrom polar.integrations"): "needs a TRL "
     "model, config and dataset; tests/e2e/test_trl_cpu.py runs examples/trl_cpu, which wires TRL the same way",
     ("docs/training-data.md", "import asyncio\nfrom typing import Any\n\nfrom verl"): "a sketch for verl, which "
-    "is not installed here; its names and shapes were checked against verl's source",
+    "is not installed here (its names and shapes were checked against verl's source); tests/docs/test_doc_blocks.py "
+    "compiles it and checks its polar imports",
     ("docs/training-data.md", "import asyncio\nfrom collections import Counter"): "a sketch for SkyRL, which is "
-    "not installed here; its names and shapes were checked against SkyRL's source",
+    "not installed here (its names and shapes were checked against SkyRL's source); tests/docs/test_doc_blocks.py "
+    "compiles it and checks its polar imports",
 }
 
 
@@ -86,7 +92,8 @@ def reader(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -
     workdir.mkdir()
     for name in (".venv", "polar"):
         (workdir / name).symlink_to(ROOT / name)
-    [request] = [b for b in blocks("json") if b.path.name == "running-a-batch.md" and '"tasks"' in b.body]
+    # the page's first request is "the request below" that its `polar submit batch.json` sends
+    request = next(b for b in blocks("json") if b.path.name == "running-a-batch.md" and '"tasks"' in b.body)
     (workdir / "batch.json").write_text(request.body.replace('"/data/', f'"{data}/'))
     env = {"POLAR_API_READ_TOKEN": READ_TOKEN, "POLAR_COPY_ROOTS": str(data)}
     with (
