@@ -1,0 +1,75 @@
+"""The file task every harness preset is proven on ("create hello.txt containing …"), shared by the modules that
+run presets end to end: one batch of every harness x runtime on the reference engine's ``tool_user`` policy, and
+the check that a session completed it with reward 1.0 and that each captured call is what the engine served."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from polar.harnesses.install import install
+from tests.support import RunningStack, running_stack
+
+REPO = str(Path(__file__).resolve().parents[2])
+
+
+def content_for(harness: str, runtime: str) -> str:
+    return f"HELLO-{harness.replace('_', '-')}-{runtime}-7"
+
+
+@contextmanager
+def file_task_results(
+    database_url: str, broker_url: str, tmp: Path, harnesses: Sequence[str], runtimes: Sequence[str],
+    run_concurrency: int, timeout_s: float,
+) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """Install ``harnesses``, run the file task for each harness x runtime in one batch; yield the sessions by
+    ``"<harness>-<runtime>"``, with ``"stack"`` and ``"engine"`` (the engine's log by response id)."""
+    install(harnesses)
+    with running_stack(
+        database_url, broker_url, tmp, policy="tool_user", policy_config="{}", run_concurrency=run_concurrency,
+        env={"PYTHONPATH": REPO, "POLAR_PLUGIN_MODULES": "tests.e2e"},
+    ) as stack:  # fmt: skip
+        tasks = [
+            {
+                "task_id": f"{harness}-{runtime}",
+                "instruction": f"Create hello.txt containing {content_for(harness, runtime)}",
+                "timeout_seconds": 240,
+                "runtime": {"backend": runtime},
+                "harness": {"name": harness},
+                "evaluator": {
+                    "name": "tests.e2e.file_check:FileContent",
+                    "config": {"path": "hello.txt", "content": content_for(harness, runtime)},
+                },
+            }
+            for harness in harnesses
+            for runtime in runtimes
+        ]
+        submitted = stack.client.submit({"name": tmp.name, "tasks": tasks})
+        stack.wait(submitted["batch_id"], timeout_s=timeout_s)
+        found: dict[str, Any] = {"stack": stack, "engine": stack.engine_entries()}
+        for session in stack.client.sessions(submitted["batch_id"]):
+            found[session["task_id"]] = session
+        yield found
+
+
+def check_file_task(results: dict[str, Any], harness: str, runtime: str, min_calls: int = 2) -> None:
+    """The session completed the file task (reward 1.0) in at least ``min_calls`` calls, each token-exact."""
+    session = results[f"{harness}-{runtime}"]
+    details = session.get("evaluation") or {}
+    diagnosis = f"{harness}/{runtime}: error={session['error']!r}\nlog:\n{details.get('harness_log', '')}"
+    assert (session["state"], session["exit_code"]) == ("completed", 0), diagnosis
+    assert details.get("found", "").rstrip("\n") == content_for(harness, runtime), diagnosis
+    assert session["reward"] == 1.0
+
+    stack: RunningStack = results["stack"]
+    calls = stack.client.calls(session["session_id"])
+    assert len(calls) >= min_calls, diagnosis
+    for call in calls:
+        served = results["engine"][call["response"]["id"]]
+        assert call["status_code"] == 200
+        assert call["prompt_token_ids"] == served["prompt_token_ids"]
+        assert call["completion_token_ids"] == served["token_ids"]
+        assert len(call["logprobs"]) == len(call["completion_token_ids"])
+    assert stack.client.trajectories(session["session_id"])
