@@ -13,34 +13,19 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from polar.harnesses.base import HarnessContext, HarnessLaunch, proxy_environment
+from polar.harnesses.opencode import PROVIDER, opencode_config
 from polar.harnesses.preset import binary, home_dir, model_name, preset_settings, refuse, write_json
 
-PROVIDER = "polar"
 # What Kilo would otherwise reach beyond the proxy (its model catalogue, LSP downloads, its cloud and telemetry).
 _OFF = ("AUTOUPDATE", "MODELS_FETCH", "LSP_DOWNLOAD", "SHARE", "SESSION_INGEST", "CODEBASE_INDEXING", "PRESENCE",
         "CLAUDE_CODE", "EXTERNAL_SKILLS", "DEFAULT_PLUGINS", "PROJECT_CONFIG", "EMBEDDED_WEB_UI")  # fmt: skip
 
 
 def kilo_config(context: HarnessContext, model: str, mcp_servers: dict[str, Any]) -> dict[str, Any]:
-    """kilo.json: the proxy as the only provider, every permission allowed, nothing shared."""
-    config: dict[str, Any] = {
-        "provider": {
-            PROVIDER: {
-                "npm": "@ai-sdk/openai-compatible",
-                "name": "Polar",
-                "options": {"baseURL": f"{context.proxy_base}/v1", "apiKey": context.proxy_key},
-                "models": {model: {"name": model}},
-            }
-        },
-        "model": f"{PROVIDER}/{model}",
-        "small_model": f"{PROVIDER}/{model}",
-        "enabled_providers": [PROVIDER],
-        "permission": {"edit": "allow", "bash": "allow", "webfetch": "allow", "external_directory": "allow"},
-        "autoupdate": False,
-        "share": "disabled",
-    }
-    if mcp_servers:
-        config["mcp"] = mcp_servers
+    """kilo.json: opencode's config (Kilo is its fork) without opencode's schema URL, with the proxy's model also
+    as the small model and the proxy as the only enabled provider."""
+    config = {key: value for key, value in opencode_config(context, model, mcp_servers).items() if key != "$schema"}
+    config.update({"small_model": f"{PROVIDER}/{model}", "enabled_providers": [PROVIDER]})
     return config
 
 
