@@ -355,7 +355,7 @@ def test_custom_evaluators_by_import_path_and_entry_point(stack: RunningStack, b
         ({"name": "reward_file", "config": {"path": "/etc/reward.txt"}}, "config.path", "under /logs/"),
         ({"name": "mentions", "config": {}}, "config", "'word'"),
         ({"name": "tests.e2e.evaluator_plugins.per_trajectory:PerTrajectory"}, "config", "rewards: must be"),
-        ({"name": "no_such"}, "name", "known: mentions, reward_file, session_completion"),
+        ({"name": "no_such"}, "name", "known: harbor, mentions, reward_file, session_completion"),
     ],
 )
 def test_bad_evaluators_are_refused_with_the_field_and_nothing_created(
