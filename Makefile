@@ -6,9 +6,8 @@ STAMP := $(VENV)/.installed-stamp
 TRAIN_STAMP := $(VENV)/.installed-train-stamp
 TRL_STAMP := $(VENV)/.installed-trl-stamp
 # Test processes: every stack a test starts has its own database, Redis database and ports, so files run in
-# parallel. Three on 2 cores: the longest modules mostly wait (outages, sleeps, installs), and with two the cores
-# sat a third idle (docs/development.md has the figures).
-TEST_WORKERS ?= 3
+# parallel; on 2 cores two processes take about half the time of one (docs/development.md has the figures).
+TEST_WORKERS ?= 2
 TORCH_CPU ?= 2.13.0+cpu
 # The engine of `make demo` and `make rl-demo`: the reference engine (demo) / its torch backend (rl-demo) by
 # default; ENGINE=vllm serves them with real vLLM (installed into its own virtualenv in the engine cache first).
