@@ -30,21 +30,13 @@ from polar.errors import EvaluationError
 from polar.evaluators.base import Evaluation, EvaluationContext, EvaluatorConfig
 from polar.evaluators.commands import DEFAULT_TIMEOUT_S, command_details, judging_runtime, run_command
 from polar.evaluators.reward_file import REWARD_DIR, REWARD_DIR_ENV, make_reward_dir, read_reward
-from polar.harbor.bundle import BundleFile, unpack
+from polar.harbor.bundle import BundleFile, run_from_mount, unpack
 from polar.runtimes.session_files import exists, remove_file
 
 LOG_NAME = "verifier"
 # Harbor reads the JSON first.
 REWARD_FILES = (f"{REWARD_DIR}/reward.json", f"{REWARD_DIR}/reward.txt")
-_RUN_TESTS = """set -e
-src=$1
-if [ -d /tests ] && [ -w /tests ]; then
-  find /tests -mindepth 1 -delete
-  cp -R "$src/." /tests/
-  src=/tests
-fi
-exec bash "$src/test.sh"
-"""
+_RUN_TESTS = run_from_mount("/tests", "test.sh")
 
 
 class HarborConfig(EvaluatorConfig):

@@ -85,3 +85,17 @@ def unpack(session_dir: Path, destination: str, files: Sequence[BundleFile]) -> 
         mode = 0o755 if entry.executable else 0o644
         write_file(session_dir, f"{destination}/{entry.path}", base64.b64decode(entry.content), mode=mode)
     return make_dirs(session_dir, destination)
+
+
+def run_from_mount(mount: str, script: str) -> str:
+    """``sh -c`` text that runs ``script`` from the unpacked folder given as ``$1``, first refilling ``mount`` (the
+    image's ``/tests`` or ``/solution``) with it when the image has that folder writable, as Harbor does."""
+    return f"""set -e
+src=$1
+if [ -d {mount} ] && [ -w {mount} ]; then
+  find {mount} -mindepth 1 -delete
+  cp -R "$src/." {mount}/
+  src={mount}
+fi
+exec bash "$src/{script}"
+"""

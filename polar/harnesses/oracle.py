@@ -16,19 +16,11 @@ from typing import ClassVar
 import pydantic
 
 from polar.errors import RuntimeFailure
-from polar.harbor.bundle import BundleFile, unpack
+from polar.harbor.bundle import BundleFile, run_from_mount, unpack
 from polar.harnesses.base import HarnessContext, HarnessLaunch, proxy_environment
 
 SOLUTION_DIR = "harbor/solution"
-_RUN_SOLUTION = """set -e
-src=$1
-if [ -d /solution ] && [ -w /solution ]; then
-  find /solution -mindepth 1 -delete
-  cp -R "$src/." /solution/
-  src=/solution
-fi
-exec bash "$src/solve.sh"
-"""
+_RUN_SOLUTION = run_from_mount("/solution", "solve.sh")
 
 
 def solution_files(settings: dict[str, object]) -> list[BundleFile]:
