@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -44,6 +46,20 @@ class RecordingDispatcher:
     def send(self, stage: Stage, session_id: uuid.UUID, node: str | None = None) -> None:
         self.sent.append((stage, session_id))
         self.routed.append((stage, session_id, node))
+
+
+def run_to_end(command: list[str], timeout_s: float, cwd: str | Path) -> tuple[int, str]:
+    """Run a program (an example's training loop) to its end: its exit code and output. Past ``timeout_s`` (a hang
+    guard) it gets SIGTERM, which unwinds its stack (a SIGKILL would leave its engine and workers running), and
+    the test fails with the output's end."""
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+        raise AssertionError(f"{command[:4]} did not end within {timeout_s:.0f}s:\n{output[-3000:]}") from None
+    return process.returncode, output
 
 
 def domain_services(database_url: str, work_root: Path, **overrides: Any) -> Services:

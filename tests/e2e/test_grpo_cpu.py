@@ -7,12 +7,12 @@ exactly the sampled tokens."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import run_to_end
 
 pytestmark = [pytest.mark.long(seconds=200), pytest.mark.timeout(900)]
 
@@ -22,26 +22,13 @@ REPO = Path(__file__).resolve().parents[2]
 TOLERANCE = {"torch": 1e-4, "vllm": 1e-4}
 
 
-def _run(command: list[str], timeout_s: float) -> tuple[int, str]:
-    """Run the loop; past ``timeout_s`` (a hang guard) stop it with SIGTERM, which unwinds its stack (a SIGKILL
-    would leave the engine and workers running)."""
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        output, _ = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
-        raise AssertionError(f"the loop did not end within {timeout_s:.0f}s:\n{output[-3000:]}") from None
-    return process.returncode, output
-
-
 @pytest.mark.parametrize("engine", ["torch", "vllm"])
 def test_a_shortened_loop(engine: str, tmp_path: Path) -> None:
     out = tmp_path / "rl"
     command = [sys.executable, "-m", "examples.grpo_cpu.train", "--out", str(out), "--steps", "2", "--tasks", "2",
                "--samples", "3", "--ahead", "0", "--warm-start-steps", "40", "--run-concurrency", "2",
                "--engine", engine]  # fmt: skip
-    code, output = _run(command, 800)
+    code, output = run_to_end(command, 800, REPO)
     assert code == 0, output[-6000:]
     rows = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [(r["step"], r["policy_version"], r["next_policy_version"]) for r in rows] == [(0, 0, 1), (1, 1, 2)]

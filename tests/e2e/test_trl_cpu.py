@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -14,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support import run_to_end
 
 pytestmark = [pytest.mark.long(seconds=400), pytest.mark.timeout(1800)]
 
@@ -24,23 +25,11 @@ REPO = Path(__file__).resolve().parents[2]
 TOLERANCE = 1e-3
 
 
-def _run(command: list[str], timeout_s: float) -> tuple[int, str]:
-    """Run the demo; past ``timeout_s`` (a hang guard) stop it with SIGTERM, which unwinds its stack."""
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        output, _ = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
-        raise AssertionError(f"the demo did not end within {timeout_s:.0f}s:\n{output[-3000:]}") from None
-    return process.returncode, output
-
-
 def test_a_shortened_demo(tmp_path: Path) -> None:
     out = tmp_path / "trl"
     command = [sys.executable, "-m", "examples.trl_cpu.train", "--out", str(out), "--rounds", "2", "--prompts", "2",
                "--generations", "3", "--warm-start-steps", "40", "--run-concurrency", "2"]  # fmt: skip
-    code, output = _run(command, 1500)
+    code, output = run_to_end(command, 1500, REPO)
     assert code == 0, output[-6000:]
     rows = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [(r["step"], r["policy_version"]) for r in rows] == [(0, 0), (1, 1)], rows
