@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed-stamp
 TRAIN_STAMP := $(VENV)/.installed-train-stamp
 TRL_STAMP := $(VENV)/.installed-trl-stamp
 # Test processes: every stack a test starts has its own database, Redis database and ports, so files run in
-# parallel; on 2 cores two processes take about half the time of one (docs/development.md has the figures).
+# parallel; on 2 cores two busy processes take about half the time of one (docs/development.md has the figures).
+# One more process runs only the modules that mostly wait (pyproject's waiting_modules; tests/waiting_lane.py).
 TEST_WORKERS ?= 2
 TORCH_CPU ?= 2.13.0+cpu
 # The engine of `make demo` and `make rl-demo`: the reference engine (demo) / its torch backend (rl-demo) by
@@ -66,7 +67,7 @@ services:
 
 test: $(TRL_STAMP) services vllm-engine nemo-gym-client
 	$(BIN)/ruff check .
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -n $$(($(TEST_WORKERS) + 1)) --dist loadfile --no-loadscope-reorder --waiting-lane
 
 # The suite beside a process that keeps one core busy the whole time (HOG_CORES=N for more): a test that only
 # passes on a quiet machine fails here first. Run it before you submit.

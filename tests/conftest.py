@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 
 import pytest
 import redis
@@ -15,12 +16,30 @@ import redis
 from polar.engine.vllm import vllm_python
 from polar.storage.migration import upgrade
 from polar.storage.scratch import admin, scratch_database, sqlalchemy_url
+from tests.module_costs import ModuleCosts
 from tests.real_vllm import CONTROLLER_ENV, RUN_DIR_ENV, SharedVllm, shared_vllm, start_shared_vllm, stop_shared_vllm
 from tests.support import LIVE_STACKS
+from tests.waiting_lane import WaitingLaneScheduling, add_ini
 
 ADMIN_DSN = os.environ.get("POLAR_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_BASE = os.environ.get("POLAR_TEST_REDIS", "redis://127.0.0.1:6379")
 TEMPLATE = f"polar_template_{os.getpid()}"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--waiting-lane",
+        action="store_true",
+        help="with -n N --dist loadfile: keep the last test process for the modules that mostly wait "
+        "(tests/waiting_lane.py)",
+    )
+    add_ini(parser)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> WaitingLaneScheduling | None:
+    if config.getoption("waiting_lane") and config.getvalue("dist") == "loadfile":
+        return WaitingLaneScheduling(config, log)  # type: ignore[arg-type]
+    return None  # xdist's own
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -31,6 +50,9 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[CONTROLLER_ENV] = str(os.getpid())
         if _whole_suite(config) and vllm_python() is not None:
             start_shared_vllm()  # `make test`: vLLM's start-up overlaps the first modules instead of a test's wait
+    if RUN_DIR_ENV in os.environ:
+        costs = ModuleCosts(Path(os.environ[RUN_DIR_ENV]), reports=not hasattr(config, "workerinput"))
+        config.pluginmanager.register(costs, "polar-module-costs")
 
 
 def _whole_suite(config: pytest.Config) -> bool:

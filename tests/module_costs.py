@@ -1,0 +1,64 @@
+"""What each test module cost: wall seconds against CPU seconds of its test process and everything it started.
+
+A module's CPU is the growth of ``RUSAGE_SELF`` + ``RUSAGE_CHILDREN`` across it: the stacks a module starts are
+children of its test process and are reaped when the module's fixtures stop them, so their CPU (and that of their
+own children: Celery's pool, the harnesses) lands in the module that started them, even with modules running side
+by side. CPU spent in Docker containers or in the run's shared vLLM server is not counted. A module whose CPU is a
+small part of its wall time mostly waits: ``waiting_modules`` (tests/waiting_lane.py) is where it belongs.
+
+Each test process writes one line per module into the run's shared directory; the controller prints the table."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from pathlib import Path
+
+import pytest
+
+SHOWN = 20
+
+
+def _cpu_s() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+class ModuleCosts:
+    """A pytest plugin: ``module_costs.jsonl`` in ``run_dir``, one line per module a test process finished."""
+
+    def __init__(self, run_dir: Path, *, reports: bool) -> None:
+        self.path = run_dir / "module_costs.jsonl"
+        self.reports = reports  # the controller (or a run without test processes) prints the table
+        self.started: dict[str, tuple[float, float]] = {}
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.started.setdefault(item.location[0], (time.monotonic(), _cpu_s()))
+
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> object:
+        result = yield
+        module = item.location[0]
+        if (nextitem is None or nextitem.location[0] != module) and module in self.started:
+            wall0, cpu0 = self.started.pop(module)
+            line = {"module": module, "wall_s": time.monotonic() - wall0, "cpu_s": _cpu_s() - cpu0,
+                    "process": os.environ.get("PYTEST_XDIST_WORKER", "main")}  # fmt: skip
+            with self.path.open("a") as out:  # one short line per write: appends from processes do not interleave
+                out.write(json.dumps(line) + "\n")
+        return result
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.reports or not self.path.exists():
+            return
+        rows = [json.loads(line) for line in self.path.read_text().splitlines()]
+        rows.sort(key=lambda row: -row["wall_s"])
+        terminalreporter.section(f"slowest {SHOWN} modules: wall against CPU (tests/module_costs.py)")
+        total_cpu = sum(row["cpu_s"] for row in rows)
+        for row in rows[:SHOWN]:
+            share = row["cpu_s"] / row["wall_s"] if row["wall_s"] else 0.0
+            figures = f"{row['wall_s']:7.1f}s wall {row['cpu_s']:7.1f}s CPU ({share:4.0%})"
+            terminalreporter.write_line(f"{figures} {row['process']:>4} {row['module']}")
+        terminalreporter.write_line(f"{len(rows)} modules, {total_cpu:.0f}s CPU in all (without Docker and vLLM)")
