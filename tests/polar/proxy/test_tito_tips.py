@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from polar.config import load_config
 from polar.launcher import Stack, engine_spec, free_port
 from polar.protocols import detect
-from polar.proxy import EnginePool, ProxyService, tito
+from polar.proxy import EnginePool, ProxyService, service, tito
 from polar.proxy.keys import hash_key
 from polar.proxy.limits import LocalLimiter
 from polar.proxy.tito_tips import LocalTips, RedisTips, Tip
@@ -173,3 +173,18 @@ def test_redis_keeps_the_latest_tips_of_each_agent_until_they_expire(redis_url: 
     ttl = redis.Redis.from_url(redis_url).ttl(store._key(session_id, "agent"))
     assert 0 < ttl <= 60
     store.close()
+
+
+def test_the_tito_switch_is_remembered_for_a_bounded_number_of_sessions(
+    database_url: str, engine_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Audit F21: the per-session TITO switch was cached for every session a process ever served."""
+    monkeypatch.setattr(service, "TITO_FLAGS_SIZE", 3)
+    proxy = _proxy(database_url, engine_url, tmp_path, None)
+    try:
+        for _ in range(10):
+            assert proxy._tito_enabled(uuid.uuid4()) is False  # an unknown session: no TITO
+            assert len(proxy._tito) <= 3  # before: 10 entries, one per session ever asked about
+    finally:
+        proxy.engines.close()
+        proxy.db.dispose()
