@@ -164,7 +164,11 @@ class RedisTips:
         except RedisError as exc:
             log.warning("TITO tips: Redis unreachable, reading the session instead: %s", exc)
             return []
-        return [Tip.decode(bytes(data)) for data in found]  # type: ignore[union-attr]
+        try:
+            return [Tip.decode(data) for data in found if isinstance(data, bytes)]  # type: ignore[union-attr]
+        except (ValueError, KeyError, TypeError) as exc:  # not a tip this code wrote: the slow path answers
+            log.warning("TITO tips: unreadable entry for session %s: %s", session_id, exc)
+            return []
 
     def remember(self, session_id: uuid.UUID, agent: str | None, tip: Tip, keep_s: int) -> None:
         key = self._key(session_id, agent)
