@@ -6,6 +6,7 @@ throughput ratio. Needs PostgreSQL (``POLAR_BENCH_ADMIN_DSN``, default the local
 
     python bench/proxy_overhead.py [--requests 2000] [--proxy-workers 2] [--proxy-threads 32]
     python bench/proxy_overhead.py --agent [--max-prompt-tokens 40000]
+    python bench/proxy_overhead.py --long-session [--calls 300] [--turns 10]
 
 ``--agent`` replays one agent-shaped session instead: a 40-tool list (~20 KB of JSON schemas), a 1,200-word system
 prompt, and a history that grows by the model's answer (64 tokens) and a 300-word tool result per call, to
@@ -13,6 +14,14 @@ prompt, and a history that grows by the model's answer (64 tokens) and a 300-wor
 TITO (``token_in_token_out``) off and on. Per prompt-size band it prints the added latency (p50), the proxy's own
 time and its capture time (Server-Timing), the proxy workers' CPU per call (from /proc) and the bytes each call
 stores in ``model_calls``.
+
+``--long-session`` measures how a call's cost grows with the number of calls before it in its session (audit F18):
+one session of ``--calls`` calls made of conversations of ``--turns`` turns each (the agent-shaped system prompt,
+tools and tool results, then a fresh conversation of the same agent), TITO off and on. Every conversation has the
+same shape, so the first conversation's calls (around call 10) and the last one's (around call 300) differ only by
+how many calls the session held before them; it prints the proxy workers' CPU per call (mean over the
+conversation) and the proxy's own time (Server-Timing, p50) for both, and their ratio. The proxy shares state
+through Redis as deployed (``POLAR_BENCH_REDIS_URL``, default the local Redis's database 0).
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from polar.storage.scratch import create_database, drop_database
 from polar.task_request import parse_batch_request
 
 ADMIN_DSN = os.environ.get("POLAR_BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("POLAR_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 BODY = {"model": "polar-reference", "messages": [{"role": "system", "content": "You are terse."},
                                        {"role": "user", "content": "Say something short."}]}  # fmt: skip
 
@@ -97,6 +107,8 @@ def _deployment(args: argparse.Namespace, engine_args: list[str]) -> Iterator[_D
         upgrade(database_url)
         engine_port, proxy_port = free_port(), free_port()
         env = {"POLAR_DATABASE_URL": database_url, "POLAR_ENGINE_URLS": f"http://127.0.0.1:{engine_port}"}
+        if args.long_session:
+            env["POLAR_REDIS_URL"] = REDIS_URL
         specs = [
             engine_spec(engine_port, "echo", engine_args),
             gunicorn_spec("proxy", "web.proxy:create_app()", proxy_port, args.proxy_workers, args.proxy_threads),
@@ -269,6 +281,50 @@ def _agent(args: argparse.Namespace) -> int:
     return 0
 
 
+def _long_session(deployment: _Deployment, calls: int, turns: int, tito: bool) -> list[dict[str, float]]:
+    """One session of ``calls`` calls, a fresh conversation every ``turns`` turns; what each call cost."""
+    proxied = deployment.proxied(_running_session(deployment.database_url, deployment.tmp, tito))
+    master = deployment.stack.processes["proxy"].pid
+    tools, rows, system = _tools(), [], _text(1200, 0)
+    messages: list[dict[str, Any]] = []
+    with httpx.Client(timeout=120) as client:
+        for number in range(calls):
+            if number % turns == 0:
+                messages = [{"role": "system", "content": system}, {"role": "user", "content": f"Task {number}"}]
+            cpu = _cpu_seconds(master)
+            response = client.post(proxied, json={"model": "polar-reference", "messages": messages, "tools": tools})
+            if response.status_code != 200:
+                raise SystemExit(f"proxy answered {response.status_code}: {response.text[:500]}")
+            timing = dict(re.findall(r"(\w+);dur=([\d.]+)", response.headers.get("server-timing", "")))
+            rows.append({"cpu_ms": (_cpu_seconds(master) - cpu) * 1000,
+                         "proxy_ms": float(timing.get("proxy", 0)) - float(timing.get("engine", 0))})  # fmt: skip
+            content = response.json()["choices"][0]["message"]["content"]
+            messages += [{"role": "assistant", "content": content},
+                         {"role": "user", "content": "Tool result: " + _text(300, number)}]  # fmt: skip
+    return rows
+
+
+def _long(args: argparse.Namespace) -> int:
+    with _deployment(args, ["--policy-config", '{"tokens": 64}', "--max-model-len", "131072"]) as deployment:
+        proxy = f"gunicorn gthread {args.proxy_workers}x{args.proxy_threads}"
+        print(f"long session: {args.calls} calls, a new {args.turns}-turn conversation of the same agent each "
+              f"{args.turns} calls (40 tools, 1,200-word system prompt); engine echo 64 tokens zero delay; proxy "
+              f"{proxy} with Redis; {os.cpu_count()} cores")  # fmt: skip
+        print(f"{'TITO':>5} {'calls':>11} {'CPU ms/call':>12} {'proxy ms p50':>13}")
+        print(f"goal: with TITO, CPU per call around call {args.calls} within 1.5x of around call {args.turns}")
+        for tito in (False, True):
+            _long_session(deployment, 2 * args.turns, args.turns, tito)  # warm the workers (first calls load code)
+            rows = _long_session(deployment, args.calls, args.turns, tito)
+            first, last = rows[: args.turns], rows[-args.turns :]
+            cpu = [statistics.fmean(r["cpu_ms"] for r in part) for part in (first, last)]
+            for part, label, mean in ((first, f"1-{args.turns}", cpu[0]),
+                                      (last, f"{args.calls - args.turns + 1}-{args.calls}", cpu[1])):  # fmt: skip
+                proxy_ms = statistics.median(r["proxy_ms"] for r in part)
+                print(f"{'on' if tito else 'off':>5} {label:>11} {mean:>12.1f} {proxy_ms:>13.1f}")
+            print(f"{'on' if tito else 'off':>5} {'ratio':>11} {cpu[1] / cpu[0]:>12.2f}")
+    return 0
+
+
 def _percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 10) - 1]
 
@@ -281,9 +337,14 @@ def main() -> int:
     parser.add_argument("--agent", action="store_true", help="Replay agent-sized sessions (see above).")
     parser.add_argument("--max-prompt-tokens", type=int, default=40_000,
                         help="With --agent: each session ends with its first call this long.")  # fmt: skip
+    parser.add_argument("--long-session", action="store_true", help="One long session's cost per call (see above).")
+    parser.add_argument("--calls", type=int, default=300, help="With --long-session: the session's calls.")
+    parser.add_argument("--turns", type=int, default=10, help="With --long-session: turns per conversation.")
     args = parser.parse_args()
     if args.agent:
         return _agent(args)
+    if args.long_session:
+        return _long(args)
     with _deployment(args, ["--policy-config", '{"tokens": 16}']) as deployment:
         direct = deployment.direct
         proxied = deployment.proxied(_running_session(deployment.database_url, deployment.tmp))

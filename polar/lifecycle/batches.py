@@ -32,7 +32,7 @@ from polar.lifecycle.states import TERMINAL, State
 from polar.reconstruction import RECONSTRUCTIONS
 from polar.records.audit import Caller, record
 from polar.records.provenance import batch_provenance
-from polar.runtimes import check_runtime
+from polar.runtimes import Availability, check_runtime
 from polar.runtimes.copy_steps import check_task_copies
 from polar.services import Services
 from polar.storage import db_clock
@@ -65,9 +65,10 @@ def with_default_runtime(request: BatchRequest, backend: str) -> BatchRequest:
 
 
 def _check_available(request: BatchRequest, config: Config) -> None:
+    availability: Availability = {}  # each backend and image is asked about once per submission
     for index, task in enumerate(request.tasks):
         prefix = f"tasks[{index}]"
-        check_runtime(task.runtime, f"{prefix}.runtime")
+        check_runtime(task.runtime, f"{prefix}.runtime", availability)
         check_harness(task.harness, f"{prefix}.harness", config.plugin_modules)
         check_evaluator(task.evaluator, f"{prefix}.evaluator", config.plugin_modules)
         check_task_copies(task, config.copy_roots, prefix)

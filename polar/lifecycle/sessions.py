@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,6 +24,7 @@ from polar.serialization import (
 from polar.services import Services
 from polar.storage.captured import rebuild, routed_experts_of, rows_by_session, session_rows
 from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
+from polar.storage.payloads import PARTS
 
 # What a call's JSON reads besides the rebuilt prompt and payloads (polar.storage.captured.STORED).
 _CALL_COLUMNS = (
@@ -140,13 +141,25 @@ def session_calls(services: Services, session_id: uuid.UUID) -> list[CallJSON]:
 def calls_by_session(services: Services, session_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, list[CallJSON]]:
     """Every call of each of ``session_ids``, whole, in ``seq`` order: ``session_calls`` for many sessions in one
     query (a session without calls, or unknown, gets an empty list)."""
+    grouped = stored_calls_by_session(services, session_ids)
+    return {session_id: whole_calls(rows) for session_id, rows in grouped.items()}
+
+
+def stored_calls_by_session(
+    services: Services, session_ids: Collection[uuid.UUID], parts: Sequence[str] = PARTS
+) -> dict[uuid.UUID, list[Any]]:
+    """The stored rows (prompts and the payload ``parts`` as deltas: about one session's tokens once) of each of
+    ``session_ids``, in one query; ``whole_calls`` rebuilds one session's calls from them when they are needed."""
     with services.db.unit() as db:
-        grouped = rows_by_session(db, session_ids, columns=_CALL_COLUMNS)
-    found: dict[uuid.UUID, list[CallJSON]] = {}
-    for session_id, rows in grouped.items():
-        whole = rebuild(rows)
-        found[session_id] = [call_json(row, whole[row.id]) for row in rows]
-    return found
+        return rows_by_session(db, session_ids, columns=_CALL_COLUMNS, parts=parts)
+
+
+def whole_calls(rows: Sequence[Any]) -> list[CallJSON]:
+    """One session's calls from its stored rows (``stored_calls_by_session``), whole; the payloads the rows were
+    read without are None."""
+    parts = [part for part in PARTS if part in rows[0]._fields] if rows else list(PARTS)
+    whole = rebuild(rows, parts=parts)
+    return [call_json(row, whole[row.id]) for row in rows]
 
 
 def session_trajectories(services: Services, session_id: uuid.UUID) -> list[TrajectoryJSON]:

@@ -8,14 +8,23 @@ It uses ``transformers`` (``AutoTokenizer.apply_chat_template``) with the direct
 hands the template messages the way vLLM does (``vllm/entrypoints/chat_utils.py``), so a model behind SGLang sees
 the prompt it would see behind vLLM: text content parts joined with newlines, ``developer`` as ``system``,
 tool-call arguments parsed from their JSON string into objects, reasoning as ``reasoning_content``.
+
+The proxy's threads share one renderer (audit F20: it rendered and tokenised every SGLang call under one
+process-wide lock, so a 40k-token conversation held up every other session's call). The template renders with no
+lock (Jinja reads the tokenizer's settings, never changes them); encoding takes one of ``TOKENIZERS`` copies of the
+tokenizer, each used by one thread at a time (a fast tokenizer's Rust object refuses to be borrowed by two threads
+mid-call), so that many calls encode at once and memory stays bounded.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
+import queue
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from polar.errors import ValidationError
@@ -50,16 +59,47 @@ def template_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     return out
 
 
+# Copies of the tokenizer one process encodes with at once (each a few MB to tens of MB).
+TOKENIZERS = min(8, os.cpu_count() or 1)
+
+
 class ChatRenderer:
     """A tokenizer directory's chat template and tokenizer (thread-safe; load once per process)."""
 
-    def __init__(self, tokenizer: Any, source: str) -> None:
+    def __init__(
+        self, tokenizer: Any, source: str, copies: int = TOKENIZERS, clone: Callable[[Any], Any] = copy.deepcopy
+    ) -> None:
+        # This one renders templates and is copied, never encoded with: only ever read, by any thread.
         self._tokenizer = tokenizer
         self.source = source
-        self._lock = threading.Lock()
+        # Copies are made when first needed: a proxy that serves one call at a time makes one.
+        self._idle: queue.LifoQueue[Any] = queue.LifoQueue()
+        self._unmade = copies
+        self._clone = clone
+        self._counting = threading.Lock()
+
+    @contextmanager
+    def _encoder(self) -> Iterator[Any]:
+        """A tokenizer no other thread is using, for the ``with`` block."""
+        try:
+            tokenizer = self._idle.get_nowait()
+        except queue.Empty:
+            tokenizer = self._new_copy() or self._idle.get()
+        try:
+            yield tokenizer
+        finally:
+            self._idle.put(tokenizer)
+
+    def _new_copy(self) -> Any:
+        """Another copy of the tokenizer, or None when all ``copies`` exist (the caller waits for an idle one)."""
+        with self._counting:
+            if self._unmade <= 0:
+                return None
+            self._unmade -= 1
+        return self._clone(self._tokenizer)
 
     @classmethod
-    def load(cls, directory: str) -> ChatRenderer:
+    def load(cls, directory: str, copies: int = TOKENIZERS) -> ChatRenderer:
         try:
             from transformers import AutoTokenizer
         except ImportError as exc:
@@ -77,7 +117,7 @@ class ChatRenderer:
         if not getattr(tokenizer, "chat_template", None):
             message = f"the tokenizer in {directory!r} has no chat template"
             raise ValidationError(message, field="POLAR_ENGINE_TOKENIZER")
-        return cls(tokenizer, directory)
+        return cls(tokenizer, directory, copies)
 
     def prompt_text(self, chat_body: Mapping[str, Any]) -> str:
         """The rendered prompt of a chat request (``messages``, ``tools``, ``add_generation_prompt``,
@@ -87,20 +127,19 @@ class ChatRenderer:
         if add_generation_prompt and continue_final:
             raise ValidationError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
         kwargs = dict(chat_body.get("chat_template_kwargs") or {})
-        with self._lock:  # tokenizers' Rust objects are not meant to be shared by threads mid-call
-            try:
-                text = self._tokenizer.apply_chat_template(
-                    template_messages(chat_body.get("messages") or []),
-                    tools=chat_body.get("tools") or None,
-                    add_generation_prompt=add_generation_prompt,
-                    continue_final_message=continue_final,
-                    tokenize=False,
-                    **kwargs,
-                )
-            except ValidationError:
-                raise
-            except Exception as exc:  # the template raised (raise_exception) or the messages do not fit it
-                raise ValidationError(f"the chat template could not render these messages: {exc}") from exc
+        try:  # no lock: rendering only reads the tokenizer's template and special tokens
+            text = self._tokenizer.apply_chat_template(
+                template_messages(chat_body.get("messages") or []),
+                tools=chat_body.get("tools") or None,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final,
+                tokenize=False,
+                **kwargs,
+            )
+        except ValidationError:
+            raise
+        except Exception as exc:  # the template raised (raise_exception) or the messages do not fit it
+            raise ValidationError(f"the chat template could not render these messages: {exc}") from exc
         return str(text)
 
     def prompt_ids(self, chat_body: Mapping[str, Any]) -> list[int]:
@@ -108,9 +147,9 @@ class ChatRenderer:
         return self.encode(self.prompt_text(chat_body))
 
     def encode(self, text: str) -> list[int]:
-        with self._lock:
-            return list(self._tokenizer.encode(text, add_special_tokens=False))
+        with self._encoder() as tokenizer:
+            return list(tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
-        with self._lock:
-            return str(self._tokenizer.decode(list(ids), skip_special_tokens=False))
+        with self._encoder() as tokenizer:
+            return str(tokenizer.decode(list(ids), skip_special_tokens=False))

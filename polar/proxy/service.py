@@ -63,6 +63,7 @@ from polar.proxy.refusals import DATABASE_OUTAGE, RefusalCounter
 from polar.proxy.renderers import ChatRenderer
 from polar.proxy.sampling import engine_sampling
 from polar.proxy.template_kwargs import check_setting, check_template_kwargs
+from polar.proxy.tito_tips import TipStore, tip_store
 from polar.proxy.token_check import check_tokens
 from polar.storage.database import Database
 from polar.storage.outage import ride_out
@@ -74,6 +75,7 @@ T = TypeVar("T")
 
 KEY_CACHE_S = 5.0
 KEY_CACHE_SIZE = 100_000
+TITO_FLAGS_SIZE = 100_000  # sessions whose TITO switch a process remembers (a session's never changes)
 
 STATUS: dict[type[PolarError], int] = {
     ValidationError: 400,
@@ -140,6 +142,7 @@ class _Call:
     started: float
     policy_version: str | None
     sampling_mode: str = "record"  # the task's ``sampling`` (polar.proxy.sampling)
+    keep_s: int = 3600  # how long the session's call state is kept after a call (CallLimits.keep_s)
 
 
 def _guarded(protocol: ModuleType, events: Iterator[bytes]) -> Iterator[bytes]:
@@ -183,6 +186,7 @@ class ProxyService:
         self.control = ControlView(db, config.pause_max_waiters)
         check_setting(config.chat_template_kwargs)
         self._tito: dict[uuid.UUID, bool] = {}
+        self.tips: TipStore = tip_store(config.redis_url)
         self._renderer: ChatRenderer | None = None
 
     def renderer(self) -> ChatRenderer:
@@ -289,11 +293,26 @@ class ProxyService:
         return reply
 
     def _tito_link(self, session_id: uuid.UUID, agent: str | None, chat_body: dict[str, Any]) -> tito.ChainLink | None:
-        if session_id not in self._tito:
-            self._tito[session_id] = tito.enabled(self.db, session_id)
-        if not self._tito[session_id]:
+        if not self._tito_enabled(session_id):
             return None
-        return tito.find_link(self.db, session_id, agent, chat_body.get("messages") or [], chat_body.get("tools") or [])
+        messages, tools = chat_body.get("messages") or [], chat_body.get("tools") or []
+        return tito.find_link(self.db, session_id, agent, messages, tools, self.tips)
+
+    def _tito_enabled(self, session_id: uuid.UUID) -> bool:
+        if session_id not in self._tito:
+            if len(self._tito) >= TITO_FLAGS_SIZE:  # bounded: ended sessions are never asked about again
+                self._tito.clear()
+            self._tito[session_id] = tito.enabled(self.db, session_id)
+        return self._tito[session_id]
+
+    def _remember_tip(self, call: _Call, chat_body: dict[str, Any], answer: EngineAnswer, call_id: uuid.UUID) -> None:
+        """Keep this answered call as its agent's newest TITO chain tip, so the next call finds it without reading
+        the session back (``polar.proxy.tito_tips``)."""
+        if not self._tito_enabled(call.session_id):
+            return
+        found = tito.tip_of(call_id, chat_body, answer)
+        if found is not None:
+            self.tips.remember(call.session_id, call.agent, found, call.keep_s)
 
     def _ask_with_tokens(
         self, session_id: uuid.UUID, link: tito.ChainLink, chat_body: dict[str, Any]
@@ -351,7 +370,7 @@ class ProxyService:
         request = protocol.normalize(body, context)
         check_template_kwargs(request.engine_body, self.config.chat_template_kwargs)
         control = self._admitted()
-        call = _Call(session_id, agent, request, body, started, control.policy_version, sampling_mode)
+        call = _Call(session_id, agent, request, body, started, control.policy_version, sampling_mode, limits.keep_s)
         try:
             # The slot is held until the answer is recorded; a stream is rendered afterwards from memory.
             with self.limiter.slot(session_id, limits):
@@ -404,6 +423,8 @@ class ProxyService:
         if reply.status_code != 200:
             error = protocol.render_error(reply.status_code, reply.error_message)
             return ProxyAnswer(reply.status_code, error, headers=timing)
+        if kind == "vllm":
+            self._remember_tip(call, chat_body, EngineAnswer(reply.body), call_id)
         answer = continued_answer(request.engine_body, EngineAnswer(reply.body))
         self.metrics.tokens(protocol.PROVIDER, len(answer.prompt_token_ids), len(answer.completion_token_ids))
         return self._render(protocol, request, answer, timing, call_id)

@@ -23,8 +23,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from polar.engine.completion_parser import chat_message
+from polar.protocols import EngineAnswer
 from polar.proxy.engines import EnginePool, EngineReply
-from polar.reconstruction.break_reasons import messages_of, same_history, tools_of
+from polar.proxy.tito_tips import Tip, TipStore, identity_digests, tip
+from polar.reconstruction.break_reasons import history_key, messages_of, same_history, tools_of
 from polar.storage.captured import rebuild, session_rows
 from polar.storage.database import Database
 from polar.storage.models import ModelCall, Session, Task
@@ -80,16 +82,59 @@ def _call_key(call: Any) -> tuple[str, str]:
 
 
 def find_link(
-    db: Database, session_id: uuid.UUID, agent: str | None, messages: Sequence[Any], tools: Sequence[Any] = ()
+    db: Database,
+    session_id: uuid.UUID,
+    agent: str | None,
+    messages: Sequence[Any],
+    tools: Sequence[Any] = (),
+    tips: TipStore | None = None,
 ) -> ChainLink | None:
     """The session's call (same agent) whose answer is the LAST assistant message of ``messages``, if any, and
     only if the messages before it are that call's own (``break_reasons.same_history``) with the same tools: a
-    client that compacted or rewrote its history is rendered from its messages, not continued from old tokens."""
+    client that compacted or rewrote its history is rendered from its messages, not continued from old tokens.
+
+    The agent's latest tips (``polar.proxy.tito_tips``) answer without reading the session; only when none of them
+    is the call (or its history differs, which ``same_history`` then judges) is the session read back."""
     index = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), None)
     if index is None:
         return None
     wanted = _identities(messages[index])
+    if tips is not None:
+        digests = identity_digests(wanted)
+        found = next((t for t in tips.recent(session_id, agent) if t.identities & digests), None)
+        if found is not None and _tip_continues(found, messages[:index], tools):
+            return ChainLink(found.call_id, found.prompt_ids, found.completion_ids, found.finish_reason, index)
+    return _find_link_in_session(db, session_id, agent, messages, tools, index, wanted)
 
+
+def _tip_continues(found: Tip, history: Sequence[Any], tools: Sequence[Any]) -> bool:
+    if found.tools != tuple(tools_of({"tools": list(tools)})):
+        return False
+    key = history_key(history)
+    return key is not None and key == found.history
+
+
+def tip_of(call_id: uuid.UUID, chat_body: dict[str, Any], answer: EngineAnswer) -> Tip | None:
+    """What a later call needs of this answered call (``answer``: the chat completion the proxy captured, as
+    ``capture`` stores it) to continue it; None when nothing could continue it (unreadable messages, no ids)."""
+    history = history_key(chat_body.get("messages") or [])
+    if history is None or not answer.prompt_token_ids:
+        return None
+    tools = tools_of({"tools": list(chat_body.get("tools") or [])})
+    prompt, completion = answer.prompt_token_ids, answer.completion_token_ids
+    return tip(call_id, _identities(answer.message), history, tools, prompt, completion, answer.finish_reason)
+
+
+def _find_link_in_session(
+    db: Database,
+    session_id: uuid.UUID,
+    agent: str | None,
+    messages: Sequence[Any],
+    tools: Sequence[Any],
+    index: int,
+    wanted: set[tuple[Any, ...]],
+) -> ChainLink | None:
+    """``find_link`` by reading the session's calls back (every call's response; O(calls))."""
     with db.engine.connect() as connection:
         rows = session_rows(connection, session_id, columns=(ModelCall.agent, ModelCall.status_code,
                                                              ModelCall.finish_reason), parts=["response"])  # fmt: skip

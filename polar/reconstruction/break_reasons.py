@@ -28,8 +28,10 @@ The record gains ``message_index`` (the first differing message in ``after``, wh
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from polar.engine.conversation import Message, ToolCall, normalise_messages
@@ -73,6 +75,21 @@ def same_history(before: Sequence[Any], after: Sequence[Any]) -> bool:
     if old is None or new is None or len(old) != len(new):
         return False
     return all(a.role == b.role and (a.role == "assistant" or a == b) for a, b in zip(old, new, strict=True))
+
+
+def history_key(messages: Sequence[Any] | None) -> str | None:
+    """A digest of what ``same_history`` compares of ``messages`` (roles; the system, user and tool messages), so
+    that equal keys mean ``same_history`` holds (a key is never equal where it would not); None where it could never
+    hold (no messages, or unreadable ones)."""
+    try:
+        plain = _plain(messages)
+    except MessageFormatError:
+        return None
+    if plain is None:
+        return None
+    parts = [[m.role] if m.role == "assistant" else asdict(m) for m in plain]
+    data = json.dumps(parts, sort_keys=True, default=repr, ensure_ascii=False).encode()
+    return hashlib.sha256(data).hexdigest()
 
 
 def explain(

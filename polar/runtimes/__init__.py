@@ -35,6 +35,7 @@ __all__ = [
     "EVALUATOR_ROLE",
     "RUNTIMES",
     "SESSION_ROLE",
+    "Availability",
     "BwrapRuntime",
     "ExecResult",
     "LocalRuntime",
@@ -45,14 +46,26 @@ __all__ = [
 ]
 
 
-def check_runtime(spec: RuntimeSpec, field: str) -> None:
+# What ``check_runtime`` found of a backend and image, kept by a caller for one submission.
+Availability = dict[tuple[str | None, str | None], str | None]
+
+
+def check_runtime(spec: RuntimeSpec, field: str, seen: Availability | None = None) -> None:
+    """Refuse a runtime this node cannot run. ``seen`` remembers each backend and image's answer across the calls
+    of one submission: a batch of 100,000 docker tasks on one image asks the Docker engine once, not per task."""
     if spec.backend not in RUNTIMES:
         raise ValidationError(
             f"{field}.backend: {spec.backend!r} is not available here (available: {', '.join(sorted(RUNTIMES))})",
             field=f"{field}.backend",
         )
     check_confinement(spec, field)
-    problem = _unavailable(spec)
+    key = (spec.backend, spec.image if spec.backend == "docker" else None)
+    if seen is None or key not in seen:
+        problem = _unavailable(spec)
+        if seen is not None:
+            seen[key] = problem
+    else:
+        problem = seen[key]
     if problem:
         raise ValidationError(f"{field}.backend: {spec.backend!r} cannot run here: {problem}", field=f"{field}.backend")
 

@@ -44,14 +44,15 @@ from polar.stages.breaks import explain_breaks
 from polar.stages.lease import Claimed, claim, heartbeat
 from polar.storage.captured import rebuild, session_rows
 from polar.storage.models import Batch, ModelCall, Session, Trajectory
-from polar.storage.prompts import full_prompts
+from polar.storage.prompts import prompt_views
 from polar.training.callbacks import record_session_events
 from polar.training.feed import assign_position
 
 
 def captured_calls(services: Services, session_id: uuid.UUID) -> list[CapturedCall]:
     """The session's successful calls whose answers reached the harness, in ``seq`` order, with full prompts
-    (stored as deltas, see ``polar.storage.prompts``)."""
+    (stored as deltas, see ``polar.storage.prompts``) read through their deltas (``PromptView``): a long session's
+    prompts cost its stored ids once, not the sum of every prompt's length."""
     with services.db.unit() as db:
         rows = db.execute(
             sa.select(
@@ -73,7 +74,7 @@ def captured_calls(services: Services, session_id: uuid.UUID) -> list[CapturedCa
             )
             .order_by(ModelCall.seq)
         ).all()
-    prompts = full_prompts(rows)
+    prompts = prompt_views(rows)
     return [
         CapturedCall(str(r.id), r.seq, r.agent, prompts[r.id], r.completion_token_ids, r.logprobs, r.finish_reason)
         for r in rows

@@ -17,12 +17,13 @@ the view ``model_calls_full`` rebuild the same arrays (migration 0004).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import sys
 import uuid
 from array import array
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, overload
 
 from polar.errors import PolarError
 
@@ -154,3 +155,81 @@ def _cut(segments: list[tuple[Sequence[int], int, int]], length: int) -> list[tu
         kept.append((tokens, start, start + take))
         total += take
     return kept
+
+
+class PromptView(Sequence[int]):
+    """A full prompt (or prompt + completion) read through its deltas, never joined: the first ``take`` ids of
+    ``parent``, then ``own`` (a row's stored ids). A session's views share their ancestors, so all of them together
+    cost the session's stored ids once, where joined prompts cost the sum of every prompt's length (audit F19: 200
+    calls of 40k tokens). Iterating, ``len``, indexing and comparing with a list work as on the joined list;
+    ``list(view)`` joins it when a caller needs one."""
+
+    __slots__ = ("_length", "_own", "_parent", "_take")
+
+    def __init__(self, parent: PromptView | None, take: int, own: Sequence[int]) -> None:
+        self._parent, self._take, self._own = parent, take, own
+        self._length = take + len(own)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _pieces(self) -> list[tuple[Sequence[int], int]]:
+        """``(ids, how many of their first ids)`` from the first piece to the last (a loop: a 1,000-call chain
+        is 1,000 levels deep)."""
+        pieces: list[tuple[Sequence[int], int]] = []
+        node: PromptView | None = self
+        wanted = self._length
+        while node is not None and wanted > 0:
+            if wanted > node._take:
+                pieces.append((node._own, wanted - node._take))
+                wanted = node._take
+            node = node._parent
+        pieces.reverse()
+        return pieces
+
+    def __iter__(self) -> Iterator[int]:
+        for ids, count in self._pieces():
+            yield from itertools.islice(ids, count)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        position = index + self._length if index < 0 else index
+        if not 0 <= position < self._length:
+            raise IndexError("prompt index out of range")
+        for ids, count in self._pieces():
+            if position < count:
+                return ids[position]
+            position -= count
+        raise IndexError("prompt index out of range")
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PromptView | list | tuple):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PromptView({list(self)!r})"
+
+
+def prompt_views(rows: Iterable[StoredPrompt]) -> dict[uuid.UUID, PromptView]:
+    """Every row's full prompt as a ``PromptView`` (``full_prompts``' rules: rows in ``seq`` order, ancestors
+    first), by call id."""
+    chains: dict[uuid.UUID, PromptView] = {}
+    prompts: dict[uuid.UUID, PromptView] = {}
+    for row in rows:
+        parent: Any = None
+        if row.prompt_parent_id is not None:
+            parent = chains.get(row.prompt_parent_id)
+            if parent is None:
+                raise PolarError(f"call {row.id}: its prompt's parent {row.prompt_parent_id} was not loaded first")
+        prompt = PromptView(parent, row.prompt_prefix_len if parent is not None else 0, row.prompt_token_ids)
+        prompts[row.id] = prompt
+        chains[row.id] = PromptView(prompt, len(prompt), row.completion_token_ids)
+    return prompts

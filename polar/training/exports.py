@@ -84,22 +84,29 @@ def _length(db: Any, column: Any) -> Any:
     return sa.func.coalesce(sa.func.json_array_length(column), 0)
 
 
-def _last_successful_call() -> Any:
-    """Per session, the seq of its last call the engine answered with 200."""
+def _of_batch(batch_id: uuid.UUID) -> sa.ColumnElement[bool]:
+    """The batch's calls only: the per-session aggregates below read them through the (session_id, seq) index
+    instead of grouping every call ever captured (audit F21)."""
+    return ModelCall.session_id.in_(sa.select(Session.id).where(Session.batch_id == batch_id))
+
+
+def _last_successful_call(batch_id: uuid.UUID) -> Any:
+    """Per session of the batch, the seq of its last call the engine answered with 200."""
     return (
         sa.select(ModelCall.session_id, sa.func.max(ModelCall.seq).label("seq"))
-        .where(ModelCall.status_code == 200, ~ModelCall.synthesized)
+        .where(_of_batch(batch_id), ModelCall.status_code == 200, ~ModelCall.synthesized)
         .group_by(ModelCall.session_id)
         .subquery()
     )
 
 
-def _call_policy_version() -> Any:
-    """Per session, the calls' policy_version when every call carried the same one, else null."""
+def _call_policy_version(batch_id: uuid.UUID) -> Any:
+    """Per session of the batch, the calls' policy_version when every call carried the same one, else null."""
     version = ModelCall.policy_version
     same = sa.and_(sa.func.count(sa.distinct(version)) == 1, sa.func.count(version) == sa.func.count())
     return (
         sa.select(ModelCall.session_id, sa.case((same, sa.func.min(version)), else_=None).label("version"))
+        .where(_of_batch(batch_id))
         .group_by(ModelCall.session_id)
         .subquery()
     )
@@ -131,7 +138,7 @@ def export_summary(services: Services, batch_id: uuid.UUID, kind: str, min_rewar
                 .where(scope, _accepted(min_reward))
             ).one()
         else:
-            last = _last_successful_call()
+            last = _last_successful_call(batch_id)
             size = ModelCall.prompt_len + _length(db, ModelCall.completion_token_ids)
             accepted, tokens = db.execute(
                 sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(size), 0))
@@ -172,7 +179,7 @@ def _spanning_calls(db: Any, batch_id: uuid.UUID) -> set[str]:
 
 
 def _rl_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator[dict[str, Any]]:
-    versions = _call_policy_version()
+    versions = _call_policy_version(batch_id)
     spanning = _spanning_calls(db, batch_id)
     query = (
         sa.select(
@@ -220,7 +227,7 @@ def _rl_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator
 
 
 def _sft_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator[dict[str, Any]]:
-    last = _last_successful_call()
+    last = _last_successful_call(batch_id)
     query = (
         sa.select(Session.id, Session.task_id, Session.sample_index, Session.reward, ModelCall.id.label("call_id"),
                   ModelCall.seq)

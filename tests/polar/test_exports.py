@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import sqlalchemy as sa
 
 from polar.errors import NotFound, ValidationError
 from polar.services import Services
@@ -212,3 +213,50 @@ def test_unknown_batch_and_kind(services: Services) -> None:
     with pytest.raises(ValidationError) as info:
         export_summary(services, uuid.uuid4(), "dpo", None)
     assert info.value.field == "kind"
+
+
+def _model_calls_rows_read(services: Services, statements: list[tuple[str, Any]]) -> int:
+    """The ``model_calls`` rows the plans of ``statements`` read (EXPLAIN ANALYZE: rows returned by each scan of
+    the table, and rows its filter removed), with sequential scans off: a tiny test table would be scanned whole
+    either way, and what is measured is whether the query can be answered from the batch's own calls."""
+
+    def walk(plan: dict[str, Any]) -> int:
+        here = 0
+        if plan.get("Relation Name") == "model_calls":
+            loops = plan.get("Actual Loops", 1)
+            here = (plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)) * loops
+        return here + sum(walk(child) for child in plan.get("Plans", []))
+
+    total = 0
+    with services.db.engine.connect() as connection:
+        connection.exec_driver_sql("SET enable_seqscan = off")
+        cursor = connection.connection.driver_connection.cursor()
+        for statement, parameters in statements:
+            if "model_calls" in statement and statement.lstrip().upper().startswith("SELECT"):
+                cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters)
+                total += walk(cursor.fetchone()[0][0]["Plan"])
+        connection.rollback()
+    return total
+
+
+@pytest.mark.parametrize("kind", ["sft", "rl"])
+def test_exports_read_only_their_batchs_calls(services: Services, kind: str) -> None:
+    """Audit F21: the per-session aggregates grouped every call ever captured; they read the batch's calls."""
+    other = BatchFactory(services)
+    other_task = other.task("other")
+    for sample in range(20):
+        other.session(other_task, sample, calls=10)  # 200 calls of another batch
+    f = BatchFactory(services)
+    f.session(f.task("a"), 0, calls=2)
+    statements: list[tuple[str, Any]] = []
+
+    def grab(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
+        statements.append((statement, parameters))
+
+    sa.event.listen(services.db.engine, "before_cursor_execute", grab)
+    try:
+        assert len(list(export_rows(services, f.batch_id, kind, None))) == (2 if kind == "rl" else 1)
+        export_summary(services, f.batch_id, kind, None)
+    finally:
+        sa.event.remove(services.db.engine, "before_cursor_execute", grab)
+    assert _model_calls_rows_read(services, statements) <= 20  # before: over 200 (every call of every batch)

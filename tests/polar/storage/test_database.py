@@ -40,8 +40,12 @@ def test_a_busy_proxy_stays_within_its_pool(database_url: str, tmp_path: Path) -
             # Autocommit: pg_stat_activity is a snapshot per transaction.
             with proxy.services.db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
                 while not done.is_set():
+                    # This test's database only: suites running beside it have proxies of their own.
                     count = connection.scalar(
-                        sa.text("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'polar-proxy'")
+                        sa.text(
+                            "SELECT count(*) FROM pg_stat_activity "
+                            "WHERE application_name = 'polar-proxy' AND datname = current_database()"
+                        )
                     )
                     peak = max(peak, int(count or 0))
                     time.sleep(0.01)

@@ -4,6 +4,7 @@ function ``polar_full_prompt`` and the view ``model_calls_full``; storage grows 
 from __future__ import annotations
 
 import random
+import tracemalloc
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from polar.services import Services
 from polar.stages.postrun import captured_calls
 from polar.storage.migration import upgrade
 from polar.storage.models import ModelCall, Session
-from polar.storage.prompts import Chain, chain_hash, encode_prompt, full_prompts
+from polar.storage.prompts import Chain, PromptView, chain_hash, encode_prompt, full_prompts
 from polar.task_request import parse_batch_request
 from tests.support import command_task, domain_services
 
@@ -210,3 +211,40 @@ def test_encode_and_rebuild_round_trip() -> None:
     assert full_prompts(rows) == {first_id: [1, 2], second_id: [1, 2, 3, 4]}
     with pytest.raises(PolarError):
         full_prompts(rows[1:])
+
+
+def test_postrun_reads_prompts_through_their_deltas(services: Services) -> None:
+    """Audit F19: postrun joined every call's full prompt, the sum of all prompt lengths (200 calls of 40k tokens:
+    8M ids). Its prompts are views on the stored deltas now: what it allocates is counted (tracemalloc), not timed."""
+    rng = random.Random(5)
+    session_id = running_session(services)
+    prompt, completion = tokens(rng, 400), tokens(rng, 50)
+    originals = []
+    for turn in range(60):
+        if turn:
+            prompt = [*prompt, *completion, *tokens(rng, 400)]
+            completion = tokens(rng, 50)
+        record(services, session_id, prompt, completion)
+        originals.append(prompt)
+    tracemalloc.start()
+    try:
+        calls = captured_calls(services, session_id)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    joined = 8 * sum(len(p) for p in originals)  # a list pointer per id of every prompt: 6.6 MB here
+    print(f"\ncaptured_calls peak {peak / 2**20:.1f} MiB; every prompt joined {joined / 2**20:.1f} MiB")
+    assert peak < joined / 3  # before: more than ``joined``
+    assert [list(call.prompt_token_ids) for call in calls] == originals
+    assert calls[-1].prompt_token_ids == originals[-1] and calls[3].prompt_token_ids != originals[2]
+
+
+def test_a_prompt_view_reads_like_the_joined_list() -> None:
+    first = PromptView(None, 0, [1, 2, 3])
+    chain = PromptView(first, 3, [4, 5])  # prompt + completion
+    cut = PromptView(chain, 4, [9])  # takes 4 of the chain's 5, then its own
+    assert list(cut) == [1, 2, 3, 4, 9] and len(cut) == 5 and cut == [1, 2, 3, 4, 9] and cut == (1, 2, 3, 4, 9)
+    assert cut[0] == 1 and cut[3] == 4 and cut[4] == 9 and cut[-1] == 9 and cut[1:4] == [2, 3, 4]
+    assert cut != [1, 2, 3, 4, 5] and cut != [1, 2, 3, 4] and PromptView(None, 0, []) == []
+    with pytest.raises(IndexError):
+        cut[5]
