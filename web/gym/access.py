@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from polar.errors import ValidationError
 from polar.records.audit import Caller, actor
@@ -95,7 +96,7 @@ def _refusal(status: int, remote: str | None) -> web.Response:
     return web.Response(status=status, body=orjson.dumps({"error": error}), content_type="application/json")
 
 
-def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def middleware(access: Access) -> Middleware:
     """An aiohttp middleware that refuses callers ``access`` does not let in, before their body is read, and gives
     the others' requests their ``CALLER``."""
 
