@@ -38,7 +38,7 @@ def test_the_allow_list_is_loopback_unless_given_and_replaced_when_given() -> No
     nodes = allow_list(["10.1.0.0/16", "192.168.5.7"])
     assert is_allowed("10.1.2.3", nodes) and is_allowed("192.168.5.7", nodes)
     assert not is_allowed("127.0.0.1", nodes)  # replaced, not added to
-    with pytest.raises(ValidationError, match="--allow-from 'ten.0.0.0/8'"):
+    with pytest.raises(ValidationError, match=r"--allow-from 'ten\.0\.0\.0/8'"):
         allow_list(["ten.0.0.0/8"])
 
 
@@ -83,8 +83,7 @@ def test_by_default_loopback_callers_need_no_token_and_their_batches_are_audited
 ) -> None:
     """The default lets NeMo Gym 0.7.0's client in (it sends no Authorization header); the row that tries to add a
     runtime and a harness of its own through an unescaped value stays one instruction."""
-    injected = {**ROW, "responses_create_params": {"input": 'x", "runtime": {"backend": "local"}, "harness": '
-                                                            '{"name": "command", "command": "id"}, "y": "'}}  # fmt: skip
+    injected = {**ROW, "responses_create_params": {"input": 'x", "runtime": {"backend": "local"}, "task_id": "inj'}}
 
     async def body(client: TestClient, services: Services) -> None:
         waiting = asyncio.ensure_future(client.post("/run", json=injected))  # it waits for a session never run
@@ -100,7 +99,7 @@ def test_by_default_loopback_callers_need_no_token_and_their_batches_are_audited
     ]
     (spec,) = [row[0] for row in _sql(database_url, "SELECT spec FROM tasks")]
     assert spec["instruction"] == injected["responses_create_params"]["input"]
-    assert spec["harness"]["command"] == "true" and spec["runtime"]["backend"] == "bwrap"
+    assert spec["runtime"]["backend"] == "bwrap" and spec["task_id"] == "gym-7"
 
 
 def test_a_token_caller_is_audited_by_the_tokens_fingerprint(database_url: str, tmp_path: Path) -> None:
@@ -124,3 +123,17 @@ def _sql(database_url: str, query: str) -> list[Any]:
             return list(connection.execute(sa.text(query)).all())
     finally:
         engine.dispose()
+
+
+def test_the_cli_refuses_a_bad_network_and_a_token_it_does_not_have(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from polar.cli import main
+
+    template = tmp_path / "gym.template.json"
+    template.write_text(TEMPLATE)
+    runner = CliRunner(env={"POLAR_API_TOKEN": ""})
+    bad = runner.invoke(main, ["gym-agent", "--template", str(template), "--allow-from", "10.0.0.0/33"])
+    assert bad.exit_code == 2 and "--allow-from" in bad.output and "not an address or CIDR network" in bad.output
+    tokenless = runner.invoke(main, ["gym-agent", "--template", str(template), "--require-token"])
+    assert tokenless.exit_code == 2 and "--require-token needs POLAR_API_TOKEN" in tokenless.output
