@@ -51,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"polar sandbox: cannot enter {args[2]}: {exc}", file=sys.stderr)
         return 126
     command = args[4:]
+    # bwrap set PWD to where it could enter, not here; tools that trust PWD (opencode does) would start in "/".
+    os.environ["PWD"] = os.getcwd()
     try:
         os.execvp(command[0], command)
     except OSError as exc:

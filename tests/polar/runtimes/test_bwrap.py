@@ -110,6 +110,9 @@ def test_under_a_root_worker_commands_run_as_an_unprivileged_user(config, tmp_pa
     assert (runtime.session_dir / "work" / "data.txt").read_text() == "payloadmore\n"
     status = runtime.exec(["/bin/sh", "-c", "grep -E '^(CapEff|NoNewPrivs)' /proc/self/status"], {}, HANG_GUARD_S, "s")
     assert status.output_tail.split() == ["CapEff:", "0000000000000000", "NoNewPrivs:", "1"]
+    # PWD names the work directory, as bwrap's --chdir set it: opencode starts where PWD says.
+    where = runtime.exec(["/usr/bin/env"], {}, HANG_GUARD_S, "env").output_tail.splitlines()
+    assert f"PWD={runtime.session_dir / 'work'}" in where
 
 
 def test_the_private_tmp_is_bounded(tmp_path: Path) -> None:
