@@ -512,18 +512,38 @@ def demo(state_dir: Path, tasks: int, samples: int, out: Path, run_concurrency: 
     help="The task each dataset row becomes: a TaskRequest as JSON with Jinja2 (variables: the row's fields, row, "
     "instruction).",
 )
-@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="The address to listen on; NeMo RL's nodes must reach it (docs/nemo-gym.md).")  # fmt: skip
 @click.option("--port", default=8500, show_default=True, type=int)
+@click.option("--allow-from", "allow_from", multiple=True, metavar="CIDR",
+              help="Answer only callers from this network (repeatable; replaces the default: loopback only). "
+              "Others get 403.")  # fmt: skip
+@click.option("--require-token", is_flag=True,
+              help="Also require 'Authorization: Bearer <POLAR_API_TOKEN>' (401 otherwise). NeMo Gym 0.7's own "
+              "client sends none.")  # fmt: skip
 @click.option("--threads", default=8, show_default=True, type=click.IntRange(1, 256),
               help="Threads for Postgres and submission work (waiting rows hold none).")  # fmt: skip
 @click.option("--poll", "poll_s", default=0.25, show_default=True, type=click.FloatRange(0.01, 60),
               help="Seconds between the checks of which waiting rows have settled.")  # fmt: skip
-def gym_agent(template_path: Path, host: str, port: int, threads: int, poll_s: float) -> None:
-    """Serve NeMo Gym's agent contract (POST /run) over this deployment (docs/nemo-gym.md)."""
+def gym_agent(template_path: Path, host: str, port: int, allow_from: tuple[str, ...], require_token: bool,
+              threads: int, poll_s: float) -> None:  # fmt: skip
+    """Serve NeMo Gym's agent contract (POST /run) over this deployment (docs/nemo-gym.md). It answers only
+    callers from --allow-from (default: loopback), and with --require-token only those with the API token."""
+    import ipaddress
+
     from polar.loaders.template import compile_template
 
     compile_template(template_path.read_text(), str(template_path))  # a syntax error is reported here, plainly
+    for cidr in allow_from:  # reported here, plainly, as the template is
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError as exc:
+            message = f"{cidr!r} is not an address or CIDR network ({exc})"
+            raise click.BadParameter(message, param_hint="--allow-from") from exc
+    if require_token and not (load_config().api_token or "").strip():
+        raise click.UsageError("--require-token needs POLAR_API_TOKEN set (the token callers must send)")
     args = ["--template", str(template_path), "--host", host, "--port", str(port), "--threads", str(threads)]
+    args += [f"--allow-from={cidr}" for cidr in allow_from] + (["--require-token"] if require_token else [])
     # The server is a web process (web.gym); the domain CLI names it by module, as the launcher names gunicorn apps.
     os.execv(sys.executable, [sys.executable, "-m", "web.gym", *args, "--poll", str(poll_s)])
 

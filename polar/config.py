@@ -97,6 +97,9 @@ class Config:
     sandbox_cpus: float = 2.0
     sandbox_memory_mb: int = 4096
     sandbox_pids: int = 1024
+    # The size bound of a sandbox's private /tmp (a tmpfs, i.e. host memory): bwrap's, and Docker's with
+    # read_only_root (0: unbounded).
+    sandbox_tmp_mb: int = 1024
     # Prometheus metrics (docs/metrics.md): where each process group keeps its values (default <state_dir>/metrics;
     # local to the machine), whether the API's /metrics answers without a token, and the port (0: none) and address
     # a Celery worker serves its own /metrics on.
@@ -324,6 +327,7 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         sandbox_cpus=_number(env, "POLAR_SANDBOX_CPUS", base.sandbox_cpus),
         sandbox_memory_mb=int(_number(env, "POLAR_SANDBOX_MEMORY_MB", base.sandbox_memory_mb)),
         sandbox_pids=int(_number(env, "POLAR_SANDBOX_PIDS", base.sandbox_pids)),
+        sandbox_tmp_mb=int(_number(env, "POLAR_SANDBOX_TMP_MB", base.sandbox_tmp_mb)),
         metrics_dir=env.get("POLAR_METRICS_DIR") or "",
         metrics_public=_flag(env, "POLAR_METRICS_PUBLIC"),
         worker_metrics_port=_port(env, "POLAR_WORKER_METRICS_PORT"),

@@ -12,7 +12,7 @@
     ├── TooManyCalls           a session went over its concurrent or total model-call limit (429)
     ├── EngineError            the inference engine failed (502)
     │   └── EngineTimeout      the inference engine did not answer in time (504)
-    ├── Busy                   too many long-polls already wait in this process (429, Retry-After)
+    ├── Busy                   too many long-polls wait, or unknown keys arrive, in this process (429, Retry-After)
     ├── CaptureFailed          a call could not be recorded, so its answer is withheld (503)
     ├── BrokerUnavailable      the message broker did not take a stage message (it stays due in the outbox)
     ├── RuntimeFailure         a runtime could not be created or a command could not start
@@ -46,8 +46,8 @@ class PluginNotAllowed(ValidationError):
 
 
 class Busy(PolarError):
-    """This process already holds as many long-polls as it may (``wait`` on the feed); retry after
-    ``retry_after_s``."""
+    """This process already holds as many long-polls as it may (``wait`` on the feed), or a proxy is holding back
+    the lookups of keys it does not know (``polar.proxy.key_misses``); retry after ``retry_after_s``."""
 
     def __init__(self, message: str, retry_after_s: int = 1) -> None:
         super().__init__(message)

@@ -13,7 +13,7 @@ from celery.signals import worker_ready
 
 from polar.lifecycle.nodes import announce
 from polar.lifecycle.reconciler import LeaseJudge, reconcile
-from polar.runtimes.work_root import project_above
+from polar.runtimes.work_root import project_above, swappable_part
 from workers.context import services_for
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,10 @@ def _check_run_slots(consumer: Any, run_concurrency: int) -> None:
 
 
 def _check_work_root(work_root: str) -> None:
+    problem = swappable_part(Path(work_root))
+    if problem is not None:  # said at start; each session directory is refused until it is fixed
+        log.error("POLAR_WORK_ROOT %s: %s, so another user could swap session directories: every session here "
+                  "will fail to start until it is fixed", work_root, problem)  # fmt: skip
     found = project_above(Path(work_root))
     if found is not None:
         log.warning(

@@ -8,6 +8,13 @@ once per row and parsed as JSON.
 Variables: each field of the row by name, ``row`` (the whole row, for keys that are not identifiers) and ``index``
 (the row's position, from 0). Undefined names are errors rather than empty strings (``StrictUndefined``), and
 ``tojson`` embeds any value, strings included, as valid JSON. Templates render in Jinja's sandbox.
+
+Where the rows come from someone else (``polar gym-agent``: a row posted by whoever may call it), compile with
+``rows_fill_values_only``: whatever a ``{{ … }}`` prints that is not already JSON (``tojson``'s output) or a number
+is escaped as the inside of a JSON string. A row value then fills the value the template prints it in and nothing
+else: ``"instruction": "{{ instruction }}"`` with an instruction holding ``", "runtime": {…}`` stays one string,
+never closes it to add or override a field (the last of two equal keys wins in JSON). So a row chooses a command,
+an image or a runtime only where the template itself puts a row value there.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jinja2
+import markupsafe
 from jinja2.sandbox import SandboxedEnvironment
 
 from polar.errors import ValidationError
@@ -25,9 +33,21 @@ from polar.loaders.rows import Row, numbered
 _HINT = "embed row values with the tojson filter, e.g. {{ field | tojson }}"
 
 
-def compile_template(text: str, name: str = "template") -> jinja2.Template:
-    """``text`` as a Jinja2 template with strict undefined names; a syntax error names ``name:line``."""
-    environment = SandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
+def _inside_a_string(value: Any) -> Any:
+    """What a ``rows_fill_values_only`` template prints for ``value``: JSON text (``tojson`` returns it as Markup)
+    and numbers as they are; anything else as the escaped inside of a JSON string, which cannot end that string."""
+    if isinstance(value, markupsafe.Markup) or (isinstance(value, int | float) and not isinstance(value, bool)):
+        return value
+    return json.dumps(str(value))[1:-1]
+
+
+def compile_template(text: str, name: str = "template", rows_fill_values_only: bool = False) -> jinja2.Template:
+    """``text`` as a Jinja2 template with strict undefined names; a syntax error names ``name:line``. With
+    ``rows_fill_values_only`` (rows from an untrusted caller), printed values cannot add JSON fields (module
+    docstring)."""
+    finalize = _inside_a_string if rows_fill_values_only else None
+    environment = SandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
+                                       finalize=finalize)  # fmt: skip
     try:
         return environment.from_string(text)
     except jinja2.TemplateSyntaxError as exc:

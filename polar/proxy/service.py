@@ -33,6 +33,7 @@ import sqlalchemy as sa
 
 from polar.config import Config
 from polar.errors import (
+    Busy,
     CaptureFailed,
     EngineError,
     EnginePaused,
@@ -57,6 +58,7 @@ from polar.protocols import (
 from polar.proxy import budget, sglang, tito
 from polar.proxy.capture import CallRecord, mark_undelivered, record_call, session_state_for_key
 from polar.proxy.engines import EnginePool, EngineReply
+from polar.proxy.key_misses import STALE_S, KeyMisses
 from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimiter, CallLimits, call_limiter
 from polar.proxy.refusals import DATABASE_OUTAGE, RefusalCounter
@@ -83,6 +85,7 @@ STATUS: dict[type[PolarError], int] = {
     SessionNotRunning: 401,
     EnginePaused: 429,
     TooManyCalls: 429,
+    Busy: 429,
     EngineTimeout: 504,
     EngineError: 502,
     CaptureFailed: 503,
@@ -183,6 +186,7 @@ class ProxyService:
         self.refusals = refusals or RefusalCounter(db, config.redis_url)
         self.metrics = metrics or ProxyMetrics()
         self._keys: dict[str, tuple[uuid.UUID, CallLimits, str, float]] = {}
+        self._misses = KeyMisses()
         self.control = ControlView(db, config.pause_max_waiters)
         check_setting(config.chat_template_kwargs)
         self._tito: dict[uuid.UUID, bool] = {}
@@ -204,15 +208,23 @@ class ProxyService:
     def session_for_key(self, key: str | None) -> tuple[uuid.UUID, CallLimits, str]:
         """The running session a key belongs to, with its call limits and sampling mode. Positive answers are
         cached briefly: a key never changes session, and a session that stopped running is caught again when its
-        call is recorded."""
+        call is recorded. Unknown keys are remembered and their lookups rate-limited (``polar.proxy.key_misses``)."""
         if not key:
             raise Unauthorized("no proxy key: use the session base URL /s/<key>/… or send the key as the API key")
         key_hash = hash_key(key)
         cached = self._keys.get(key_hash)
-        if cached is not None and cached[3] > time.monotonic():
+        now = time.monotonic()
+        if cached is not None and cached[3] > now:
             return cached[0], cached[1], cached[2]
+        if self._misses.known_unknown(key_hash):
+            raise Unauthorized("unknown proxy key")
+        if not self._misses.may_look_up():  # a flood of made-up keys: no query for a key not known here
+            if cached is not None and cached[3] + STALE_S > now:
+                return cached[0], cached[1], cached[2]
+            raise Busy("this proxy is refusing a flood of unknown proxy keys; retry shortly", retry_after_s=1)
         found = self._recorded(lambda: session_state_for_key(self.db, key_hash))
         if found is None:
+            self._misses.missed(key_hash)
             raise Unauthorized("unknown proxy key")
         if found.state != State.RUNNING.value:
             raise SessionNotRunning(f"this session is {found.state}; its proxy key no longer accepts calls")
@@ -236,7 +248,7 @@ class ProxyService:
         status = next((code for kind, code in STATUS.items() if isinstance(exc, kind)), 500)
         status = getattr(exc, "status_code", None) or status
         headers: dict[str, str] = {}
-        if isinstance(exc, EnginePaused | TooManyCalls):
+        if isinstance(exc, EnginePaused | TooManyCalls | Busy):
             if exc.retry_after_s is not None:
                 headers["Retry-After"] = str(exc.retry_after_s)
             else:  # a spent session: the openai / anthropic SDKs honour this and skip their retries

@@ -68,7 +68,6 @@ DEPLOYMENT_LABEL = "polar.deployment"
 TICK_S = 0.2
 # What the one root exec handing over a ``workdir`` needs (chown -R of an image's root-owned tree).
 _HAND_OVER_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
-TMP_SIZE = "1g"
 _RUN_LOGGED = 'log=$1; shift; exec "$@" >>"$log" 2>&1'
 
 
@@ -174,7 +173,7 @@ class DockerRuntime(Runtime):
                 # the container's own user is root. Every session command runs as ``user`` either way.
                 user="0:0" if spec.workdir else user,
                 working_dir=str(root / "work"),
-                **_hardening(spec),
+                **_hardening(spec, config.sandbox_tmp_mb),
                 **_limits(spec, config),
             )
             if spec.workdir:
@@ -283,14 +282,15 @@ class DockerRuntime(Runtime):
         relay.remove_relay_dir(self._root)
 
 
-def _hardening(spec: RuntimeSpec) -> dict[str, Any]:
+def _hardening(spec: RuntimeSpec, tmp_mb: int) -> dict[str, Any]:
     options: dict[str, Any] = {
         "cap_drop": ["ALL"],
         "cap_add": _HAND_OVER_CAPS if spec.workdir else None,
         "security_opt": ["no-new-privileges:true"],
     }
     if spec.read_only_root:
-        options.update(read_only=True, tmpfs={"/tmp": f"rw,nosuid,nodev,size={TMP_SIZE}"})
+        size = f",size={tmp_mb}m" if tmp_mb > 0 else ""  # POLAR_SANDBOX_TMP_MB: a tmpfs is host memory
+        options.update(read_only=True, tmpfs={"/tmp": f"rw,nosuid,nodev{size}"})
     return options
 
 

@@ -31,6 +31,7 @@ from pathlib import Path, PurePath, PurePosixPath
 from typing import BinaryIO
 
 from polar.errors import UnsafePath
+from polar.runtimes.work_root import ensure_work_root
 
 OUTPUT_TAIL_BYTES = 4096
 # The most of a session's output or files that Polar reads into memory at once (harness output, an evaluator
@@ -154,12 +155,13 @@ def _open_file(root: Path, path: SessionPath, flags: int, mode: int = 0o666) -> 
 def fresh_session_dir(root: Path, owner: tuple[int, int] | None = None) -> None:
     """Make the session directory ``root`` anew, mode 0700, with ``work/``, ``home/`` and ``logs/`` (all given to
     ``owner`` when set): whatever was there, an earlier partial one or a link in its place, is removed, never
-    entered. ``OSError`` when it cannot be made (or something took its place meanwhile)."""
+    entered. ``OSError`` when it cannot be made (or something took its place meanwhile), PermissionError when
+    another user could swap it (``polar.runtimes.work_root.ensure_work_root``)."""
+    ensure_work_root(root.parent)  # before anything is removed or made in it
     if root.is_symlink() or (root.exists() and not root.is_dir()):
         root.unlink()
     else:
         shutil.rmtree(root, ignore_errors=True)
-    root.parent.mkdir(parents=True, exist_ok=True)
     os.mkdir(root, 0o700)
     for sub in ((), ("work",), ("home",), ("logs",)):
         with _directory(root.parent, (root.name, *sub), create=True) as fd:

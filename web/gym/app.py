@@ -6,6 +6,10 @@
                   the mean reward and the masked count of the answers posted back
     GET  /        liveness, and how many rows are waiting
 
+Every route first checks its caller (``web.gym.access``: the peer's address against the allow-list, loopback by
+default, and the bearer token with ``--require-token``); each stored batch records the caller as its submitter
+and leaves an audit row.
+
 Each ``/run`` row becomes one session of a batch (``Submitter``: the rows that arrive together share a batch and a
 transaction) and waits for its sample to settle (``SettlementWaiter``: one poll for every waiting row, which also
 reads the settled sessions' calls). The blocking parts (Postgres, the engine probe at submission, Celery's send)
@@ -29,7 +33,9 @@ from aiohttp import web
 from polar.errors import PolarError, ValidationError
 from polar.gym.answers import PERSISTENCE_FAILED, Answer, gym_answer
 from polar.gym.rows import check_row, row_where
+from polar.records.audit import Caller
 from polar.services import Services
+from web.gym.access import CALLER, Access, allow_list, middleware
 from web.gym.submitter import Submitter
 from web.gym.waiter import SettlementWaiter
 
@@ -42,8 +48,8 @@ class GymAgent:
     submitter: Submitter
     waiter: SettlementWaiter
 
-    async def run(self, row: dict[str, Any]) -> Answer:
-        sample = await self.submitter.submit(row)
+    async def run(self, row: dict[str, Any], caller: Caller) -> Answer:
+        sample = await self.submitter.submit(row, caller)
         settled, calls = await self.waiter.settled(sample)
         return gym_answer(row, settled, calls, str(row["responses_create_params"].get("model") or "polar"))
 
@@ -71,7 +77,7 @@ async def run(request: web.Request) -> web.Response:
     except ValidationError as exc:
         return _error(422, str(exc), "invalid_row")
     try:
-        answer = await agent.run(row)
+        answer = await agent.run(row, request[CALLER])
     except ValidationError as exc:  # the template rendered a task Polar refuses: the row's (or template's) fault
         return _error(422, str(exc), "invalid_task")
     except (PolarError, sa.exc.SQLAlchemyError, OSError) as exc:  # Polar could not run it now: NeMo RL retries 5xx
@@ -99,15 +105,18 @@ async def alive(request: web.Request) -> web.Response:
 
 
 def create_app(services: Services, template: jinja2.Template, threads: int = DEFAULT_THREADS,
-               poll_s: float = 0.25) -> web.Application:  # fmt: skip
-    """The agent app; its waiter loop starts and stops with the app, the database closes with it."""
+               poll_s: float = 0.25, access: Access | None = None) -> web.Application:  # fmt: skip
+    """The agent app; its waiter loop starts and stops with the app, the database closes with it. ``access``:
+    who may call it (default: loopback callers, no token)."""
     executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gym-agent")
 
     def on_pool(function: Any, *args: Any) -> Awaitable[Any]:  # the blocking parts, off the event loop
         return asyncio.get_running_loop().run_in_executor(executor, function, *args)
 
     agent = GymAgent(Submitter(services, template, on_pool), SettlementWaiter(services, on_pool, poll_s))
-    app = web.Application(client_max_size=64 * 1024 * 1024)  # a row may carry a long conversation
+    # A row may carry a long conversation; the caller is checked before its body is read.
+    app = web.Application(client_max_size=64 * 1024 * 1024,
+                          middlewares=[middleware(access or Access(allow_list(())))])  # fmt: skip
     app[AGENT] = agent
     app.router.add_post("/run", run)
     app.router.add_post("/aggregate_metrics", aggregate_metrics)

@@ -10,6 +10,9 @@ Each group is submitted under an ``Idempotency-Key`` of its own, and a database 
 (``SUBMIT_ATTEMPTS`` in all): a commit whose answer was lost in a blip is found again, not stored twice. Once the
 batch is stored the rows are told so (admission after the commit is best effort, ``polar.lifecycle.batches``), so
 NeMo RL never resends rows whose sessions will run anyway.
+
+A group holds the rows of one caller (``web.gym.access``): its batch records that caller as its submitter and the
+audit row is written in the batch's transaction, as for the API's submissions.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import sqlalchemy as sa
 from polar.gym.rows import checked_task, rows_batch
 from polar.gym.settlement import Sample
 from polar.lifecycle.batches import Submitted, request_hash, submit_batch
+from polar.records.audit import Caller
 from polar.services import Services
 from polar.task_request import BatchRequest
 
@@ -39,11 +43,12 @@ Blocking = Callable[..., Awaitable[Any]]
 @dataclass
 class _Queued:
     row: dict[str, Any]
+    caller: Caller
     sample: asyncio.Future[Sample]
 
 
 class Submitter:
-    """``await submitter.submit(row)``: the row's sample once its batch is stored."""
+    """``await submitter.submit(row, caller)``: the row's sample once its batch is stored."""
 
     def __init__(self, services: Services, template: jinja2.Template, blocking: Blocking, window_s: float = 0.05,
                  max_rows: int = 1024) -> None:  # fmt: skip
@@ -54,10 +59,10 @@ class Submitter:
         self.max_rows = max_rows
         self.queue: asyncio.Queue[_Queued] = asyncio.Queue()
 
-    async def submit(self, row: dict[str, Any]) -> Sample:
-        """The row's sample; ValidationError when its task is refused, PolarError/SQLAlchemyError when Polar could
-        not store it."""
-        queued = _Queued(row, asyncio.get_running_loop().create_future())
+    async def submit(self, row: dict[str, Any], caller: Caller) -> Sample:
+        """The row's sample, submitted by ``caller``; ValidationError when its task is refused,
+        PolarError/SQLAlchemyError when Polar could not store it."""
+        queued = _Queued(row, caller, asyncio.get_running_loop().create_future())
         await self.queue.put(queued)
         return await queued.sample
 
@@ -68,9 +73,13 @@ class Submitter:
             await asyncio.sleep(self.window_s)  # the rest of a batch that is arriving joins it
             while len(group) < self.max_rows and not self.queue.empty():
                 group.append(self.queue.get_nowait())
-            await self._submit(group)
+            by_caller: dict[Caller, list[_Queued]] = {}
+            for queued in group:  # in practice one caller: NeMo Gym's relay
+                by_caller.setdefault(queued.caller, []).append(queued)
+            for caller, rows in by_caller.items():
+                await self._submit(rows, caller)
 
-    async def _submit(self, group: list[_Queued]) -> None:
+    async def _submit(self, group: list[_Queued], caller: Caller) -> None:
         accepted: list[tuple[_Queued, dict[str, Any]]] = []
         for queued in group:
             try:
@@ -83,7 +92,7 @@ class Submitter:
         tasks = [task for _, task in accepted]
         try:
             batch = rows_batch(tasks)
-            submitted = await self._store(batch, request_hash(tasks), f"gym-{uuid.uuid4()}")
+            submitted = await self._store(batch, request_hash(tasks), f"gym-{uuid.uuid4()}", caller)
         except Exception as exc:  # every row of the group hears it: a 503 (Polar or its database away) or a 500
             log.warning("gym agent: submitting %d rows failed: %s", len(accepted), exc)
             for queued, _ in accepted:
@@ -94,12 +103,13 @@ class Submitter:
             if not queued.sample.done():  # the client may have gone away
                 queued.sample.set_result((submitted.batch_id, position))
 
-    async def _store(self, batch: BatchRequest, digest: str, key: str) -> Submitted:
+    async def _store(self, batch: BatchRequest, digest: str, key: str, caller: Caller) -> Submitted:
         """``submit_batch`` under ``key``, retried on a database error: a try whose commit landed but whose answer
         was lost is found by its key, so the batch is stored once."""
         for attempt in range(1, SUBMIT_ATTEMPTS + 1):
             try:
-                return await self.blocking(submit_batch, self.services, batch, digest, key)  # type: ignore[no-any-return]
+                stored = await self.blocking(submit_batch, self.services, batch, digest, key, caller)
+                return stored  # type: ignore[no-any-return]
             except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
                 if attempt == SUBMIT_ATTEMPTS:
                     raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -91,3 +92,31 @@ def test_attach_and_destroy(config, tmp_path: Path) -> None:  # type: ignore[no-
     again.destroy()
     assert not runtime.is_alive()
     again.destroy()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="the worker is not root here: commands run as its own user")
+def test_under_a_root_worker_commands_run_as_an_unprivileged_user(config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """AUDIT F13: a root worker's bwrap once ran commands as uid 0 without capabilities, which still owns
+    /etc/shadow. What the host writes into the session (a copy, a preset's config) stays the harness's to change."""
+    runtime = create_runtime(uuid.uuid4(), BWRAP, config)
+    source = tmp_path / "data.txt"
+    source.write_text("payload")
+    runtime.copy_in(source, "data.txt")
+    script = "id -u; id -G; cat /etc/shadow >/dev/null 2>&1 && echo READ-SHADOW; echo more >> data.txt && echo wrote"
+    result = runtime.exec(["/bin/sh", "-c", script], {}, HANG_GUARD_S, "t")
+    assert result.exit_code == 0, result.output_tail
+    uid, groups, *rest = result.output_tail.split()
+    assert (uid, groups) == ("65534", "65534") and "READ-SHADOW" not in rest and "wrote" in rest
+    assert (runtime.session_dir / "work" / "data.txt").read_text() == "payloadmore\n"
+    status = runtime.exec(["/bin/sh", "-c", "grep -E '^(CapEff|NoNewPrivs)' /proc/self/status"], {}, HANG_GUARD_S, "s")
+    assert status.output_tail.split() == ["CapEff:", "0000000000000000", "NoNewPrivs:", "1"]
+    # PWD names the work directory, as bwrap's --chdir set it: opencode starts where PWD says.
+    where = runtime.exec(["/usr/bin/env"], {}, HANG_GUARD_S, "env").output_tail.splitlines()
+    assert f"PWD={runtime.session_dir / 'work'}" in where
+
+
+def test_the_private_tmp_is_bounded(tmp_path: Path) -> None:
+    config = load_config({"POLAR_WORK_ROOT": str(tmp_path / "sessions"), "POLAR_SANDBOX_TMP_MB": "1"}, cwd=tmp_path)
+    runtime = create_runtime(uuid.uuid4(), BWRAP, config)
+    result = runtime.exec(["/bin/sh", "-c", "head -c 2000000 /dev/zero > /tmp/big"], {}, HANG_GUARD_S, "t")
+    assert result.exit_code != 0 and "No space left" in result.output_tail

@@ -13,6 +13,7 @@ import pytest
 from polar.runtimes.session_files import (
     chown_tree,
     copy_into,
+    fresh_session_dir,
     make_dirs,
     open_append,
     output_tail,
@@ -131,3 +132,33 @@ def test_copy_into_a_file_replaces_content_not_what_it_links(root: Path, outside
     assert refusal(lambda: copy_into(root, "work/sub/victim.pth", source)) is not None
     assert (outside.victim.read_text()) == VICTIM
     outside.assert_unchanged()
+
+
+def test_a_work_root_others_could_swap_is_refused_before_anything_is_made_in_it(tmp_path: Path) -> None:
+    """AUDIT F13: the default work root sits under the shared /tmp, where another user can make it first."""
+    shared = tmp_path / "shared"  # a /tmp without the sticky bit
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(PermissionError, match=r"shared is writable by other users .* without the sticky bit"):
+        fresh_session_dir(shared / "polar-x" / "sessions" / "s1")
+    assert not (shared / "polar-x" / "sessions" / "s1").exists()
+    shared.chmod(0o1777)  # as /tmp is: the names others make there stay theirs, and ours stay ours
+    fresh_session_dir(shared / "polar-x" / "sessions" / "s1")
+    assert (shared / "polar-x" / "sessions" / "s1" / "work").is_dir()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only root can make a directory another user's")
+def test_a_work_root_another_user_made_first_is_refused(tmp_path: Path) -> None:
+    planted = tmp_path / "polar-x"  # what another local user made first under /tmp
+    (planted / "sessions").mkdir(parents=True)
+    os.chown(planted, 4321, 4321)
+    with pytest.raises(PermissionError, match="polar-x belongs to uid 4321"):
+        fresh_session_dir(planted / "sessions" / "s1")
+    assert not (planted / "sessions" / "s1").exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "polar-y"  # their link to a directory of ours: they could point it elsewhere later
+    link.symlink_to(elsewhere)
+    os.chown(link, 4321, 4321, follow_symlinks=False)
+    with pytest.raises(PermissionError, match="polar-y belongs to uid 4321"):
+        fresh_session_dir(link / "sessions" / "s1")
