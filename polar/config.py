@@ -97,6 +97,10 @@ class Config:
     sandbox_cpus: float = 2.0
     sandbox_memory_mb: int = 4096
     sandbox_pids: int = 1024
+    # What a bwrap / docker sandbox may hold open through its sockets (polar.runtimes.bounds): connections at once
+    # to each of its proxy and egress sockets, and seconds to send one request (head and body) to the proxy.
+    sandbox_max_connections: int = 24
+    sandbox_request_send_s: float = 30.0
     # Prometheus metrics (docs/metrics.md): where each process group keeps its values (default <state_dir>/metrics;
     # local to the machine), whether the API's /metrics answers without a token, and the port (0: none) and address
     # a Celery worker serves its own /metrics on.
@@ -323,6 +327,8 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         copy_roots=_copy_roots(env),
         sandbox_cpus=_number(env, "POLAR_SANDBOX_CPUS", base.sandbox_cpus),
         sandbox_memory_mb=int(_number(env, "POLAR_SANDBOX_MEMORY_MB", base.sandbox_memory_mb)),
+        sandbox_max_connections=_positive_int(env, "POLAR_SANDBOX_MAX_CONNECTIONS", base.sandbox_max_connections),
+        sandbox_request_send_s=_number(env, "POLAR_SANDBOX_REQUEST_SEND_S", base.sandbox_request_send_s),
         sandbox_pids=int(_number(env, "POLAR_SANDBOX_PIDS", base.sandbox_pids)),
         metrics_dir=env.get("POLAR_METRICS_DIR") or "",
         metrics_public=_flag(env, "POLAR_METRICS_PUBLIC"),

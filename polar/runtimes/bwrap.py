@@ -28,6 +28,7 @@ from polar.errors import RuntimeFailure
 from polar.runtimes import relay
 from polar.runtimes._host_python import host_tool_paths
 from polar.runtimes.base import SESSION_ROLE
+from polar.runtimes.bounds import SandboxBounds
 from polar.runtimes.local import LocalRuntime
 from polar.task_request import RuntimeSpec
 
@@ -80,8 +81,10 @@ class BwrapRuntime(LocalRuntime):
         return [bwrap, *sandbox_args(self.session_dir), "--", *command]
 
     @contextlib.contextmanager
-    def proxy_access(self, proxy_url: str, egress_allow: Sequence[str] = ()) -> Iterator[relay.ProxyAccess]:
-        with relay.relayed(self.session_dir, proxy_url, egress_allow=egress_allow) as access:
+    def proxy_access(
+        self, proxy_url: str, egress_allow: Sequence[str] = (), bounds: SandboxBounds | None = None
+    ) -> Iterator[relay.ProxyAccess]:
+        with relay.relayed(self.session_dir, proxy_url, egress_allow=egress_allow, bounds=bounds) as access:
             yield access
 
     def destroy(self) -> None:
