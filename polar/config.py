@@ -76,6 +76,8 @@ class Config:
     db_pool_size: int = 8
     db_max_overflow: int = 4
     max_body_bytes: int = 32 * 1024 * 1024
+    # The most JSON values a proxied body may hold, so parsing one has a memory bound (polar.proxy.body_limits).
+    max_json_values: int = 1_000_000
     # Module prefixes whose ``module:attr`` import paths tasks may name (polar.import_path); none by default.
     plugin_modules: tuple[str, ...] = ()
     # The ``chat_template_kwargs`` keys clients may send the engine (polar.proxy.template_kwargs).
@@ -314,6 +316,7 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         db_pool_size=int(_number(env, "POLAR_DB_POOL_SIZE", base.db_pool_size)),
         db_max_overflow=int(_number(env, "POLAR_DB_MAX_OVERFLOW", base.db_max_overflow)),
         max_body_bytes=int(_number(env, "POLAR_MAX_BODY_BYTES", base.max_body_bytes)),
+        max_json_values=_positive_int(env, "POLAR_MAX_JSON_VALUES", base.max_json_values),
         plugin_modules=_names(env, "POLAR_PLUGIN_MODULES"),
         chat_template_kwargs=_names(env, "POLAR_CHAT_TEMPLATE_KWARGS", base.chat_template_kwargs),
         callback_allow=_callback_allow(env),
