@@ -8,10 +8,11 @@ Memory: Python's JSON parser grows memory up to about 24 times the body for bodi
 (``[{},{},…]``: 3 bytes become a 64-byte dict and an 8-byte pointer). So a body is also refused (413) when it
 holds more than ``POLAR_MAX_JSON_VALUES`` values, counted as its ``{``, ``[`` and ``,`` bytes (an upper bound: those
 inside strings count too) before it is parsed. Parsing a body of ``n`` bytes and ``v`` such values then grows
-memory by at most about ``4 n + 160 v`` bytes (strings at most 4 bytes a character, every other value with its
-container slot under 160 bytes), checked in tests/polar/proxy/test_body_limits.py; at the defaults (32 MiB,
-1,000,000 values) under 300 MiB per body. A session parses at most ``max_concurrent_calls`` bodies at once
-(``ProxyService`` reads and parses a body only under one of its slots).
+memory by at most ``8 n + 160 v`` bytes (the body is decoded to text whole, then its strings are made, each at
+most 4 bytes a character; every other value with its container slot under 160 bytes), checked in
+tests/polar/proxy/test_body_limits.py; at the defaults (32 MiB, 1,000,000 values) under 420 MiB per body. A
+session reads and parses at most ``max_concurrent_calls`` bodies at once (``ProxyService`` does so only under one
+of its slots).
 """
 
 from __future__ import annotations
