@@ -13,9 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from polar.config import load_config
+from polar.errors import ValidationError
+from polar.runtimes import check_confinement
 from polar.runtimes.bounds import SandboxBounds
 from polar.runtimes.egress import EgressGate, Refused
 from polar.runtimes.relay import ProxyRelay, ProxyTarget
+from polar.task_request import Limits, RuntimeSpec
 
 HANG_GUARD_S = 30  # socket timeouts of reads that must not time out: hang guards on a loaded machine
 
@@ -196,3 +200,13 @@ def test_an_idle_connect_head_is_dropped_at_the_deadline(tmp_path: Path) -> None
             assert client.recv(200).startswith(b"HTTP/1.1 403")
     finally:
         listener.close()
+
+
+def test_a_tasks_bounds_win_over_the_deployments_and_local_refuses_them(tmp_path: Path) -> None:
+    env = {"POLAR_SANDBOX_MAX_CONNECTIONS": "7", "POLAR_SANDBOX_REQUEST_SEND_S": "5"}
+    config = load_config(env, cwd=tmp_path)
+    assert SandboxBounds.of_task(config, Limits()) == SandboxBounds(7, 5.0, config.max_body_bytes)
+    assert SandboxBounds.of_task(config, Limits(connections=3, request_send_s=2)).connections == 3
+    check_confinement(RuntimeSpec(backend="bwrap", limits=Limits(connections=3)), "runtime")
+    with pytest.raises(ValidationError, match="connections"):
+        check_confinement(RuntimeSpec(backend="local", limits=Limits(connections=3)), "runtime")
