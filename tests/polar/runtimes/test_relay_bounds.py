@@ -210,3 +210,22 @@ def test_a_tasks_bounds_win_over_the_deployments_and_local_refuses_them(tmp_path
     check_confinement(RuntimeSpec(backend="bwrap", limits=Limits(connections=3)), "runtime")
     with pytest.raises(ValidationError, match="connections"):
         check_confinement(RuntimeSpec(backend="local", limits=Limits(connections=3)), "runtime")
+
+
+def test_a_thread_that_cannot_start_fails_its_connection_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with relay(tmp_path, SandboxBounds()) as (path, _upstream):
+        real_start = threading.Thread.start
+        failures = iter([True])
+
+        def start(self: threading.Thread) -> None:
+            if next(failures, False):
+                raise RuntimeError("can't start new thread")
+            real_start(self)
+
+        monkeypatch.setattr(threading.Thread, "start", start)
+        with connect(path) as first:
+            assert first.recv(10) == b""  # closed: no thread could serve it
+        monkeypatch.undo()
+        with connect(path) as second:  # the accept loop lives on
+            second.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert answer(second).endswith(b"\r\n\r\nok")
