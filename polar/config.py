@@ -76,6 +76,8 @@ class Config:
     db_pool_size: int = 8
     db_max_overflow: int = 4
     max_body_bytes: int = 32 * 1024 * 1024
+    # The most JSON values a proxied body may hold, so parsing one has a memory bound (polar.proxy.body_limits).
+    max_json_values: int = 1_000_000
     # Module prefixes whose ``module:attr`` import paths tasks may name (polar.import_path); none by default.
     plugin_modules: tuple[str, ...] = ()
     # The ``chat_template_kwargs`` keys clients may send the engine (polar.proxy.template_kwargs).
@@ -100,6 +102,10 @@ class Config:
     # The size bound of a sandbox's private /tmp (a tmpfs, i.e. host memory): bwrap's, and Docker's with
     # read_only_root (0: unbounded).
     sandbox_tmp_mb: int = 1024
+    # What a bwrap / docker sandbox may hold open through its sockets (polar.runtimes.bounds): connections at once
+    # to each of its proxy and egress sockets, and seconds to send one request (head and body) to the proxy.
+    sandbox_max_connections: int = 24
+    sandbox_request_send_s: float = 30.0
     # Prometheus metrics (docs/metrics.md): where each process group keeps its values (default <state_dir>/metrics;
     # local to the machine), whether the API's /metrics answers without a token, and the port (0: none) and address
     # a Celery worker serves its own /metrics on.
@@ -313,6 +319,7 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         db_pool_size=int(_number(env, "POLAR_DB_POOL_SIZE", base.db_pool_size)),
         db_max_overflow=int(_number(env, "POLAR_DB_MAX_OVERFLOW", base.db_max_overflow)),
         max_body_bytes=int(_number(env, "POLAR_MAX_BODY_BYTES", base.max_body_bytes)),
+        max_json_values=_positive_int(env, "POLAR_MAX_JSON_VALUES", base.max_json_values),
         plugin_modules=_names(env, "POLAR_PLUGIN_MODULES"),
         chat_template_kwargs=_names(env, "POLAR_CHAT_TEMPLATE_KWARGS", base.chat_template_kwargs),
         callback_allow=_callback_allow(env),
@@ -326,6 +333,8 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         copy_roots=_copy_roots(env),
         sandbox_cpus=_number(env, "POLAR_SANDBOX_CPUS", base.sandbox_cpus),
         sandbox_memory_mb=int(_number(env, "POLAR_SANDBOX_MEMORY_MB", base.sandbox_memory_mb)),
+        sandbox_max_connections=_positive_int(env, "POLAR_SANDBOX_MAX_CONNECTIONS", base.sandbox_max_connections),
+        sandbox_request_send_s=_number(env, "POLAR_SANDBOX_REQUEST_SEND_S", base.sandbox_request_send_s),
         sandbox_pids=int(_number(env, "POLAR_SANDBOX_PIDS", base.sandbox_pids)),
         sandbox_tmp_mb=int(_number(env, "POLAR_SANDBOX_TMP_MB", base.sandbox_tmp_mb)),
         metrics_dir=env.get("POLAR_METRICS_DIR") or "",

@@ -69,6 +69,10 @@ class Limits(_Strict):
     cpus: float | None = Field(default=None, gt=0)
     memory_mb: int | None = Field(default=None, gt=0)
     pids: int | None = Field(default=None, gt=0)
+    # The sandbox's sockets (polar.runtimes.bounds); None: the deployment's POLAR_SANDBOX_MAX_CONNECTIONS and
+    # POLAR_SANDBOX_REQUEST_SEND_S.
+    connections: int | None = Field(default=None, gt=0, le=1024)
+    request_send_s: float | None = Field(default=None, gt=0, le=3600)
 
 
 class RuntimeSpec(_Strict):

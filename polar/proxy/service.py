@@ -56,6 +56,7 @@ from polar.protocols import (
     without_routed_experts,
 )
 from polar.proxy import budget, sglang, tito
+from polar.proxy.body_limits import check_values
 from polar.proxy.capture import CallRecord, mark_undelivered, record_call, session_state_for_key
 from polar.proxy.engines import EnginePool, EngineReply
 from polar.proxy.key_misses import STALE_S, KeyMisses
@@ -264,13 +265,18 @@ class ProxyService:
             raise EnginePaused("model calls are paused while the trainer syncs weights; retry shortly")
         return state
 
-    def handle(self, detected: Detected, key: str | None, agent: str | None, raw: bytes) -> ProxyAnswer:
-        """Answer one request; every answer is counted by protocol, operation and status."""
+    def handle(
+        self, detected: Detected, key: str | None, agent: str | None, raw: bytes | Callable[[], bytes]
+    ) -> ProxyAnswer:
+        """Answer one request; every answer is counted by protocol, operation and status. ``raw`` is the body, or
+        how to read it: it is read only once the key is known good and one of its session's slots is held."""
         answer = self._handle(detected, key, agent, raw)
         self.metrics.answered(detected.protocol.PROVIDER, detected.operation, answer.status)
         return answer
 
-    def _handle(self, detected: Detected, key: str | None, agent: str | None, raw: bytes) -> ProxyAnswer:
+    def _handle(
+        self, detected: Detected, key: str | None, agent: str | None, raw: bytes | Callable[[], bytes]
+    ) -> ProxyAnswer:
         protocol, context = detected.protocol, detected.context
         session_id: uuid.UUID | None = None
         try:
@@ -279,17 +285,42 @@ class ProxyService:
             session_id, limits, sampling_mode = self.session_for_key(key)
             if detected.operation == "models":
                 return ProxyAnswer(200, protocol.render_models(self._model_names()))
-            body = parse_json(raw)
-            if detected.operation == "count_tokens":
-                with self.limiter.slot(session_id, limits, counted=False):
+            # Read and parsed under one of the session's slots: a sandbox holds at most max_concurrent_calls bodies
+            # in the proxy's memory however many it sends (polar.proxy.body_limits).
+            with self.limiter.slot(session_id, limits, counted=False):
+                body = self.parsed(raw)
+                if detected.operation == "count_tokens":
                     return self._count_tokens(protocol, context, session_id, body)
-            return self._generate(protocol, context, session_id, limits, sampling_mode, agent, body)
+                request = protocol.normalize(body, context)
+                check_template_kwargs(request.engine_body, self.config.chat_template_kwargs)
+            return self._generate(protocol, session_id, limits, sampling_mode, agent, body, request)
         except PolarError as exc:
             if (reason := _refusal(exc)) is not None:
                 self.metrics.refused(protocol.PROVIDER, reason)
                 # On record, so postrun can tell a harness the infrastructure turned away from one that failed.
                 self.refusals.refused(hash_key(key) if key else None, session_id, reason)
             return self.error(protocol, exc)
+
+    def body_for_routing(self, key: str | None, read: Callable[[], bytes]) -> tuple[bytes, Any] | None:
+        """A request no path routes: its body (raw and parsed, under one of the session's slots) for the protocol
+        detection to look at, when ``key`` is a running session's; None otherwise (it is no route, then). Raises
+        ``BodyTooLarge``, or ``TooManyCalls`` when the session has no slot free."""
+        try:
+            session_id, limits, _ = self.session_for_key(key)
+        except (Unauthorized, SessionNotRunning, CaptureFailed):
+            return None
+        with self.limiter.slot(session_id, limits, counted=False):
+            raw = read()
+            try:
+                return raw, self.parsed(raw)
+            except ValidationError:
+                return None
+
+    def parsed(self, raw: bytes | Callable[[], bytes]) -> Any:
+        """The body read (when it has yet to be) and parsed, refused first if its values are over the cap."""
+        data = raw if isinstance(raw, bytes) else raw()
+        check_values(data, self.config.max_json_values)
+        return parse_json(data)
 
     def _model_names(self) -> list[str]:
         if self.config.served_model:
@@ -371,16 +402,14 @@ class ProxyService:
     def _generate(
         self,
         protocol: ModuleType,
-        context: RequestContext,
         session_id: uuid.UUID,
         limits: CallLimits,
         sampling_mode: str,
         agent: str | None,
         body: Any,
+        request: ClientRequest,
     ) -> ProxyAnswer:
         started = time.perf_counter()
-        request = protocol.normalize(body, context)
-        check_template_kwargs(request.engine_body, self.config.chat_template_kwargs)
         control = self._admitted()
         call = _Call(session_id, agent, request, body, started, control.policy_version, sampling_mode, limits.keep_s)
         try:

@@ -71,7 +71,14 @@ def check_runtime(spec: RuntimeSpec, field: str, seen: Availability | None = Non
 
 
 def check_confinement(spec: RuntimeSpec, field: str) -> None:
-    """Refuse what a backend would silently ignore: limits and a read-only root are Docker's alone."""
+    """Refuse what a backend would silently ignore: limits and a read-only root are Docker's alone, and the
+    sandbox sockets' bounds (``connections``, ``request_send_s``) a sandbox's (``local`` has no sockets)."""
+    if spec.backend == "local" and (spec.limits.connections or spec.limits.request_send_s):
+        raise ValidationError(
+            f"{field}.limits: connections / request_send_s bound a sandbox's sockets; the local runtime has none "
+            "(use backend 'bwrap' or 'docker', or drop them)",
+            field=f"{field}.limits",
+        )
     if spec.backend == "docker":
         return
     if spec.limits.cpus or spec.limits.memory_mb or spec.limits.pids:

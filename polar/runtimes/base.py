@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from polar.config import Config
 from polar.errors import RuntimeFailure
+from polar.runtimes.bounds import SandboxBounds
 from polar.runtimes.relay import ProxyAccess, direct
 from polar.runtimes.session_files import copy_into
 from polar.task_request import RuntimeSpec
@@ -117,10 +118,12 @@ class Runtime(ABC):
         number of seconds, or a function giving the seconds left, asked again each tick)."""
 
     @contextlib.contextmanager
-    def proxy_access(self, proxy_url: str, egress_allow: Sequence[str] = ()) -> Iterator[ProxyAccess]:
+    def proxy_access(
+        self, proxy_url: str, egress_allow: Sequence[str] = (), bounds: SandboxBounds | None = None
+    ) -> Iterator[ProxyAccess]:
         """How the harness reaches the proxy while the block runs. Here: directly (the ``local`` runtime shares
         the host's network); sandboxes give it a relay to the proxy and, with ``egress_allow``, a gate to those
-        outside hosts, and nothing else (``polar.runtimes.relay``)."""
+        outside hosts, and nothing else (``polar.runtimes.relay``), both held to ``bounds``."""
         yield direct(proxy_url)
 
     def copy_in(self, host_path: Path, runtime_path: str, source_root: Path | None = None) -> None:

@@ -37,6 +37,7 @@ from polar.errors import RuntimeFailure
 from polar.runtimes import relay, unprivileged
 from polar.runtimes._host_python import host_tool_paths
 from polar.runtimes.base import SESSION_ROLE, ExecResult, StartHook, TickHook, TimeLimit
+from polar.runtimes.bounds import SandboxBounds
 from polar.runtimes.local import LocalRuntime
 from polar.runtimes.session_files import chown_tree
 from polar.task_request import RuntimeSpec
@@ -160,9 +161,13 @@ class BwrapRuntime(LocalRuntime):
         return [bwrap, *sandbox_args(self.session_dir, self._tmp_mb, user), "--", *inside]
 
     @contextlib.contextmanager
-    def proxy_access(self, proxy_url: str, egress_allow: Sequence[str] = ()) -> Iterator[relay.ProxyAccess]:
+    def proxy_access(
+        self, proxy_url: str, egress_allow: Sequence[str] = (), bounds: SandboxBounds | None = None
+    ) -> Iterator[relay.ProxyAccess]:
         owner = sandbox_user()  # the sockets are the sandbox user's alone
-        with relay.relayed(self.session_dir, proxy_url, owner=owner, egress_allow=egress_allow) as access:
+        with relay.relayed(
+            self.session_dir, proxy_url, owner=owner, egress_allow=egress_allow, bounds=bounds
+        ) as access:
             yield access
 
     def destroy(self) -> None:

@@ -57,6 +57,7 @@ from polar.runtimes.base import (
     runtime_name,
     seconds_left,
 )
+from polar.runtimes.bounds import SandboxBounds
 from polar.runtimes.session_files import chown_tree, fresh_session_dir, output_tail
 from polar.task_request import RuntimeSpec
 
@@ -256,9 +257,11 @@ class DockerRuntime(Runtime):
         )
 
     @contextlib.contextmanager
-    def proxy_access(self, proxy_url: str, egress_allow: Sequence[str] = ()) -> Iterator[relay.ProxyAccess]:
+    def proxy_access(
+        self, proxy_url: str, egress_allow: Sequence[str] = (), bounds: SandboxBounds | None = None
+    ) -> Iterator[relay.ProxyAccess]:
         uid, gid = (int(part) for part in self._user.split(":"))
-        with relay.relayed(self._root, proxy_url, owner=(uid, gid), egress_allow=egress_allow) as access:
+        with relay.relayed(self._root, proxy_url, (uid, gid), egress_allow, bounds) as access:
             yield access
 
     def is_alive(self) -> bool:

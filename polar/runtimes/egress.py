@@ -5,9 +5,13 @@ git server) lists it in ``runtime.egress_allow`` as ``host:port`` (``*.example.o
 the run worker also listens on ``egress.sock`` beside the proxy socket, and the harness gets
 ``HTTPS_PROXY``/``HTTP_PROXY`` pointing at the forwarder's ``127.0.0.1:3128``: each connection must open with an
 HTTP ``CONNECT host:port`` naming an allowed host. The gate resolves the name itself and refuses loopback,
-link-local (cloud metadata), multicast and unspecified addresses whatever the list says, and private addresses
-unless the entry is that literal IP, so a name cannot be pointed at the host's own services. Plain-HTTP proxying
-(``GET http://…``) is refused: ``CONNECT`` carries TLS, and a tunnel is all it grants.
+link-local (cloud metadata), multicast and unspecified addresses whatever the list says, and every other address
+that is not global (private ranges, CGNAT ``100.64.0.0/10`` where one cloud's metadata service lives, reserved
+and documentation ranges; IPv4-mapped and NAT64 forms are judged by the IPv4 address they carry) unless the entry
+is that literal IP, so a name cannot be pointed at the host's own services or its network's. Plain-HTTP
+proxying (``GET http://…``) is refused: ``CONNECT`` carries TLS, and a tunnel is all it grants. The gate holds
+the sandbox to its bounds (``polar.runtimes.bounds``): connections at once, and ``request_send_s`` to send the
+CONNECT head.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import socket
 from collections.abc import Sequence
 
 from polar.runtimes import forwarder
+from polar.runtimes.bounds import SandboxBounds, serve_bounded
 
 PORT_INSIDE = 3128
 HEADER_LIMIT = 8192
@@ -45,15 +50,36 @@ def _literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
-def _never(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def _carried(address: Address) -> Address:
+    """The IPv4 address an IPv4-mapped or NAT64 IPv6 address reaches; otherwise the address itself."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return address.ipv4_mapped
+        if address in NAT64:
+            return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return address
+
+
+def _never(address: Address) -> bool:
+    address = _carried(address)
     return address.is_loopback or address.is_link_local or address.is_multicast or address.is_unspecified
+
+
+def _not_global(address: Address) -> bool:
+    """Private, shared (CGNAT), reserved or otherwise not on the public internet."""
+    return not _carried(address).is_global
 
 
 class EgressGate:
     """Decides and opens the tunnels of one sandbox."""
 
-    def __init__(self, allow: Sequence[str]) -> None:
+    def __init__(self, allow: Sequence[str], bounds: SandboxBounds | None = None) -> None:
         self.allow = [parse_entry(entry) for entry in allow]
+        self.bounds = bounds or SandboxBounds()
 
     def _entry_for(self, host: str, port: int) -> tuple[str, int] | None:
         for pattern, allowed_port in self.allow:
@@ -70,7 +96,7 @@ class EgressGate:
         entry = self._entry_for(host, port)
         if entry is None:
             raise Refused(f"{host}:{port} is not in this task's runtime.egress_allow")
-        literal_entry = _literal(entry[0]) is not None
+        literal = _literal(entry[0])
         try:
             found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except OSError as exc:
@@ -78,7 +104,7 @@ class EgressGate:
         last: OSError | None = None
         for family, kind, proto, _, address in found:
             ip = ipaddress.ip_address(address[0])
-            if _never(ip) or (ip.is_private and not literal_entry):
+            if _never(ip) or (_not_global(ip) and ip != literal):
                 last = OSError(f"{host} resolves to {ip}, which a sandbox may not reach")
                 continue
             upstream = socket.socket(family, kind, proto)
@@ -95,11 +121,14 @@ class EgressGate:
 
     def serve(self, listener: socket.socket) -> None:
         """Accept on ``listener`` until it is closed; answer each CONNECT with a tunnel or a refusal."""
-        forwarder.serve_with(listener, self._tunnel)
+        serve_bounded(listener, self._tunnel, self.bounds)
 
     def _tunnel(self, client: socket.socket) -> None:
         try:
+            # The head within request_send_s: an idle or trickling CONNECT does not hold its thread for long.
+            client.settimeout(self.bounds.request_send_s)
             head = _read_head(client)
+            client.settimeout(None)
             method, target, _ = (head.split(b"\r\n", 1)[0].decode("latin-1") + "  ").split(" ", 2)
             if method != "CONNECT":
                 raise Refused("only CONNECT tunnels are allowed (use https:// URLs)")

@@ -63,7 +63,10 @@ def serve_with(listener: socket.socket, handle: Callable[[socket.socket], None])
             client, _ = listener.accept()
         except OSError:
             return  # closed: the relay or forwarder is shutting down
-        threading.Thread(target=handle, args=(client,), daemon=True).start()
+        try:
+            threading.Thread(target=handle, args=(client,), daemon=True).start()
+        except RuntimeError:  # no thread to be had: this connection fails, the accept loop goes on
+            client.close()
 
 
 def serve(listener: socket.socket, connect: Callable[[], socket.socket]) -> None:

@@ -8,8 +8,10 @@ and, bind-mounted at ``/run/polar-proxy``, a directory holding ``proxy.sock``. W
 ``POLAR_PROXY_URL``; inside, ``polar.runtimes.forwarder`` serves it on ``127.0.0.1:<proxy port>``. The harness's
 base URLs name that inside address, so they look as they would on the host; the proxy may be on another machine.
 
-The relay is transparent to bytes (keep-alive, streaming, any protocol the proxy speaks); the connection it makes
-goes to exactly one address, chosen by the operator, never by the sandbox.
+The relay carries HTTP/1.1 (keep-alive, streaming answers) request by request (``polar.runtimes.http_carry``): the
+connection it makes goes to exactly one address, chosen by the operator, never by the sandbox, and with the
+``Host`` the operator's URL names, whatever the sandbox sent. Each socket holds the sandbox to its bounds
+(``polar.runtimes.bounds``): connections at once, threads, time to send a request, bytes.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from urllib.parse import urlsplit
 
 from polar.errors import RuntimeFailure
 from polar.runtimes import forwarder
+from polar.runtimes.bounds import SandboxBounds, serve_bounded
 from polar.runtimes.egress import PORT_INSIDE as EGRESS_PORT
 from polar.runtimes.egress import EgressGate
+from polar.runtimes.http_carry import Carry
 
 INSIDE_DIR = "/run/polar-proxy"
 SOCKET_NAME = "proxy.sock"
@@ -80,6 +84,7 @@ class ProxyTarget:
     port: int
     inside_port: int
     inside_url: str
+    host_header: str = ""  # what the proxy's requests carry as Host: the operator's URL's, never the sandbox's
 
     @classmethod
     def from_url(cls, proxy_url: str) -> ProxyTarget:
@@ -89,7 +94,8 @@ class ProxyTarget:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         # A sandbox's user holds no capability to bind a port below 1024: the proxy's 80 is 8100 inside.
         inside = port if port >= 1024 else UNPRIVILEGED_PORT
-        return cls(parts.hostname, port, inside, f"{parts.scheme}://127.0.0.1:{inside}{parts.path.rstrip('/')}")
+        inside_url = f"{parts.scheme}://127.0.0.1:{inside}{parts.path.rstrip('/')}"
+        return cls(parts.hostname, port, inside, inside_url, parts.netloc.rpartition("@")[2])
 
 
 @dataclass(frozen=True)
@@ -135,16 +141,26 @@ def _close(listener: socket.socket, path: Path) -> None:
 class ProxyRelay:
     """A Unix socket at ``directory/proxy.sock`` whose every connection is carried to ``target``."""
 
-    def __init__(self, directory: Path, target: ProxyTarget, owner: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        target: ProxyTarget,
+        owner: tuple[int, int] | None = None,
+        bounds: SandboxBounds | None = None,
+    ) -> None:
         self.path = directory / SOCKET_NAME
         self.target = target
         self.owner = owner
+        self.bounds = bounds or SandboxBounds()
         self._listener: socket.socket | None = None
 
     def start(self) -> None:
         self._listener = _listen(self.path, self.owner)
-        thread = threading.Thread(target=forwarder.serve, args=(self._listener, self._connect), daemon=True)
-        thread.start()
+        args = (self._listener, self._carry, self.bounds)
+        threading.Thread(target=serve_bounded, args=args, daemon=True).start()
+
+    def _carry(self, client: socket.socket) -> None:
+        Carry(client, self._connect, self.target.host_header.encode("idna"), self.bounds).run()
 
     def _connect(self) -> socket.socket:
         upstream = socket.create_connection((self.target.host, self.target.port), timeout=CONNECT_TIMEOUT_S)
@@ -158,14 +174,16 @@ class ProxyRelay:
 
 
 @contextlib.contextmanager
-def _egress(directory: Path, allow: Sequence[str], owner: tuple[int, int] | None) -> Iterator[list[str]]:
+def _egress(
+    directory: Path, allow: Sequence[str], owner: tuple[int, int] | None, bounds: SandboxBounds
+) -> Iterator[list[str]]:
     """The egress gate's socket while the block runs (none when nothing is allowed); the forwarder's arguments."""
     if not allow:
         yield []
         return
     path = directory / EGRESS_SOCKET_NAME
     listener = _listen(path, owner)
-    threading.Thread(target=EgressGate(allow).serve, args=(listener,), daemon=True).start()
+    threading.Thread(target=EgressGate(allow, bounds).serve, args=(listener,), daemon=True).start()
     try:
         yield ["--forward", f"127.0.0.1:{EGRESS_PORT}={INSIDE_DIR}/{EGRESS_SOCKET_NAME}"]
     finally:
@@ -180,18 +198,23 @@ def _egress_env() -> dict[str, str]:
 
 @contextlib.contextmanager
 def relayed(
-    session_dir: Path, proxy_url: str, owner: tuple[int, int] | None = None, egress_allow: Sequence[str] = ()
+    session_dir: Path,
+    proxy_url: str,
+    owner: tuple[int, int] | None = None,
+    egress_allow: Sequence[str] = (),
+    bounds: SandboxBounds | None = None,
 ) -> Iterator[ProxyAccess]:
     """A relay for the sandbox at ``session_dir`` while the block runs, and how its harness reaches it; with
-    ``egress_allow``, also the gate to those outside hosts (``polar.runtimes.egress``)."""
+    ``egress_allow``, also the gate to those outside hosts (``polar.runtimes.egress``); both held to ``bounds``."""
+    bounds = bounds or SandboxBounds()
     target = ProxyTarget.from_url(proxy_url)
     directory = relay_dir(session_dir)
     _owned_directory(directory.parent, 0o711)
     _owned_directory(directory, 0o755)
-    relay = ProxyRelay(directory, target, owner)
+    relay = ProxyRelay(directory, target, owner, bounds)
     relay.start()
     try:
-        with _egress(directory, egress_allow, owner) as egress_args:
+        with _egress(directory, egress_allow, owner, bounds) as egress_args:
             inside = [
                 sys.executable, "-I", forwarder.__file__,
                 "--forward", f"127.0.0.1:{target.inside_port}={INSIDE_DIR}/{SOCKET_NAME}", *egress_args, "--",

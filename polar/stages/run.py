@@ -20,6 +20,7 @@ from polar.lifecycle.states import Outcome, State
 from polar.lifecycle.transitions import transition
 from polar.proxy.keys import hash_key, mint_key
 from polar.runtimes import Runtime, attach_runtime
+from polar.runtimes.bounds import SandboxBounds
 from polar.services import Services
 from polar.stages.engine_gate import wait_for_engine
 from polar.stages.handoff import send_to_postrun
@@ -64,7 +65,8 @@ def _execute(
 ) -> tuple[Outcome, int | None, str | None]:
     session, task = claimed.session, claimed.task
     # A sandbox reaches the proxy through its relay alone, at the address the harness sees inside.
-    with runtime.proxy_access(services.config.proxy_url, task.runtime.egress_allow) as access:
+    bounds = SandboxBounds.of_task(services.config, task.runtime.limits)
+    with runtime.proxy_access(services.config.proxy_url, task.runtime.egress_allow, bounds) as access:
         context = HarnessContext(
             session_id=session.id,
             task_id=session.task_id,

@@ -6,16 +6,18 @@ provider's API key on un-prefixed paths. ``polar.protocols.detect`` picks the pr
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 
 from flask import Flask, Response, current_app, jsonify, request, stream_with_context
 from werkzeug.exceptions import HTTPException
 
 from polar.config import Config, load_config
+from polar.errors import PolarError
 from polar.instance import instance_headers
 from polar.observability import ProxyMetrics, exposition
 from polar.protocols import detect, openai_chat, protocol_for_errors
 from polar.proxy import ProxyAnswer, ProxyService
+from polar.proxy.body_limits import body_cap, check_length
 from polar.proxy.fleet import engine_pool
 from polar.storage.database import open_database
 from web.json_provider import FastJSONProvider
@@ -58,22 +60,45 @@ def _respond(answer: ProxyAnswer) -> Response:
     return response
 
 
+def _reader(cap: int) -> Callable[[], bytes]:
+    """How to read this request's body, refusing one over ``cap`` bytes (413) before reading it when it says its
+    length, else once it passes the cap."""
+
+    def read() -> bytes:
+        check_length(request.content_length, cap)
+        data = request.get_data(cache=False)
+        check_length(len(data), cap)
+        return data
+
+    return read
+
+
 def _handle(key: str | None, agent: str | None, path: str) -> Response:
     agent = agent or request.headers.get("X-Polar-Agent") or None
     headers = {name.lower(): value for name, value in request.headers.items()}
-    raw = request.get_data(cache=False)
+    key = key or _key_from_request()
+    service = _service()
     found = detect(request.method, path, headers, request.args.to_dict())
     if found is None and request.method == "POST":
+        # No route by path: the body may say which API it is; it is read only for a live session's key.
+        protocol = protocol_for_errors(path, headers)
         try:
-            found = detect(request.method, path, headers, request.args.to_dict(), json.loads(raw))
-        except ValueError:
-            found = None
+            sniffed = service.body_for_routing(key, _reader(body_cap(protocol, service.config.max_body_bytes)))
+        except PolarError as exc:  # over the cap, or no slot free
+            refused = service.error(protocol, exc)
+            service.metrics.answered(protocol.PROVIDER, "unknown", refused.status)
+            return _respond(refused)
+        if sniffed is not None:
+            raw, body = sniffed
+            found = detect(request.method, path, headers, request.args.to_dict(), body)
+            if found is not None:
+                return _respond(service.handle(found, key, agent, raw))
     if found is None:
         protocol = protocol_for_errors(path, headers)
         body = protocol.render_error(404, f"no such route: {request.method} /{path.strip('/')}")
-        _service().metrics.answered(protocol.PROVIDER, "unknown", 404)
+        service.metrics.answered(protocol.PROVIDER, "unknown", 404)
         return _respond(ProxyAnswer(404, body))
-    return _respond(_service().handle(found, key or _key_from_request(), agent, raw))
+    return _respond(service.handle(found, key, agent, _reader(body_cap(found.protocol, service.config.max_body_bytes))))
 
 
 def create_app(config: Config | None = None) -> Flask:

@@ -1,0 +1,56 @@
+"""How large a request body the proxy takes, per protocol, and how much memory parsing one may cost.
+
+Bytes: each protocol's cap is its provider's own documented request limit (a client written for that provider
+never sends more), never above ``POLAR_MAX_BODY_BYTES``. A larger ``Content-Length`` is refused (413, in the
+protocol's shape) before any of the body is read; a chunked body is read only up to the cap.
+
+Memory: Python's JSON parser grows memory up to about 24 times the body for bodies of tiny values
+(``[{},{},…]``: 3 bytes become a 64-byte dict and an 8-byte pointer). So a body is also refused (413) when it
+holds more than ``POLAR_MAX_JSON_VALUES`` values, counted as its ``{``, ``[`` and ``,`` bytes (an upper bound: those
+inside strings count too) before it is parsed. Parsing a body of ``n`` bytes and ``v`` such values then grows
+memory by at most ``8 n + 160 v`` bytes (the body is decoded to text whole, then its strings are made, each at
+most 4 bytes a character; every other value with its container slot under 160 bytes), checked in
+tests/polar/proxy/test_body_limits.py; at the defaults (32 MiB, 1,000,000 values) under 420 MiB per body. A
+session reads and parses at most ``max_concurrent_calls`` bodies at once (``ProxyService`` does so only under one
+of its slots).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from polar.errors import PolarError
+
+MIB = 1024 * 1024
+# The providers' documented request size limits: Anthropic's Messages API 32 MB, Gemini's inline requests 20 MB,
+# OpenAI's 32 MiB here too (its API states no lower one for text).
+PROTOCOL_BYTES = {"anthropic": 32 * MIB, "gemini": 20 * MIB, "openai_chat": 32 * MIB, "openai_responses": 32 * MIB}
+VALUE_BYTES = b"{[,"
+
+
+class BodyTooLarge(PolarError):
+    """A body over its protocol's cap, in bytes or in values (413)."""
+
+    status_code = 413
+
+
+def body_cap(protocol: ModuleType, deployment_cap: int) -> int:
+    """The most bytes a body in ``protocol`` may have."""
+    return min(PROTOCOL_BYTES.get(protocol.PROVIDER, deployment_cap), deployment_cap)
+
+
+def check_length(length: int | None, cap: int) -> None:
+    if length is not None and length > cap:
+        raise BodyTooLarge(f"request body of {length} bytes is over this proxy's {cap}-byte limit for this API")
+
+
+def check_values(raw: bytes, max_values: int) -> None:
+    """Refuse a body that would parse into more than ``max_values`` values, before it is parsed."""
+    count = 0
+    for byte in VALUE_BYTES:
+        count += raw.count(byte)
+        if count > max_values:
+            raise BodyTooLarge(
+                f"request body holds more than {max_values} JSON values (objects, arrays and list items); "
+                "this proxy parses no more"
+            )

@@ -1,0 +1,114 @@
+"""On the host: what one sandbox may hold open through its sockets, and the accept loop that holds it to that.
+
+A sandbox's harness is written by the policy being rewarded, and its proxy and egress sockets lead into the run
+worker (shared by every session it runs) and on to the shared proxy. So each socket serves at most
+``connections`` connections at once; one more is answered 503 and closed at once, on the accepting thread, costing
+no thread and no upstream connection. A served connection costs at most two threads (one reading the sandbox, one
+carrying answers back), so a sandbox costs the run worker at most ``2 + 4 * connections`` threads (both sockets'
+accept loops and connections) however many it opens. Every request to the proxy must be sent whole (head and
+body) within ``request_send_s`` of its first byte (of the connection, for the first), and at most
+``request_bytes`` long (``polar.runtimes.relay``); an egress CONNECT's head within ``request_send_s`` too.
+
+Deployment defaults: ``POLAR_SANDBOX_MAX_CONNECTIONS`` (24), ``POLAR_SANDBOX_REQUEST_SEND_S`` (30) and
+``POLAR_MAX_BODY_BYTES`` (32 MiB); per task, ``runtime.limits.connections`` and ``runtime.limits.request_send_s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from polar.config import Config
+from polar.task_request import Limits
+
+log = logging.getLogger(__name__)
+
+HEAD_BYTES = 64 * 1024  # a request head (its line and headers) past this is refused
+BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b"Retry-After: 1\r\nContent-Length: %d\r\n\r\n%s"
+)
+
+
+@dataclass(frozen=True)
+class SandboxBounds:
+    """What one sandbox may hold through each of its sockets."""
+
+    connections: int = 24
+    request_send_s: float = 30.0
+    request_bytes: int = 32 * 1024 * 1024
+    head_bytes: int = HEAD_BYTES
+
+    @classmethod
+    def of_task(cls, config: Config, limits: Limits | None = None) -> SandboxBounds:
+        """The task's own ``runtime.limits`` where set, else the deployment's."""
+        return cls(
+            connections=(limits.connections if limits else None) or config.sandbox_max_connections,
+            request_send_s=(limits.request_send_s if limits else None) or config.sandbox_request_send_s,
+            request_bytes=config.max_body_bytes,
+        )
+
+    def threads(self) -> int:
+        """The most threads one socket of a sandbox costs its run worker: the accept loop, two per connection."""
+        return 1 + 2 * self.connections
+
+
+class Slots:
+    """A count of connections held, refusing past ``limit`` (never waits: an accept loop must not block)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.held >= self.limit:
+                return False
+            self.held += 1
+            return True
+
+    def give(self) -> None:
+        with self._lock:
+            self.held -= 1
+
+
+def _refuse_busy(client: socket.socket, limit: int) -> None:
+    """Tell a connection over the bound why, without waiting on it (it may read nothing), and close it."""
+    body = b'{"error":{"message":"this sandbox already holds its %d connections to this socket","type":"overloaded"}}'
+    body %= limit
+    with contextlib.suppress(OSError):
+        client.setblocking(False)
+        client.send(BUSY % (len(body), body))
+    client.close()
+
+
+def serve_bounded(listener: socket.socket, handle: Callable[[socket.socket], None], bounds: SandboxBounds) -> None:
+    """Accept on ``listener`` until it is closed; ``handle`` each connection on a thread of its own, at most
+    ``bounds.connections`` at once. ``handle`` owns (and closes) its connection."""
+    slots = Slots(bounds.connections)
+
+    def run(client: socket.socket) -> None:
+        try:
+            handle(client)
+        finally:
+            slots.give()
+
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return  # closed: the sandbox's run is over
+        if not slots.take():
+            _refuse_busy(client, bounds.connections)
+            continue
+        try:
+            threading.Thread(target=run, args=(client,), daemon=True).start()
+        except RuntimeError as exc:  # no thread to be had (RLIMIT_NPROC, memory): this connection only fails
+            log.warning("sandbox socket: cannot start a thread for a connection (%s)", exc)
+            slots.give()
+            client.close()
