@@ -227,6 +227,8 @@ class ProxyService:
             return ride_out(work, within_s=self.config.db_outage_s)
         except sa.exc.DBAPIError as exc:
             raise CaptureFailed(f"Polar could not reach its database: {type(exc.orig).__name__}; retry") from exc
+        except sa.exc.TimeoutError as exc:  # every pooled connection busy past the pool's wait: not a DBAPIError
+            raise CaptureFailed("Polar's database connections are all busy; retry") from exc
 
     def error(self, protocol: ModuleType, exc: PolarError) -> ProxyAnswer:
         status = next((code for kind, code in STATUS.items() if isinstance(exc, kind)), 500)
@@ -290,17 +292,17 @@ class ProxyService:
 
     def _tito_link(self, session_id: uuid.UUID, agent: str | None, chat_body: dict[str, Any]) -> tito.ChainLink | None:
         if session_id not in self._tito:
-            self._tito[session_id] = tito.enabled(self.db, session_id)
+            self._tito[session_id] = self._recorded(lambda: tito.enabled(self.db, session_id))
         if not self._tito[session_id]:
             return None
-        return tito.find_link(self.db, session_id, agent, chat_body.get("messages") or [], chat_body.get("tools") or [])
+        messages, tools = chat_body.get("messages") or [], chat_body.get("tools") or []
+        return self._recorded(lambda: tito.find_link(self.db, session_id, agent, messages, tools))
 
     def _ask_with_tokens(
-        self, session_id: uuid.UUID, link: tito.ChainLink, chat_body: dict[str, Any]
+        self, session_id: uuid.UUID, link: tito.ChainLink, chat_body: dict[str, Any], prompt: list[int]
     ) -> tuple[dict[str, Any], EngineReply]:
-        """TITO: continue the chain's exact tokens through ``/v1/completions``; the stored request is exactly
-        what the engine got, annotated (under ``polar_tito``, never sent) with the chat form it stands for."""
-        prompt = tito.prompt_ids(self.engines, session_id, link, chat_body, self.config.served_model)
+        """TITO: continue the chain's exact tokens (``prompt``) through ``/v1/completions``; the stored request is
+        exactly what the engine got, annotated (under ``polar_tito``, never sent) with the chat form it stands for."""
         body = tito.completion_body(chat_body, prompt)
         reply = self._ask(session_id, "/v1/completions", body)
         stored = {**body, "polar_tito": {"chain_call_id": str(link.call_id), "messages": chat_body.get("messages"),
@@ -373,15 +375,18 @@ class ProxyService:
     def _answer(self, protocol: ModuleType, call: _Call) -> ProxyAnswer:
         """Ask the engine for ``call``, record it, and render the answer in the client's protocol."""
         session_id, agent, request, started = call.session_id, call.agent, call.request, call.started
+        served = self.config.served_model
         chat_body, sampling = engine_sampling(request.engine_body, self.config.sampling_overrides, call.sampling_mode)
         kind = self.engines.route(session_id).kind
         link = self._tito_link(session_id, agent, chat_body) if kind == "vllm" else None
         engine_body = _capture_fields(chat_body)
         try:
+            # A link without a prompt (the engine would not build it) is asked from its messages: its 400 answers.
+            prompt = None if link is None else tito.prompt_ids(self.engines, session_id, link, chat_body, served)
             if kind == "sglang":
                 engine_body, reply = self._ask_sglang(session_id, chat_body)
-            elif link is not None:
-                engine_body, reply = self._ask_with_tokens(session_id, link, chat_body)
+            elif link is not None and prompt is not None:
+                engine_body, reply = self._ask_with_tokens(session_id, link, chat_body, prompt)
             else:
                 reply = self._ask(session_id, "/v1/chat/completions", engine_body)
             if reply.status_code == 200 and EngineAnswer(reply.body).finish_reason == "abort":

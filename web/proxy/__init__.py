@@ -14,7 +14,7 @@ from werkzeug.exceptions import HTTPException
 from polar.config import Config, load_config
 from polar.instance import instance_headers
 from polar.observability import ProxyMetrics, exposition
-from polar.protocols import detect, openai_chat, protocol_for_errors
+from polar.protocols import detect, protocol_for_errors
 from polar.proxy import ProxyAnswer, ProxyService
 from polar.proxy.fleet import engine_pool
 from polar.storage.database import open_database
@@ -66,7 +66,7 @@ def _handle(key: str | None, agent: str | None, path: str) -> Response:
     if found is None and request.method == "POST":
         try:
             found = detect(request.method, path, headers, request.args.to_dict(), json.loads(raw))
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's stack: no route by body
             found = None
     if found is None:
         protocol = protocol_for_errors(path, headers)
@@ -123,7 +123,9 @@ def create_app(config: Config | None = None) -> Flask:
     @app.errorhandler(Exception)
     def unexpected(exc: Exception) -> tuple[Response, int]:
         app.logger.exception("unhandled proxy error")
-        metrics.answered("unknown", "unknown", 500)
-        return jsonify(openai_chat.render_error(500, f"internal proxy error: {type(exc).__name__}")), 500
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        protocol = protocol_for_errors(request.path, headers)  # a bug still answers in the caller's error shape
+        metrics.answered(protocol.PROVIDER, "unknown", 500)
+        return jsonify(protocol.render_error(500, f"internal proxy error: {type(exc).__name__}")), 500
 
     return app
