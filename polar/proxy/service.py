@@ -318,6 +318,9 @@ class ProxyService:
         prompt = self.renderer().prompt_ids(chat_body)
         body = sglang.generate_body(chat_body, prompt)
         reply = self.engines.post(session_id, "/generate", body, None, kind="sglang")
+        if (fitted := sglang.fit_max_new_tokens(body, reply.status_code, reply.error_message)) is not None:
+            body = fitted  # asked again once, as the vLLM path does (``fit_max_tokens``)
+            reply = self.engines.post(session_id, "/generate", body, None, kind="sglang")
         chat = {name: chat_body[name] for name in _RENDERED if name in chat_body}
         stored = {**body, "polar_chat": chat}
         if reply.status_code == 200:
