@@ -204,7 +204,10 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
     if item.get("content"):
         return _text(item["content"], f"{where}.content")
     summary = item.get("summary") or []
-    return "\n\n".join(part.get("text", "") for part in summary if isinstance(part, dict))
+    texts = [part.get("text", "") for part in summary if isinstance(part, dict)] if isinstance(summary, list) else None
+    if texts is None or not all(isinstance(text, str) for text in texts):
+        raise _fail(f"{where}.summary: must be an array of summary_text parts", f"{where}.summary")
+    return "\n\n".join(texts)
 
 
 def _add_item(out: _Messages, item: Any, where: str) -> None:

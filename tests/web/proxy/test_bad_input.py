@@ -83,6 +83,8 @@ def test_a_lone_surrogate_is_a_400_in_the_callers_protocol(proxy: tuple[Any, Liv
         ("/v1/responses", {"model": "m", "input": [{"role": "user", "content": [{"type": [], "text": "x"}]}]}),
         ("/v1/responses", {"model": "m", "input": "hi", "tools": [{"type": {"x": 1}, "name": "f"}]}),
         ("/v1/responses", {"model": "m", "input": "hi", "tools": [{"type": "namespace", "tools": "abc"}]}),
+        ("/v1/responses", {"model": "m", "input": [{"type": "reasoning", "summary": [{"text": ["t"]}]}]}),
+        ("/v1/messages", {"model": "m", "max_tokens": 8, "messages": [{"role": "system"}]}),  # nothing to render
     ],
 )
 def test_a_wrong_typed_field_is_a_400(proxy: tuple[Any, LiveProxy], path: str, body: dict[str, Any]) -> None:
