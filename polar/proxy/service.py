@@ -43,7 +43,7 @@ from polar.errors import (
     Unauthorized,
     ValidationError,
 )
-from polar.json_body import parse_json
+from polar.json_body import check_storable, parse_json
 from polar.lifecycle.states import State
 from polar.observability.metrics import MAX_CALLS, MAX_CONCURRENT_CALLS, PAUSED, ProxyMetrics
 from polar.protocols import (
@@ -127,6 +127,15 @@ def fit_max_tokens(engine_body: dict[str, Any], reply: EngineReply) -> dict[str,
         if name in fitted:
             fitted[name] = min(fitted[name], room)
     return fitted if fitted != engine_body else None
+
+
+def _check_label(value: str | None, name: str) -> None:
+    """Refuse a label the call's row stores as text (its model name, its agent) holding what Postgres text cannot
+    store (a NUL): caught only at the insert, after the engine answered, it was a 503 the harness retried forever."""
+    try:
+        check_storable(value)
+    except ValidationError as exc:
+        raise ValidationError(f"{name}: {str(exc).removeprefix('request body: ')}", field=name) from None
 
 
 @dataclass(frozen=True)
@@ -262,6 +271,7 @@ class ProxyService:
         try:
             if detected.operation == "head":
                 return ProxyAnswer(200, {})
+            _check_label(agent, "agent (the /a/<agent> base URL part or X-Polar-Agent)")
             session_id, limits, sampling_mode = self.session_for_key(key)
             if detected.operation == "models":
                 return ProxyAnswer(200, protocol.render_models(self._model_names()))
@@ -354,6 +364,7 @@ class ProxyService:
     ) -> ProxyAnswer:
         started = time.perf_counter()
         request = protocol.normalize(body, context)
+        _check_label(request.model, "model")
         check_template_kwargs(request.engine_body, self.config.chat_template_kwargs)
         control = self._admitted()
         call = _Call(session_id, agent, request, body, started, control.policy_version, sampling_mode)

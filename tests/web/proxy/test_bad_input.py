@@ -70,6 +70,23 @@ def test_a_lone_surrogate_is_a_400_in_the_callers_protocol(proxy: tuple[Any, Liv
     assert post(client, key, path, whole).status_code == 200
 
 
+@pytest.mark.parametrize("provider", sorted(ROUTES))
+def test_a_model_or_agent_postgres_cannot_store_is_a_400(proxy: tuple[Any, LiveProxy], provider: str) -> None:
+    """A NUL in the model name or the agent label (stored as text) failed only at the capture's insert, after the
+    engine answered: a 503 "retry" that the harness retried forever."""
+    client, live = proxy
+    session_id, key = live.session()
+    path, body = ROUTES[provider]
+    named = ({**body, "model": "m\x00"}, path) if "model" in body else (body, path.replace("/m:", "/m%00:"))
+    refused = post(client, key, named[1], named[0])
+    assert refused.status_code == 400 and "model: must not contain a NUL" in json.dumps(refused.json), refused.json
+    for agent_path, headers in ((f"/a/x%00y{path}", {}), (path, {"X-Polar-Agent": "x\x00y"})):
+        answer = client.post(f"/s/{key}{agent_path}", data=json.dumps(body).encode(),
+                             headers={"content-type": "application/json", **headers})  # fmt: skip
+        assert answer.status_code == 400 and "agent" in json.dumps(answer.json), answer.json
+    assert live.calls(session_id) == []  # refused before the engine was asked
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [

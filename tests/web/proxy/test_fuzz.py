@@ -112,6 +112,7 @@ deep = st.integers(100, 600).map(lambda n: json.loads("[" * n + "1" + "]" * n)) 
 wrong = (
     st.sampled_from([[], {}, "", "x", 0, -1, 1.5, 2**70, True, None, [[]], [{}], ["x"], [3], {"x": []}, {"type": []}])
     | cut_text
+    | st.text(max_size=4).map(lambda text: f"{text}\x00")  # Postgres text holds no NUL (a model name is text)
     | st.dictionaries(cut_text, st.just("v"), min_size=1, max_size=1)  # a lone surrogate in a key
     | deep
 )
