@@ -19,10 +19,11 @@ from polar.errors import ValidationError
 
 MAX_DEPTH = 100  # levels of objects and arrays a stored body may nest
 # Where a body may hold a lone surrogate: an escape of any surrogate (a pair is legal and decodes to one
-# character, so this only says where to look), or, in bytes, UTF-8-encoded surrogates (the parser decodes bytes
-# with ``surrogatepass``).
-_SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
-_SURROGATE_TEXT = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
+# character, so these only say whether to look), or a surrogate itself: UTF-8-encoded in bytes (the parser
+# decodes bytes with ``surrogatepass``), a character in text. Separate patterns: an alternation of the two scans
+# a 400 KiB body ~10x slower than both alone.
+_ESCAPED_BYTES, _ESCAPED_TEXT = re.compile(rb"\\u[dD][89a-fA-F]"), re.compile(r"\\u[dD][89a-fA-F]")
+_RAW_BYTES, _RAW_TEXT = re.compile(rb"\xed[\xa0-\xbf]"), re.compile(r"[\ud800-\udfff]")
 
 
 def _refuse(name: str) -> Any:
@@ -40,8 +41,7 @@ def parse_json(raw: bytes | str) -> Any:
         raise ValidationError(f"request body is not valid JSON: {exc}") from exc
     except RecursionError:
         raise ValidationError("request body is nested too deeply") from None
-    hint = _SURROGATE_TEXT.search(raw) if isinstance(raw, str) else _SURROGATE_BYTES.search(raw)
-    if hint is not None:  # most bodies hold no surrogate escape at all, and are not walked
+    if _may_hold_surrogates(raw):  # most bodies hold no surrogate escape at all, and are not walked
         for item, path, _ in _walk(value):
             where = path or "request body"
             if isinstance(item, str):
@@ -50,6 +50,12 @@ def parse_json(raw: bytes | str) -> Any:
                 for key in item:
                     _check_surrogates(key, f"{where}: key {key!r}", path or None)
     return value
+
+
+def _may_hold_surrogates(raw: bytes | str) -> bool:
+    if isinstance(raw, str):
+        return _ESCAPED_TEXT.search(raw) is not None or _RAW_TEXT.search(raw) is not None
+    return _ESCAPED_BYTES.search(raw) is not None or (b"\xed" in raw and _RAW_BYTES.search(raw) is not None)
 
 
 def check_storable(value: Any) -> None:
