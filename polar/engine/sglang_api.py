@@ -156,6 +156,8 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         raise EngineRequestError("top_logprobs_num must be between 0 and 20", param="top_logprobs_num")
     sampling = _sampling(body.get("sampling_params"))
     job = engine.generator.completion_input(CompletionRequest(None, prompt, sampling, OutputOptions(top_logprobs=top)))
+    _check_length(len(job.prompt_token_ids), (body.get("sampling_params") or {}).get("max_new_tokens"),
+                  engine.settings.max_model_len)  # fmt: skip
     gen = await engine.generator.agenerate(job)
     rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
     started = time.time()
@@ -164,6 +166,22 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         return _generate_response(engine, rid, g, body, sampling, started)
 
     return await run(request, engine, rid, gen, gen.finish_reason, build)
+
+
+def _check_length(prompt_len: int, max_new_tokens: int | None, context_len: int) -> None:
+    """SGLang's tokenizer manager's check, in its words and with its bound: a request fits when prompt +
+    ``max_new_tokens`` stays below the context length (vLLM lets it reach it)."""
+    if prompt_len >= context_len:
+        raise EngineRequestError(
+            f"The input ({prompt_len} tokens) is longer than the model's context length ({context_len} tokens)."
+        )
+    if max_new_tokens is not None and max_new_tokens + prompt_len >= context_len:
+        raise EngineRequestError(
+            f"Requested token count exceeds the model's maximum context length of {context_len} tokens. You "
+            f"requested a total of {max_new_tokens + prompt_len} tokens: {prompt_len} tokens from the input messages "
+            f"and {max_new_tokens} tokens for the completion. Please reduce the number of tokens in the input "
+            "messages or the completion to fit within the limit."
+        )
 
 
 def _finish(gen: Generation, sampling: SamplingParams, eos: int) -> dict[str, Any]:

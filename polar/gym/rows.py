@@ -18,6 +18,7 @@ from typing import Any
 import jinja2
 
 from polar.errors import ValidationError
+from polar.json_body import check_storable
 from polar.loaders.rows import Row
 from polar.loaders.template import render_task
 from polar.task_request import BatchRequest, parse_batch_request
@@ -82,9 +83,12 @@ def row_task(template: jinja2.Template, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def checked_task(template: jinja2.Template, row: dict[str, Any]) -> dict[str, Any]:
-    """``row_task``, validated on its own (so one bad row is refused alone); ValidationError naming the row."""
+    """``row_task``, validated on its own (so one bad row is refused alone); ValidationError naming the row. That
+    includes what JSON carries but Postgres cannot store (a NUL character, common in SWE tool outputs): left to the
+    group's insert, it would fail every row submitted with it."""
     task = row_task(template, row)
     try:
+        check_storable(task)
         parse_batch_request({"name": BATCH_NAME, "tasks": [task]})
     except ValidationError as exc:
         raise ValidationError(f"{row_where(row)}: {exc}", field=exc.field) from exc

@@ -185,13 +185,20 @@ def sse(data: Mapping[str, Any] | str, event: str | None = None) -> bytes:
     return f"{prefix}data: {payload}\n\n".encode()
 
 
+def name_in(value: Any) -> str | None:
+    """``value`` when it is a string (a role, a part or tool type, an effort), else None. A client may send a list
+    or an object where a name belongs, and those are not hashable: testing one for membership in a set of names
+    would raise ``TypeError`` (a 500) instead of the protocol's 400."""
+    return value if isinstance(value, str) else None
+
+
 def parse_arguments(arguments: Any) -> Any:
     """Tool-call arguments as an object: the engine sends a JSON string; keep invalid JSON as a string."""
     if not isinstance(arguments, str):
         return arguments
     try:
         return json.loads(arguments) if arguments.strip() else {}
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # nested past the parser's stack: not an object either
         return arguments
 
 

@@ -200,6 +200,8 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 messages.append({"role": "system", "content": text})
         else:
             raise _fail("must be 'user', 'assistant' or 'system'", f"{where}.role")
+    if not messages:  # only system messages, each empty: nothing to render
+        raise _fail("no message with content", "messages")
     return messages
 
 

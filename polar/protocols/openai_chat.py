@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from polar.errors import ValidationError
-from polar.protocols._base import ClientRequest, EngineAnswer, RequestContext, route, sse
+from polar.protocols._base import ClientRequest, EngineAnswer, RequestContext, name_in, route, sse
 
 PROVIDER = "openai_chat"
 ROUTES = (
@@ -52,7 +52,7 @@ def _check_content(content: Any, field: str) -> None:
     if not isinstance(content, list):
         raise ValidationError(f"{field}: must be a string or an array of content parts", field=field)
     for index, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
+        kind = name_in(part.get("type")) if isinstance(part, dict) else None
         if kind in {"text", "refusal"} and isinstance(part.get("text", part.get("refusal")), str):
             continue
         if kind in {"image_url", "input_audio", "file"}:
@@ -69,7 +69,7 @@ def _check_types(body: dict[str, Any]) -> None:
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             raise ValidationError(f"messages[{index}]: must be an object", field=f"messages[{index}]")
-        if message.get("role") not in ROLES:
+        if name_in(message.get("role")) not in ROLES:
             raise ValidationError(
                 f"messages[{index}].role: must be one of {', '.join(sorted(ROLES))}", field=f"messages[{index}].role"
             )
@@ -82,10 +82,11 @@ def _check_types(body: dict[str, Any]) -> None:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ValidationError(f"{name}: must be a positive integer", field=name)
     choice = body.get("tool_choice")
+    named = isinstance(choice, dict) and isinstance(choice.get("function"), dict)
     if (
         choice is not None
-        and choice not in TOOL_CHOICES
-        and not (isinstance(choice, dict) and isinstance((choice.get("function") or {}).get("name"), str))
+        and not (isinstance(choice, str) and choice in TOOL_CHOICES)  # a list or dict is no member (nor hashable)
+        and not (named and isinstance(choice["function"].get("name"), str))
     ):
         raise ValidationError("tool_choice: none, auto, required or {type: function, function: {name}}", "tool_choice")
     if body.get("n", 1) != 1:

@@ -19,7 +19,7 @@ from typing import Any
 
 from polar.errors import ValidationError
 from polar.protocols import openai_chat
-from polar.protocols._base import ClientRequest, EngineAnswer, RequestContext, parse_arguments, route
+from polar.protocols._base import ClientRequest, EngineAnswer, RequestContext, name_in, parse_arguments, route
 from polar.protocols.openai_responses_stream import failed_events, stream_events
 
 PROVIDER = "openai_responses"
@@ -64,6 +64,10 @@ def _check_types(body: dict[str, Any]) -> None:
     for name, kind in kinds:
         if body.get(name) is not None and not isinstance(body[name], kind):
             raise _fail(f"{name}: wrong type", name)
+    for parent, name, kind in (("reasoning", "effort", str), ("text", "format", dict)):
+        value = (body.get(parent) or {}).get(name)
+        if value is not None and not isinstance(value, kind):
+            raise _fail(f"{parent}.{name}: must be {'a string' if kind is str else 'an object'}", f"{parent}.{name}")
     for name in ("temperature", "top_p"):
         value = body.get(name)
         if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
@@ -81,7 +85,7 @@ def _text(content: Any, where: str) -> str:
         raise _fail(f"{where}: must be a string or an array of content parts", where)
     texts = []
     for index, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
+        kind = name_in(part.get("type")) if isinstance(part, dict) else None
         if kind in UNSUPPORTED_PARTS:
             raise _fail(f"{where}[{index}]: {kind} is not supported by this model (text only)", f"{where}[{index}]")
         if kind not in TEXT_PARTS or not isinstance(part.get("text", part.get("refusal")), str):
@@ -100,9 +104,12 @@ class _Tools:
             if not isinstance(tool, dict):
                 raise _fail(f"tools[{index}]: must be an object", f"tools[{index}]")
             if tool.get("type") == "namespace":
-                for inner in tool.get("tools") or []:
+                inners = tool.get("tools") or []
+                if not isinstance(inners, list) or not all(isinstance(inner, dict) for inner in inners):
+                    raise _fail(f"tools[{index}].tools: must be an array of tools", f"tools[{index}].tools")
+                for inner in inners:
                     self._add(inner, f"tools[{index}]", tool.get("name"))
-            elif tool.get("type") not in DROPPED_TOOLS:
+            elif name_in(tool.get("type")) not in DROPPED_TOOLS:
                 self._add(tool, f"tools[{index}]", None)
 
     def _add(self, tool: dict[str, Any], where: str, namespace: str | None) -> None:
@@ -197,7 +204,10 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
     if item.get("content"):
         return _text(item["content"], f"{where}.content")
     summary = item.get("summary") or []
-    return "\n\n".join(part.get("text", "") for part in summary if isinstance(part, dict))
+    texts = [part.get("text", "") for part in summary if isinstance(part, dict)] if isinstance(summary, list) else None
+    if texts is None or not all(isinstance(text, str) for text in texts):
+        raise _fail(f"{where}.summary: must be an array of summary_text parts", f"{where}.summary")
+    return "\n\n".join(texts)
 
 
 def _add_item(out: _Messages, item: Any, where: str) -> None:
@@ -205,7 +215,7 @@ def _add_item(out: _Messages, item: Any, where: str) -> None:
         raise _fail(f"{where}: must be an object", where)
     kind = item.get("type", "message" if "role" in item else None)
     if kind == "message":
-        role = item.get("role")
+        role = name_in(item.get("role"))
         if role not in ROLES:
             raise _fail(f"{where}.role: must be one of {', '.join(sorted(ROLES))}", f"{where}.role")
         text = _text(item.get("content"), f"{where}.content")

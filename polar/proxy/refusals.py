@@ -78,8 +78,9 @@ class RefusalCounter:
             try:
                 add_counts(self.db, session_id, {reason: 1})
                 return
-            except sa.exc.DBAPIError as exc:  # the database went away meanwhile: Redis keeps the count
-                log.warning("could not record a refused call in the database (%s)", type(exc.orig).__name__)
+            except (sa.exc.DBAPIError, sa.exc.TimeoutError) as exc:  # away, or every connection busy: Redis keeps it
+                why = type(exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc).__name__
+                log.warning("could not record a refused call in the database (%s)", why)
         if key_hash is None or self._redis is None:
             log.warning("a refused call (%s) could not be recorded: no session key or no Redis", reason)
             return

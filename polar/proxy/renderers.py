@@ -53,7 +53,7 @@ def template_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
             if isinstance(function, dict) and isinstance(function.get("arguments"), str):
                 try:
                     function["arguments"] = json.loads(function["arguments"] or "{}")
-                except json.JSONDecodeError:
+                except (json.JSONDecodeError, RecursionError):
                     pass  # kept verbatim, as vLLM keeps arguments that are not JSON
         out.append(message)
     return out

@@ -44,7 +44,7 @@ from polar.errors import (
     Unauthorized,
     ValidationError,
 )
-from polar.json_body import parse_json
+from polar.json_body import check_storable, parse_json
 from polar.lifecycle.states import State
 from polar.observability.metrics import MAX_CALLS, MAX_CONCURRENT_CALLS, PAUSED, ProxyMetrics
 from polar.protocols import (
@@ -133,6 +133,15 @@ def fit_max_tokens(engine_body: dict[str, Any], reply: EngineReply) -> dict[str,
         if name in fitted:
             fitted[name] = min(fitted[name], room)
     return fitted if fitted != engine_body else None
+
+
+def _check_label(value: str | None, name: str) -> None:
+    """Refuse a label the call's row stores as text (its model name, its agent) holding what Postgres text cannot
+    store (a NUL): caught only at the insert, after the engine answered, it was a 503 the harness retried forever."""
+    try:
+        check_storable(value)
+    except ValidationError as exc:
+        raise ValidationError(f"{name}: {str(exc).removeprefix('request body: ')}", field=name) from None
 
 
 @dataclass(frozen=True)
@@ -244,6 +253,8 @@ class ProxyService:
             return ride_out(work, within_s=self.config.db_outage_s)
         except sa.exc.DBAPIError as exc:
             raise CaptureFailed(f"Polar could not reach its database: {type(exc.orig).__name__}; retry") from exc
+        except sa.exc.TimeoutError as exc:  # every pooled connection busy past the pool's wait: not a DBAPIError
+            raise CaptureFailed("Polar's database connections are all busy; retry") from exc
 
     def error(self, protocol: ModuleType, exc: PolarError) -> ProxyAnswer:
         status = next((code for kind, code in STATUS.items() if isinstance(exc, kind)), 500)
@@ -282,6 +293,7 @@ class ProxyService:
         try:
             if detected.operation == "head":
                 return ProxyAnswer(200, {})
+            _check_label(agent, "agent (the /a/<agent> base URL part or X-Polar-Agent)")
             session_id, limits, sampling_mode = self.session_for_key(key)
             if detected.operation == "models":
                 return ProxyAnswer(200, protocol.render_models(self._model_names()))
@@ -292,6 +304,7 @@ class ProxyService:
                 if detected.operation == "count_tokens":
                     return self._count_tokens(protocol, context, session_id, body)
                 request = protocol.normalize(body, context)
+                _check_label(request.model, "model")
                 check_template_kwargs(request.engine_body, self.config.chat_template_kwargs)
             return self._generate(protocol, session_id, limits, sampling_mode, agent, body, request)
         except PolarError as exc:
@@ -339,13 +352,13 @@ class ProxyService:
         if not self._tito_enabled(session_id):
             return None
         messages, tools = chat_body.get("messages") or [], chat_body.get("tools") or []
-        return tito.find_link(self.db, session_id, agent, messages, tools, self.tips)
+        return self._recorded(lambda: tito.find_link(self.db, session_id, agent, messages, tools, self.tips))
 
     def _tito_enabled(self, session_id: uuid.UUID) -> bool:
         if session_id not in self._tito:
             if len(self._tito) >= TITO_FLAGS_SIZE:  # bounded: ended sessions are never asked about again
                 self._tito.clear()
-            self._tito[session_id] = tito.enabled(self.db, session_id)
+            self._tito[session_id] = self._recorded(lambda: tito.enabled(self.db, session_id))
         return self._tito[session_id]
 
     def _remember_tip(self, call: _Call, chat_body: dict[str, Any], answer: EngineAnswer, call_id: uuid.UUID) -> None:
@@ -358,11 +371,10 @@ class ProxyService:
             self.tips.remember(call.session_id, call.agent, found, call.keep_s)
 
     def _ask_with_tokens(
-        self, session_id: uuid.UUID, link: tito.ChainLink, chat_body: dict[str, Any]
+        self, session_id: uuid.UUID, link: tito.ChainLink, chat_body: dict[str, Any], prompt: list[int]
     ) -> tuple[dict[str, Any], EngineReply]:
-        """TITO: continue the chain's exact tokens through ``/v1/completions``; the stored request is exactly
-        what the engine got, annotated (under ``polar_tito``, never sent) with the chat form it stands for."""
-        prompt = tito.prompt_ids(self.engines, session_id, link, chat_body, self.config.served_model)
+        """TITO: continue the chain's exact tokens (``prompt``) through ``/v1/completions``; the stored request is
+        exactly what the engine got, annotated (under ``polar_tito``, never sent) with the chat form it stands for."""
         body = tito.completion_body(chat_body, prompt)
         reply = self._ask(session_id, "/v1/completions", body)
         stored = {**body, "polar_tito": {"chain_call_id": str(link.call_id), "messages": chat_body.get("messages"),
@@ -378,6 +390,9 @@ class ProxyService:
         prompt = self.renderer().prompt_ids(chat_body)
         body = sglang.generate_body(chat_body, prompt)
         reply = self.engines.post(session_id, "/generate", body, None, kind="sglang")
+        if (fitted := sglang.fit_max_new_tokens(body, reply.status_code, reply.error_message)) is not None:
+            body = fitted  # asked again once, as the vLLM path does (``fit_max_tokens``)
+            reply = self.engines.post(session_id, "/generate", body, None, kind="sglang")
         chat = {name: chat_body[name] for name in _RENDERED if name in chat_body}
         stored = {**body, "polar_chat": chat}
         if reply.status_code == 200:
@@ -433,15 +448,18 @@ class ProxyService:
     def _answer(self, protocol: ModuleType, call: _Call) -> ProxyAnswer:
         """Ask the engine for ``call``, record it, and render the answer in the client's protocol."""
         session_id, agent, request, started = call.session_id, call.agent, call.request, call.started
+        served = self.config.served_model
         chat_body, sampling = engine_sampling(request.engine_body, self.config.sampling_overrides, call.sampling_mode)
         kind = self.engines.route(session_id).kind
         link = self._tito_link(session_id, agent, chat_body) if kind == "vllm" else None
         engine_body = _capture_fields(chat_body)
         try:
+            # A link without a prompt (the engine would not build it) is asked from its messages: its 400 answers.
+            prompt = None if link is None else tito.prompt_ids(self.engines, session_id, link, chat_body, served)
             if kind == "sglang":
                 engine_body, reply = self._ask_sglang(session_id, chat_body)
-            elif link is not None:
-                engine_body, reply = self._ask_with_tokens(session_id, link, chat_body)
+            elif link is not None and prompt is not None:
+                engine_body, reply = self._ask_with_tokens(session_id, link, chat_body, prompt)
             else:
                 reply = self._ask(session_id, "/v1/chat/completions", engine_body)
             if reply.status_code == 200 and EngineAnswer(reply.body).finish_reason == "abort":

@@ -15,6 +15,7 @@ chat answer. Shapes recorded from SGLang's source: ``tests/contracts/sglang/``.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -24,6 +25,8 @@ from polar.engine.completion_parser import chat_message
 from polar.errors import EngineError, ValidationError
 
 DEFAULT_MAX_NEW_TOKENS = 8192
+# SGLang's refusal of a request whose prompt + max_new_tokens does not fit (tokenizer_manager.py).
+_TOO_LONG = re.compile(r"maximum context length of (\d+) tokens\. You requested a total of \d+ tokens: (\d+) tokens")
 # OpenAI / vLLM chat fields → SGLang sampling_params.
 _SAMPLING = {
     "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
@@ -60,6 +63,20 @@ def generate_body(chat_body: Mapping[str, Any], prompt_ids: list[int], request_i
         "rid": request_id or uuid.uuid4().hex,
         "stream": False,
     }
+
+
+def fit_max_new_tokens(body: Mapping[str, Any], status_code: int, error_message: str) -> dict[str, Any] | None:
+    """``body`` again with ``max_new_tokens`` cut to the room its prompt leaves, when SGLang refused it (400) only
+    for asking more than that; None otherwise. SGLang refuses prompt + ``max_new_tokens`` that reaches the context
+    length unless it runs with ``--allow-auto-truncate``, and clients such as Claude Code ask 32k-64k regardless."""
+    match = _TOO_LONG.search(error_message) if status_code == 400 else None
+    if match is None:
+        return None
+    room = int(match.group(1)) - int(match.group(2)) - 1  # the sum must stay below the context length
+    sampling = dict(body.get("sampling_params") or {})
+    if room <= 0 or sampling.get("max_new_tokens", room + 1) <= room:
+        return None
+    return {**body, "sampling_params": {**sampling, "max_new_tokens": room}}
 
 
 def _finish(meta: Mapping[str, Any]) -> tuple[str, int | str | None]:

@@ -13,6 +13,7 @@ chat answer.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from array import array
@@ -31,6 +32,8 @@ from polar.storage.captured import rebuild, session_rows
 from polar.storage.database import Database
 from polar.storage.models import ModelCall, Session, Task
 from polar.storage.prompts import full_prompts
+
+log = logging.getLogger(__name__)
 
 SENTINEL = "\u2063POLAR-TITO-SENTINEL\u2063"
 DEFAULT_MAX_TOKENS = 8192
@@ -76,7 +79,7 @@ def _call_key(call: Any) -> tuple[str, str]:
     try:
         parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
         canonical = json.dumps(parsed, sort_keys=True)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # not JSON, or nested past the parser's stack
         canonical = str(arguments)
     return str(function.get("name")), canonical
 
@@ -164,15 +167,26 @@ def _continues(rows: list[Any], call_id: uuid.UUID, history: Sequence[Any], tool
     return same_history(messages_of(stored) or [], history)
 
 
-def _tokenize(engines: EnginePool, session_id: uuid.UUID, body: dict[str, Any], model: str | None) -> list[int]:
+def _tokenize(engines: EnginePool, session_id: uuid.UUID, body: dict[str, Any], model: str | None) -> list[int] | None:
+    """The ids, or None when the engine refused (a 4xx: a template's ``raise_exception``, a message it cannot
+    render); an engine failure (5xx, unreachable) raises ``EngineError`` as for any engine call."""
     reply = engines.post(session_id, "/tokenize", body, model)
-    if reply.status_code != 200:
-        raise ValueError(reply.error_message)
-    return list(reply.body["tokens"])
+    tokens = reply.body.get("tokens") if reply.status_code == 200 else None
+    if not isinstance(tokens, list):
+        log.warning("TITO: the engine's /tokenize refused the conversation (%s): %s", reply.status_code,
+                    reply.error_message[:300])  # fmt: skip
+        return None
+    return list(tokens)
 
 
-def _detokenize(engines: EnginePool, session_id: uuid.UUID, tokens: Sequence[int], model: str | None) -> str:
-    return str(engines.post(session_id, "/detokenize", {"tokens": list(tokens)}, model).body.get("prompt", ""))
+def _detokenize(engines: EnginePool, session_id: uuid.UUID, tokens: Sequence[int], model: str | None) -> str | None:
+    """The text, or None when the engine refused (a 4xx: an id outside its vocabulary)."""
+    reply = engines.post(session_id, "/detokenize", {"tokens": list(tokens)}, model)
+    text = reply.body.get("prompt") if reply.status_code == 200 else None
+    if not isinstance(text, str):
+        log.warning("TITO: the engine's /detokenize refused %d ids (%s)", len(tokens), reply.status_code)
+        return None
+    return text
 
 
 def _shared_prefix(first: Sequence[int], second: Sequence[int]) -> int:
@@ -190,8 +204,10 @@ def _shared_prefix(first: Sequence[int], second: Sequence[int]) -> int:
 
 def prompt_ids(
     engines: EnginePool, session_id: uuid.UUID, link: ChainLink, engine_body: dict[str, Any], model: str | None
-) -> list[int]:
-    """Previous prompt + previous sampled ids + the tail rendered after them."""
+) -> list[int] | None:
+    """Previous prompt + previous sampled ids + the tail rendered after them; None when the engine cannot build
+    the tail (it refuses to render or decode, or the sentinel does not come back), and the call is then asked
+    from its messages, as when no link is found: the engine's own 400 reaches the client, never a 500 here."""
     messages = list(engine_body["messages"])
     messages[link.message_index] = {"role": "assistant", "content": SENTINEL}
     render = {"messages": messages, "add_generation_prompt": True}
@@ -200,18 +216,25 @@ def prompt_ids(
     if engine_body.get("chat_template_kwargs"):
         render["chat_template_kwargs"] = engine_body["chat_template_kwargs"]
     tokens = _tokenize(engines, session_id, render, model)
+    if tokens is None:
+        return None
     # Only the part past what the previous prompt already held needs its text (a few hundred tokens of tens of
     # thousands); one token earlier, in case the cut splits a character. The whole text if that misses.
     start = max(0, _shared_prefix(tokens, link.prompt_ids) - 1)
     text = _detokenize(engines, session_id, tokens[start:], model)
-    if SENTINEL not in text and start:
+    if (text is None or SENTINEL not in text) and start:
         text = _detokenize(engines, session_id, tokens, model)
+    if text is None or SENTINEL not in text:
+        log.warning("TITO: the sentinel did not come back from the template; asking from the messages")
+        return None
     tail = text[text.index(SENTINEL) + len(SENTINEL) :]
     if link.finish_reason != "length" and link.completion_ids:
-        eos = str(engines.post(session_id, "/detokenize", {"tokens": link.completion_ids[-1:]}, model).body["prompt"])
+        eos = _detokenize(engines, session_id, link.completion_ids[-1:], model)
+        if eos is None:
+            return None
         tail = tail.removeprefix(eos)  # the model sampled the end of its turn itself
     tail_ids = _tokenize(engines, session_id, {"prompt": tail, "add_special_tokens": False}, model)
-    return [*link.prompt_ids, *link.completion_ids, *tail_ids]
+    return None if tail_ids is None else [*link.prompt_ids, *link.completion_ids, *tail_ids]
 
 
 def completion_body(engine_body: dict[str, Any], prompt: list[int]) -> dict[str, Any]:

@@ -40,13 +40,19 @@ def _begin_immediate(connection: Any) -> None:
 
 DEFAULT_POOL_SIZE = 8
 DEFAULT_MAX_OVERFLOW = 4
+DEFAULT_POOL_TIMEOUT_S = 30.0  # SQLAlchemy's own default
 
 
 def create_db_engine(
-    url: str, pool_size: int = DEFAULT_POOL_SIZE, max_overflow: int = DEFAULT_MAX_OVERFLOW, role: str = "polar"
+    url: str,
+    pool_size: int = DEFAULT_POOL_SIZE,
+    max_overflow: int = DEFAULT_MAX_OVERFLOW,
+    role: str = "polar",
+    pool_timeout_s: float = DEFAULT_POOL_TIMEOUT_S,
 ) -> Engine:
     """An engine for ``url``; SQLite gets WAL and a busy timeout, Postgres a pre-pinged pool of at most
-    ``pool_size + max_overflow`` connections, named ``polar-<role>``."""
+    ``pool_size + max_overflow`` connections, named ``polar-<role>``, where a thread waits up to
+    ``pool_timeout_s`` for a free connection (then ``sqlalchemy.exc.TimeoutError``)."""
     if url.startswith("sqlite"):
         engine = sa.create_engine(
             url, connect_args={"check_same_thread": False, "timeout": 30}, json_serializer=dump_json_text
@@ -58,6 +64,7 @@ def create_db_engine(
         url,
         pool_size=pool_size,
         max_overflow=max_overflow,
+        pool_timeout=pool_timeout_s,
         pool_pre_ping=True,
         json_serializer=dump_json_text,  # captured payloads are most of what the proxy writes
         connect_args={"application_name": role if role.startswith("polar") else f"polar-{role}"},
@@ -73,9 +80,10 @@ class Database:
         pool_size: int = DEFAULT_POOL_SIZE,
         max_overflow: int = DEFAULT_MAX_OVERFLOW,
         role: str = "polar",
+        pool_timeout_s: float = DEFAULT_POOL_TIMEOUT_S,
     ) -> None:
         self.url = url
-        self.engine = create_db_engine(url, pool_size, max_overflow, role)
+        self.engine = create_db_engine(url, pool_size, max_overflow, role, pool_timeout_s)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @property

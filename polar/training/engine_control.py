@@ -91,6 +91,8 @@ class ControlView:
                     if not unreachable(exc):
                         raise
                     # Nobody can pause or resume while the database is down: the last state read still holds.
+                except sa.exc.TimeoutError:
+                    pass  # every pooled connection busy: the last state read holds until the next refresh
                 self._read_at = time.monotonic()
             return self._state
 

@@ -15,7 +15,7 @@ from polar.config import Config, load_config
 from polar.errors import PolarError
 from polar.instance import instance_headers
 from polar.observability import ProxyMetrics, exposition
-from polar.protocols import detect, openai_chat, protocol_for_errors
+from polar.protocols import detect, protocol_for_errors
 from polar.proxy import ProxyAnswer, ProxyService
 from polar.proxy.body_limits import body_cap, check_length
 from polar.proxy.fleet import engine_pool
@@ -148,7 +148,9 @@ def create_app(config: Config | None = None) -> Flask:
     @app.errorhandler(Exception)
     def unexpected(exc: Exception) -> tuple[Response, int]:
         app.logger.exception("unhandled proxy error")
-        metrics.answered("unknown", "unknown", 500)
-        return jsonify(openai_chat.render_error(500, f"internal proxy error: {type(exc).__name__}")), 500
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        protocol = protocol_for_errors(request.path, headers)  # a bug still answers in the caller's error shape
+        metrics.answered(protocol.PROVIDER, "unknown", 500)
+        return jsonify(protocol.render_error(500, f"internal proxy error: {type(exc).__name__}")), 500
 
     return app

@@ -139,6 +139,14 @@ def test_a_task_polar_refuses_names_the_row() -> None:
         checked_task(template, dict(ROW))
 
 
+def test_a_row_postgres_cannot_store_is_refused_naming_the_row() -> None:  # AUDIT F14
+    template = compile_template('{"instruction": {{ instruction | tojson }}, "harness": {"name": "python", '
+                                '"command": "polar.agents.calculator:run"}}')  # fmt: skip
+    nul = {**ROW, "responses_create_params": {"input": "fix the \u0000 bug"}}
+    with pytest.raises(ValidationError, match=r"row \(_ng_task_index=3, _rowidx=7\).*instruction.*NUL"):
+        checked_task(template, nul)
+
+
 @pytest.mark.parametrize("body", [[], {"input": "x"}, {"responses_create_params": {"input": 3}}])
 def test_a_body_that_is_not_a_row_is_refused(body: Any) -> None:
     with pytest.raises(ValidationError):
