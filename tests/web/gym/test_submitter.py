@@ -12,14 +12,19 @@ import sqlalchemy as sa
 
 from polar.errors import ValidationError
 from polar.loaders.template import compile_template
+from polar.records.audit import Caller
 from polar.storage.models import Session
 from tests.support import domain_services
+from web.gym.access import ACTOR
 from web.gym.submitter import Submitter
 
 TEMPLATE = (
     '{"instruction": {{ instruction | tojson }},'
     ' "harness": {"name": "python", "command": "polar.agents.calculator:run"}}'
 )
+
+
+CALLER = Caller(ACTOR, "127.0.0.1")  # what the gym agent's allow-list hands a loopback caller
 
 
 def row(index: int, question: str) -> dict[str, Any]:
@@ -30,7 +35,7 @@ async def submit_together(submitter: Submitter, rows: list[dict[str, Any]]) -> l
     """Each row's sample (or the exception its ``/run`` is answered with), the rows posted at once."""
     loop = asyncio.create_task(submitter.run())
     try:
-        return await asyncio.gather(*(submitter.submit(r) for r in rows), return_exceptions=True)
+        return await asyncio.gather(*(submitter.submit(r, CALLER) for r in rows), return_exceptions=True)
     finally:
         loop.cancel()
 
