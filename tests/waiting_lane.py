@@ -48,7 +48,10 @@ class WaitingLaneScheduling(LoadFileScheduling):
     def _assign_work_unit(self, node: WorkerController) -> None:
         scope = self._next_scope(node)
         if scope is None:
-            if self._is_lane(node) and not self._pending_of(self.assigned_work[node]):
+            # Only the lane finds nothing. Shut it down now, not once it has nothing pending: a test process
+            # holds its last test until it is told there is no more work (pytest runs a test with the next in
+            # hand), so that test would otherwise wait for the end of the whole run.
+            if not node.shutting_down:
                 node.shutdown()
             return
         work_unit = self.workqueue.pop(scope)

@@ -25,9 +25,10 @@ from tests.support import HANG_GUARD_S, LiveProxy, domain_services, wait_until
 
 SAY = {"turns": [{"content": " ".join(["word"] * 40)}]}  # ~40 tokens: ~2 s at 20 tokens/s
 CALLS = 12
-# Real vLLM decodes the tiny model at hundreds of tokens a second here: 1,500 tokens keep a call in flight for
-# seconds (its route on the shared server, tests/real_vllm.py).
-LONG_TURNS = {"turns": [{"content": " ".join(["word"] * 1500)}]}
+# Real vLLM decodes the tiny model at hundreds of tokens a second here: 3,000 tokens keep a call in flight for
+# seconds (its route on the shared server, tests/real_vllm.py). With 1,500, a quiet run once saw all three end
+# before the pause took hold.
+LONG_TURNS = {"turns": [{"content": " ".join(["word"] * 3000)}]}
 REAL_CALLS = 6
 
 
@@ -161,14 +162,20 @@ def test_calls_held_across_a_weight_update_on_real_vllm_are_marked(real_fleet: A
     with ThreadPoolExecutor(max_workers=REAL_CALLS) as pool:
         first = [pool.submit(call, i) for i in range(REAL_CALLS // 2)]
         wait_until(lambda: running_here() == REAL_CALLS // 2, timeout_s=180, message="the first half decoding")
-        paused = api.post("/v1/engine/pause", json={"mode": "wait", "engine_mode": "keep"}).json()
-        assert paused["paused"] and [e["ok"] for e in paused["engines"]] == [True], paused
-        paused_at = time.time()
-        later = [pool.submit(call, i) for i in range(REAL_CALLS // 2, REAL_CALLS)]  # held at the proxy
-        time.sleep(1.0)
-        assert not any(f.done() for f in first + later)  # nothing finishes while the engine is paused
-        resumed_at = time.time()
-        resumed = api.post("/v1/engine/resume", json={"policy_version": "v2"}).json()
+        try:  # the server is the whole run's: a failure here must not leave it paused for every later module
+            paused = api.post("/v1/engine/pause", json={"mode": "wait", "engine_mode": "keep"}).json()
+            assert paused["paused"] and [e["ok"] for e in paused["engines"]] == [True], paused
+            paused_at = time.time()
+            later = [pool.submit(call, i) for i in range(REAL_CALLS // 2, REAL_CALLS)]  # held at the proxy
+            # A call may end in the moment between its start and the pause taking hold (a quiet machine decodes
+            # fast): it is then no spanning call, as vLLM's own record below says. Past that, nothing finishes.
+            time.sleep(0.5)
+            done_at_pause = [f for f in first if f.done()]
+            time.sleep(1.0)
+            assert [f for f in first + later if f.done()] == done_at_pause  # nothing finishes while paused
+        finally:
+            resumed_at = time.time()
+            resumed = api.post("/v1/engine/resume", json={"policy_version": "v2"}).json()
         assert resumed["policy_version"] == "v2" and all(e["ok"] for e in resumed["engines"]), resumed
         ids = [f.result(timeout=HANG_GUARD_S) for f in first + later]  # none lost, none failed
     assert len(set(ids)) == REAL_CALLS
@@ -176,7 +183,7 @@ def test_calls_held_across_a_weight_update_on_real_vllm_are_marked(real_fleet: A
     calls = wait_until(lambda: _calls(proxy, sessions, REAL_CALLS), message="every call recorded")
     assert all(c["status_code"] == 200 and c["engine_kind"] == "vllm" for c in calls)
     spanning = [c for c in calls if c["spans_policy_update"]]
-    assert len(spanning) == REAL_CALLS // 2
+    assert 0 < len(spanning) == REAL_CALLS // 2 - len(done_at_pause)  # at least one call was frozen across it
     assert all((c["policy_version"], c["policy_version_end"]) == ("v1", "v2") for c in spanning)
     whole = [call for session_id, _ in sessions for call in proxy.calls(session_id)]
     for c in whole:  # Polar's marks are vLLM's own account: in its batch before the pause, sampled after the resume
