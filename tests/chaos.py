@@ -237,7 +237,10 @@ class _Faults:
         return self.d.stack
 
     def _kill(self, name: str) -> None:
-        self.stack.signal(name, signal.SIGKILL)
+        try:
+            self.stack.signal(name, signal.SIGKILL)
+        except ProcessLookupError:  # it had exited on its own (a worker may, on a broker restart): down already
+            pass
         self.stack.processes[name].wait()
 
     def kill_worker(self, stage: Stage) -> None:
