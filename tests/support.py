@@ -23,8 +23,10 @@ from polar.client import PolarClient
 from polar.config import load_config
 from polar.launcher import NodeSpec, Stack, engine_spec, free_port, gunicorn_spec, pipeline_env, pipeline_specs
 from polar.lifecycle.dispatch import Stage
+from polar.proxy.keys import hash_key
 from polar.services import Services
 from polar.storage.database import Database
+from polar.storage.models import Session
 from tests.real_vllm import SharedVllm, route_env
 
 PYTHON = sys.executable
@@ -428,6 +430,20 @@ def submit_tasks(services: Services, *tasks: dict[str, Any]) -> uuid.UUID:
 
     body = {"tasks": list(tasks)}
     return submit_batch(services, parse_batch_request(body), request_hash(body)).batch_id
+
+
+def running_proxy_session(database_url: str, work_root: Path, task: dict[str, Any]) -> tuple[uuid.UUID, str]:
+    """``task`` (one sample) submitted and its session marked running under a new proxy key: a session a proxy
+    test can call with, without a run worker. Returns the session's id and its key."""
+    services = domain_services(database_url, work_root)
+    submit_tasks(services, task)
+    key = "pk-" + uuid.uuid4().hex
+    with services.db.unit() as db:
+        session_id = db.scalar(sa.select(Session.id))
+        db.execute(sa.update(Session).values(state="running", proxy_key_hash=hash_key(key)))
+    services.db.dispose()
+    assert session_id is not None
+    return session_id, key
 
 
 def deliver_all(services: Services, until: Callable[[Stage, uuid.UUID], bool] | None = None) -> None:

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from polar.config import load_config
 from polar.protocols import detect
@@ -20,10 +19,9 @@ from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimits, LocalLimiter
 from polar.proxy.refusals import RefusalCounter, fold_in, refusal_counts
 from polar.storage.database import Database
-from polar.storage.models import Session
 from polar.training.engine_control import REFRESH_S, set_state
 from tests.conftest import redis_database
-from tests.support import command_task, domain_services, submit_tasks
+from tests.support import command_task, running_proxy_session
 
 CHAT = detect("POST", "/v1/chat/completions", {}, {})
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -45,15 +43,7 @@ def _proxy(database_url: str, redis_url: str, tmp_path: Path, **env: str) -> tup
 
 
 def _running_session(database_url: str, tmp_path: Path, **limits: int) -> tuple[uuid.UUID, str]:
-    services = domain_services(database_url, tmp_path)
-    submit_tasks(services, command_task("limited", "true", **limits))
-    key = "pk-" + uuid.uuid4().hex
-    with services.db.unit() as db:
-        session_id = db.scalar(sa.select(Session.id))
-        db.execute(sa.update(Session).values(state="running", proxy_key_hash=hash_key(key)))
-    services.db.dispose()
-    assert session_id is not None
-    return session_id, key
+    return running_proxy_session(database_url, tmp_path, command_task("limited", "true", **limits))
 
 
 def test_refused_calls_are_recorded_by_reason(database_url: str, redis_url: str, tmp_path: Path) -> None:

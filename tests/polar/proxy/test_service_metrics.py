@@ -11,18 +11,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from polar.config import load_config
 from polar.observability import ProxyMetrics, exposition
 from polar.protocols import detect
 from polar.proxy import EnginePool, ProxyService
-from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimits, LocalLimiter
-from polar.storage.models import Session
 from polar.training.engine_control import REFRESH_S, set_state
 from tests.prometheus import Scrape, parse
-from tests.support import command_task, domain_services, submit_tasks
+from tests.support import command_task, domain_services, running_proxy_session
 
 CHAT = detect("POST", "/v1/chat/completions", {}, {})
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -41,14 +38,8 @@ def proxy(database_url: str, tmp_path: Path) -> Iterator[ProxyService]:
 
 
 def running_session(proxy: ProxyService, **limits: int) -> tuple[uuid.UUID, str]:
-    services = domain_services(proxy.config.database_url, Path(proxy.config.state_dir))
-    submit_tasks(services, command_task("limited", "true", **limits))
-    key = "pk-" + uuid.uuid4().hex
-    with proxy.db.unit() as db:
-        session_id = db.scalar(sa.select(Session.id))
-        db.execute(sa.update(Session).values(state="running", proxy_key_hash=hash_key(key)))
-    services.db.dispose()
-    return session_id, key
+    task = command_task("limited", "true", **limits)
+    return running_proxy_session(proxy.config.database_url, Path(proxy.config.state_dir), task)
 
 
 def scraped(proxy: ProxyService) -> Scrape:

@@ -20,13 +20,11 @@ from polar.config import load_config
 from polar.launcher import Stack, engine_spec, free_port
 from polar.protocols import detect
 from polar.proxy import EnginePool, ProxyService, service, tito
-from polar.proxy.keys import hash_key
 from polar.proxy.limits import LocalLimiter
 from polar.proxy.tito_tips import LocalTips, RedisTips, Tip
 from polar.storage.database import Database
-from polar.storage.models import Session
 from tests.conftest import redis_database
-from tests.support import _live, command_task, domain_services, submit_tasks
+from tests.support import _live, command_task, running_proxy_session
 
 CHAT = detect("POST", "/v1/chat/completions", {}, {})
 CALLS = 12
@@ -55,15 +53,7 @@ def _proxy(database_url: str, engine_url: str, tmp_path: Path, redis_url: str | 
 
 
 def _tito_session(database_url: str, tmp_path: Path) -> tuple[uuid.UUID, str]:
-    services = domain_services(database_url, tmp_path)
-    submit_tasks(services, command_task("tito", "true", token_in_token_out=True))
-    key = "pk-" + uuid.uuid4().hex
-    with services.db.unit() as db:
-        session_id = db.scalar(sa.select(Session.id))
-        db.execute(sa.update(Session).values(state="running", proxy_key_hash=hash_key(key)))
-    services.db.dispose()
-    assert session_id is not None
-    return session_id, key
+    return running_proxy_session(database_url, tmp_path, command_task("tito", "true", token_in_token_out=True))
 
 
 class _RowsRead:
