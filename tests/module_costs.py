@@ -54,9 +54,10 @@ class ModuleCosts:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.reports or not self.path.exists():
             return
+        table = self.path.read_text()
         if os.environ.get(KEEP_ENV):
-            Path(os.environ[KEEP_ENV]).write_text(self.path.read_text())
-        rows = [json.loads(line) for line in self.path.read_text().splitlines()]
+            Path(os.environ[KEEP_ENV]).write_text(table)
+        rows = [json.loads(line) for line in table.splitlines()]
         rows.sort(key=lambda row: -row["wall_s"])
         terminalreporter.section(f"slowest {SHOWN} modules: wall against CPU (tests/module_costs.py)")
         total_cpu = sum(row["cpu_s"] for row in rows)
