@@ -1,6 +1,8 @@
-"""Runs the reconciler in every worker process's background, one pass per interval (an advisory lock keeps
-concurrent passes from overlapping), so no extra service is needed to recover lost sessions. Each pass also
-says this worker's node is alive; the worker announces it once before it starts consuming, too."""
+"""Runs the reconciler in every worker process's background, so no extra service is needed to recover lost
+sessions. Each tick stamps this worker's node as alive; the process whose stamp finds the node unstamped for most
+of an interval runs the pass, so a node's processes share one pass per interval (and an advisory lock keeps
+passes of different nodes from overlapping). The worker announces its node once before it starts consuming,
+too."""
 
 from __future__ import annotations
 
@@ -26,7 +28,9 @@ def _loop(worker: str) -> None:
     judge = LeaseJudge(services.config.stale_after_s)
     while not stop.wait(services.config.reconcile_interval_s):
         try:
-            done = reconcile(services, judge)
+            # Three quarters of the interval: the process that ran the last pass finds the stamp old enough at its
+            # next tick, so the node's passes stay about one interval apart.
+            done = reconcile(services, judge, every_s=services.config.reconcile_interval_s * 0.75)
             if any(v for k, v in done.items() if k not in {"admitted", "unsent_sent"}):
                 log.warning("reconciler: %s", dict(done))
         except Exception:

@@ -38,23 +38,25 @@ def _stale_before(db: DbSession, stale_after_s: float) -> sa.ColumnElement[bool]
     return sa.func.julianday(sa.func.current_timestamp()) - sa.func.julianday(Node.seen_at) > stale_after_s / 86400
 
 
-def announce(services: Services) -> None:
-    """Stamp this process's node as alive now, with its READY bound and run slots."""
+def announce(services: Services, unless_within_s: float | None = None) -> bool:
+    """Stamp this process's node as alive now, with its READY bound and run slots. With ``unless_within_s``, only
+    if no process of this node stamped it in the last ``unless_within_s`` seconds: the stamp then claims the
+    node's next reconciler pass, so the worker processes of one node share a single pass per interval instead of
+    each running its own. True when this call stamped the row."""
     config = services.config
-    values = {
-        "name": config.node,
-        "ready_buffer": config.ready_buffer,
-        "run_slots": config.run_concurrency,
-        "seen_at": sa.func.now() if services.db.is_postgres else sa.func.current_timestamp(),
-    }
+    now = sa.func.now() if services.db.is_postgres else sa.func.current_timestamp()
+    values = {"name": config.node, "ready_buffer": config.ready_buffer, "run_slots": config.run_concurrency,
+              "seen_at": now}  # fmt: skip
     dialect = postgresql if services.db.is_postgres else sqlite
     statement = dialect.insert(Node).values(**values)
-    statement = statement.on_conflict_do_update(
-        index_elements=[Node.name],
-        set_={name: statement.excluded[name] for name in ("ready_buffer", "run_slots", "seen_at")},
-    )
     with services.db.unit() as db:
-        db.execute(statement)
+        statement = statement.on_conflict_do_update(
+            index_elements=[Node.name],
+            set_={name: statement.excluded[name] for name in ("ready_buffer", "run_slots", "seen_at")},
+            where=None if unless_within_s is None else _stale_before(db, unless_within_s),
+        )
+        # RETURNING, not rowcount: the ORM session's rowcount of an upsert is -1 on psycopg.
+        return db.execute(statement.returning(Node.name)).first() is not None
 
 
 def nodes(db: DbSession, stale_after_s: float) -> list[NodeInfo]:

@@ -1,7 +1,9 @@
 """The reconciler: finds sessions whose stage task vanished (killed worker, lost broker message, lost node) and
 moves them on, so every session ends in a terminal state.
 
-- every pass first announces this node as alive (``polar.lifecycle.nodes``);
+- every pass first announces this node as alive (``polar.lifecycle.nodes``); a worker process whose node was
+  stamped by a sibling within the interval skips the pass, so a node runs one pass per interval, not one per
+  process;
 - a *lost node* (no worker seen for ``stale_after_s``): its sessions in init, ready or running go to postrun as
   ``node_lost``, and those already in postrun are re-labelled so; all are finished from the shared postrun queue
   by a surviving node, and their next attempts run elsewhere;
@@ -252,13 +254,16 @@ def _reap_directories(services: Services) -> int:
     return removed
 
 
-def reconcile(services: Services, judge: LeaseJudge | None = None) -> Counter[str]:
-    """One pass; returns what it did, by kind. Without a ``judge`` (tests, one-off calls) leases are judged."""
+def reconcile(services: Services, judge: LeaseJudge | None = None, every_s: float | None = None) -> Counter[str]:
+    """One pass; returns what it did, by kind. Without a ``judge`` (tests, one-off calls) leases are judged. With
+    ``every_s`` (a worker's loop), the pass runs only if no process of this node ran one in the last ``every_s``
+    seconds: its other processes just find the node stamped. Every node still runs its own pass, since part of
+    the work (its runtimes, directories and containers) is local to it."""
     done: Counter[str] = Counter()
     started = time.monotonic()
     try:
-        announce(services)
-        plan = _plan(services, judge_leases=judge is None or judge.may_judge)
+        claimed = announce(services, unless_within_s=every_s)
+        plan = _plan(services, judge_leases=judge is None or judge.may_judge) if claimed else None
     except Exception:
         if judge is not None:
             judge.observe(prompt=False)

@@ -162,3 +162,27 @@ def test_the_directory_reaper_keeps_what_is_live(node_a: Services) -> None:
         os.utime(directory, (an_hour_ago, an_hour_ago))
     assert reconcile(node_a)["directories_reaped"] == 2
     assert sorted(p.name[:36] for p in root.iterdir()) == sorted([str(live.id), "not-a-session"])
+
+
+def test_a_nodes_processes_share_one_reconciler_pass_per_interval(
+    node_a: Services, node_b: Services, database_url: str, tmp_path: Path
+) -> None:
+    """Every worker process ticks the reconciler; only the one that finds its node unstamped for ``every_s`` runs
+    the pass (its other processes just find the node alive), and each node runs its own."""
+    sibling = node_services(database_url, tmp_path, "a", ready_buffer=2)  # another process of node a
+    assert reconcile(node_a, every_s=STALE_S)  # the node's first stamp: this process runs the pass
+    orphan = Path(node_a.config.work_root) / str(uuid.uuid4())
+    orphan.mkdir(parents=True)
+    an_hour_ago = time.time() - 3600
+    os.utime(orphan, (an_hour_ago, an_hour_ago))
+    assert reconcile(sibling, every_s=STALE_S) == {}  # node a ran a pass within the interval: skipped
+    assert orphan.exists()
+    assert reconcile(node_b, every_s=STALE_S)["directories_reaped"] == 0  # node b's own pass, in its own root
+    assert orphan.exists()
+    with node_a.db.unit() as db:
+        assert [(n.name, n.alive) for n in nodes(db, STALE_S)] == [("a", True), ("b", True)]
+    age(node_a, "a", seconds=int(STALE_S) + 1)  # the interval has passed since node a's last pass
+    assert reconcile(sibling, every_s=STALE_S)["directories_reaped"] == 1
+    assert not orphan.exists()
+    assert reconcile(node_a, every_s=STALE_S) == {}  # and that pass is the interval's one
+    assert reconcile(node_a)["directories_reaped"] == 0  # a one-off call (no interval) always runs
