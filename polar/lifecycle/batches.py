@@ -25,7 +25,7 @@ from polar.clock import utcnow
 from polar.config import Config
 from polar.errors import Conflict, NotFound, ValidationError
 from polar.evaluators import check_evaluator
-from polar.harnesses import check_harness
+from polar.harnesses.registry import check_harness
 from polar.lifecycle.admission import admit_after_commit
 from polar.lifecycle.attempts import OutcomeClass, is_latest_attempt
 from polar.lifecycle.states import TERMINAL, State

@@ -13,7 +13,8 @@ import uuid
 import sqlalchemy as sa
 
 from polar.errors import RuntimeFailure, UnsafePath
-from polar.harnesses import HARNESSES, HarnessContext
+from polar.harnesses.base import HarnessContext
+from polar.harnesses.registry import HARNESSES
 from polar.lifecycle.admission import admit
 from polar.lifecycle.budget import RunBudget, budget_left, start_run_budget
 from polar.lifecycle.states import Outcome, State

@@ -11,7 +11,7 @@ import pytest
 
 from polar.errors import ValidationError
 from polar.harbor import find_task_folders, pack, read_task_folder
-from polar.harnesses import check_harness
+from polar.harnesses.registry import check_harness
 from polar.loaders import harbor_task
 from polar.task_request import HarnessSpec, parse_batch_request
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from polar.errors import ValidationError
-from polar.harnesses import HARNESSES, HarnessContext, check_harness
+from polar.harnesses.base import HarnessContext
+from polar.harnesses.registry import HARNESSES, check_harness
 from polar.task_request import HarnessSpec
 
 UNSAFE = {

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from polar.errors import RuntimeFailure, ValidationError
-from polar.harnesses import HARNESSES, HarnessContext, HarnessLaunch
+from polar.harnesses.base import HarnessContext, HarnessLaunch
 from polar.harnesses.install import (
     PACKAGES,
     binary_path,
@@ -19,6 +19,7 @@ from polar.harnesses.install import (
     require_binary,
     runtime_bin_dirs,
 )
+from polar.harnesses.registry import HARNESSES
 from polar.task_request import HarnessSpec
 from tests.outside import Outside, refusal
 

@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
 from polar.errors import PluginNotAllowed
-from polar.harnesses import HARNESSES, HarnessContext, check_harness
+from polar.harnesses.base import HarnessContext
+from polar.harnesses.registry import HARNESSES, check_harness
 from polar.task_request import HarnessSpec
 
 
@@ -61,3 +63,15 @@ def test_the_entry_point_refuses_a_target_outside_the_allow_list(tmp_path: Path)
     allowed = _run(tmp_path, "planted:run", ("planted",))
     assert allowed.returncode == 0, allowed.stderr
     assert mark.exists()
+
+
+def test_the_entry_point_imports_only_what_it_needs() -> None:
+    """Every ``python`` session starts with this import: the harness registry, the runtimes and the Docker SDK
+    cost each session about a second of CPU before its agent ran."""
+    listing = "import sys, polar.harnesses.python_entry; print(' '.join(sorted(sys.modules)))"
+    loaded = set(
+        subprocess.run([sys.executable, "-c", listing], capture_output=True, text=True, check=True).stdout.split()
+    )
+    assert {m for m in loaded if m.split(".")[0] in ("polar", "docker", "sqlalchemy", "pydantic")} == {
+        "polar", "polar.errors", "polar.import_path", "polar.harnesses", "polar.harnesses.python_entry",
+    }  # fmt: skip
