@@ -12,7 +12,7 @@ import pytest
 
 from tests.chaos import ChaosPlan, run_chaos
 
-pytestmark = pytest.mark.long(seconds=150)  # dealt out first, longest first (tests/conftest.py)
+pytestmark = pytest.mark.long(seconds=204)  # dealt out first, longest first (tests/conftest.py)
 
 
 # 80 sessions keep sessions in flight through the whole fault schedule (its last fault lands about 55 s after the

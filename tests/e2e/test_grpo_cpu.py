@@ -14,7 +14,7 @@ import pytest
 
 from tests.support import run_to_end
 
-pytestmark = [pytest.mark.long(seconds=200), pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.long(seconds=258), pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
 # The trainer recomputes each sampled token's logprob under the weights that sampled it. Same code on the torch

@@ -30,7 +30,7 @@ from tests.docker_engine import containers_of, require_docker_image
 from tests.harbor_model import harbor_reads
 from tests.support import RunningStack, running_stack
 
-pytestmark = [pytest.mark.long(seconds=90), pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.long(seconds=171), pytest.mark.timeout(1500)]
 
 REPO = str(Path(__file__).resolve().parents[2])
 TASKS = Path(__file__).resolve().parent / "harbor_tasks"

@@ -19,7 +19,7 @@ from polar.harnesses.check import Report, build_report, check_task, decode_token
 from polar.harnesses.install import install
 from tests.support import RunningStack, running_stack
 
-pytestmark = [pytest.mark.long(seconds=138), pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.long(seconds=230), pytest.mark.timeout(1500)]
 
 CLIS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi")
 STEPS = 20

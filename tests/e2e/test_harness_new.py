@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.file_task import check_file_task, file_task_results
 
-pytestmark = [pytest.mark.long(seconds=90), pytest.mark.timeout(1500)]  # installs five CLIs first
+pytestmark = [pytest.mark.long(seconds=192), pytest.mark.timeout(1500)]  # installs five CLIs first
 
 HARNESSES = ("kilocode", "cline", "droid", "mistral_vibe", "kimi_cli", "aider")
 RUNTIMES = ("local", "bwrap")

@@ -13,7 +13,7 @@ import pytest
 
 from tests.chaos import ChaosPlan, run_chaos
 
-pytestmark = pytest.mark.long(seconds=380)  # dealt out first, longest first (tests/conftest.py)
+pytestmark = pytest.mark.long(seconds=449)  # dealt out first, longest first (tests/conftest.py)
 
 # 36 sessions of 6 calls with 2 s of tool time between them, on 2 run slots per node, keep sessions running through
 # all three outages (the last one starts 155 s after the submission).

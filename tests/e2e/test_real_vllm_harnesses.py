@@ -21,7 +21,7 @@ from polar.harnesses.install import install
 from tests.real_vllm import SharedVllm
 from tests.support import RunningStack, engine_tokenize, running_stack
 
-pytestmark = [pytest.mark.long(seconds=120), pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.long(seconds=250), pytest.mark.timeout(1200)]
 
 REPO = str(Path(__file__).resolve().parents[2])
 # The six CLIs, mini_swe_agent, hermes, openclaw; the presets of issue 31 run on the reference engine

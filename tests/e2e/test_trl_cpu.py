@@ -16,7 +16,7 @@ import pytest
 
 from tests.support import run_to_end
 
-pytestmark = [pytest.mark.long(seconds=400), pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.long(seconds=143), pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 # Polar captures the torch engine's float32 logprobs (KV-cached decoding); TRL recomputes them with the same weights
