@@ -5,4 +5,5 @@ one module per harness (``command``, ``python``, and the coding-agent CLI preset
 ``registry`` maps TaskRequest ``harness.name`` values to them.
 
 This file imports nothing: ``python -m polar.harnesses.python_entry`` starts every ``python`` harness session,
-and a registry imported here (every harness, the runtimes, the Docker SDK) cost each of them a second of CPU."""
+and a registry imported here (every harness, the runtimes, the Docker SDK) cost each of them about half a
+second of CPU."""

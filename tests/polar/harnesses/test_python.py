@@ -67,7 +67,7 @@ def test_the_entry_point_refuses_a_target_outside_the_allow_list(tmp_path: Path)
 
 def test_the_entry_point_imports_only_what_it_needs() -> None:
     """Every ``python`` session starts with this import: the harness registry, the runtimes and the Docker SDK
-    cost each session about a second of CPU before its agent ran."""
+    cost each session about half a second of CPU before its agent ran."""
     listing = "import sys, polar.harnesses.python_entry; print(' '.join(sorted(sys.modules)))"
     loaded = set(
         subprocess.run([sys.executable, "-c", listing], capture_output=True, text=True, check=True).stdout.split()
