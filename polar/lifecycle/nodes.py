@@ -44,9 +44,12 @@ def announce(services: Services, unless_within_s: float | None = None) -> bool:
     node's next reconciler pass, so the worker processes of one node share a single pass per interval instead of
     each running its own. True when this call stamped the row."""
     config = services.config
-    now = sa.func.now() if services.db.is_postgres else sa.func.current_timestamp()
-    values = {"name": config.node, "ready_buffer": config.ready_buffer, "run_slots": config.run_concurrency,
-              "seen_at": now}  # fmt: skip
+    values = {
+        "name": config.node,
+        "ready_buffer": config.ready_buffer,
+        "run_slots": config.run_concurrency,
+        "seen_at": sa.func.now() if services.db.is_postgres else sa.func.current_timestamp(),
+    }
     dialect = postgresql if services.db.is_postgres else sqlite
     statement = dialect.insert(Node).values(**values)
     with services.db.unit() as db:
