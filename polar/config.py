@@ -127,6 +127,14 @@ class Config:
         return deployment_id(self.database_url)
 
     @property
+    def reconcile_tick_s(self) -> float:
+        """How often a worker's reconciler wakes: ``reconcile_interval_s``, or a quarter of the stale window if that
+        is shorter. The reconciler judges leases only after passes a fraction of a stale window apart
+        (``polar.lifecycle.reconciler.LeaseJudge``), so a short ``POLAR_STALE_AFTER`` beside a longer interval
+        would leave a lost run worker's sessions running forever."""
+        return min(self.reconcile_interval_s, self.stale_after_s / 4)
+
+    @property
     def embedded(self) -> bool:
         """True when running on the embedded defaults (SQLite + an in-process broker)."""
         return self.database_url.startswith("sqlite")

@@ -26,11 +26,12 @@ def _loop(worker: str) -> None:
     stop = threading.Event()
     # Leases are judged only after a stale window of prompt passes: never right after an outage or a pause.
     judge = LeaseJudge(services.config.stale_after_s)
-    while not stop.wait(services.config.reconcile_interval_s):
+    tick_s = services.config.reconcile_tick_s
+    while not stop.wait(tick_s):
         try:
-            # Three quarters of the interval: the process that ran the last pass finds the stamp old enough at its
-            # next tick, so the node's passes stay about one interval apart.
-            done = reconcile(services, judge, every_s=services.config.reconcile_interval_s * 0.75)
+            # Three quarters of the tick: the process that ran the last pass finds the stamp old enough at its
+            # next tick, so the node's passes stay about one tick apart.
+            done = reconcile(services, judge, every_s=tick_s * 0.75)
             if any(v for k, v in done.items() if k not in {"admitted", "unsent_sent"}):
                 log.warning("reconciler: %s", dict(done))
         except Exception:

@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from polar.clock import utcnow
+from polar.config import load_config
 from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.lost_messages import lost_messages
 from polar.lifecycle.nodes import announce
@@ -132,3 +133,22 @@ def test_the_lease_judge_waits_a_stale_window_of_prompt_passes() -> None:
         now[0] += 5.0
         judge.observe(prompt=True)
     assert judge.may_judge
+
+
+@pytest.mark.parametrize("stale_after", ["30", "4", "1"])
+def test_a_workers_reconciler_ticks_often_enough_for_its_lease_judge(stale_after: str) -> None:
+    """A short POLAR_STALE_AFTER beside the default 5 s interval (a test noticing a killed worker in seconds):
+    ticking every 5 s, the judge saw no two passes close enough together and judged leases only by accident (on a
+    new process's second pass), so a killed run worker's sessions could stay running for good. The worker ticks at
+    ``reconcile_tick_s``: past the first stale window, every pass may judge."""
+    config = load_config({"POLAR_STALE_AFTER": stale_after, "POLAR_RECONCILE_INTERVAL": "5"}, Path("/"))
+    assert config.reconcile_tick_s == min(5.0, config.stale_after_s / 4)
+    now = [0.0]
+    judge = LeaseJudge(config.stale_after_s, clock=lambda: now[0])
+    judged = []
+    for _ in range(int(10 * config.stale_after_s / config.reconcile_tick_s)):  # as workers.reconciler's loop
+        now[0] += config.reconcile_tick_s
+        judged.append(judge.may_judge)
+        judge.observe(prompt=True)
+    warm = int(config.stale_after_s / config.reconcile_tick_s) + 1
+    assert all(judged[warm:]) and not any(judged[: warm - 1]), judged
