@@ -72,6 +72,10 @@ class PolicyForcing(LogitsProcessor):
                 self._rows[second] = moved
             if kind == MoveDirectionality.SWAP and other is not None:
                 self._rows[first] = other
+            else:
+                # vLLM condenses its batch by moving a row into a removed one's place, and then lists that removal
+                # only as this move: the row moved over has ended.
+                self._finish(other)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if self._answers is None:
