@@ -35,6 +35,7 @@ RUN_DIR_ENV = "POLAR_TEST_RUN_DIR"  # the controller makes it; every test proces
 CONTROLLER_ENV = "POLAR_TEST_CONTROLLER_PID"
 START_S = 900.0  # a hang guard: a cold start (compiling its kernels) beside the suite took minutes here
 POLAR = str(Path(sys.executable).parent / "polar")
+SAMPLED_WAIT_S = 60.0  # how long a sequence's record may lag its answer (one step of a server beside the suite)
 
 # Scripted routes: name -> (module, attribute) holding a scripted policy's turns (a list or {"turns": [...]}).
 SCRIPTED = {
@@ -84,11 +85,28 @@ class SharedVllm:
         return [r for r in records if (r.get("extra_args") or {}).get("polar_route") == route]
 
     def sampled_for(self, prompt_ids: list[int], route: str | None = None) -> dict[str, Any]:
-        """The latest record of a sequence vLLM ran on exactly ``prompt_ids`` (on ``route``)."""
-        for record in reversed(self.samples(route)):
-            if record["prompt_token_ids"] == prompt_ids:
-                return record
-        raise AssertionError(f"vLLM never ran a sequence on this prompt ({len(prompt_ids)} tokens, route {route})")
+        """The latest record of a sequence vLLM ran on exactly ``prompt_ids`` (on ``route``). vLLM tells its logits
+        processors that a sequence left the batch (cut by a stop rule or ``max_tokens``) only at its next step,
+        which an idle server does not take: a record not there yet is waited for, with one-token calls to make the
+        server step."""
+        deadline = time.monotonic() + SAMPLED_WAIT_S
+        while True:
+            for record in reversed(self.samples(route)):
+                if record["prompt_token_ids"] == prompt_ids:
+                    return record
+            if time.monotonic() > deadline:
+                tail = _tail(self.sample_log, 3)[-2000:]
+                raise AssertionError(f"vLLM never ran a sequence on this prompt ({len(prompt_ids)} tokens, route "
+                                     f"{route}); the log's last records: {tail}")  # fmt: skip
+            self._step()
+            time.sleep(0.5)
+
+    def _step(self) -> None:
+        """One short call (the model sampling freely), so that the server takes a step."""
+        with contextlib.suppress(httpx.HTTPError):
+            model = httpx.get(f"{self.url}/v1/models", timeout=30).json()["data"][0]["id"]
+            httpx.post(f"{self.url}/v1/completions", json={"model": model, "prompt": "step", "max_tokens": 1,
+                       "vllm_xargs": {"polar_route": "model"}}, timeout=120)  # fmt: skip
 
 
 def shared_vllm() -> SharedVllm:
