@@ -77,3 +77,43 @@ def test_racing_producers_and_consumers_deliver_each_message_once(tmp_path: Path
     assert late == []
     assert sorted(received) == sorted((p, i, 4096) for p in range(PRODUCERS) for i in range(PER_PRODUCER))
     assert list((tmp_path / "queue").iterdir()) == [] and list((tmp_path / "processed").iterdir()) == []
+
+
+BINDERS = 6
+EXCHANGES = 100
+
+
+def _bind(folder: Path, binder: int, together: Any) -> None:
+    with _connection(folder) as connection:
+        channel = connection.default_channel
+        for index in range(EXCHANGES):
+            together.wait()  # every binder at a new exchange at once
+            try:
+                channel._queue_bind(f"exchange-{index}", "", "", f"queue-{binder}")
+            except BaseException:
+                together.abort()  # the others stop at once instead of waiting out the barrier
+                raise
+
+
+def test_workers_binding_at_once_all_land_in_each_exchange_table(tmp_path: Path) -> None:
+    """Embedded workers start together, each binding its broadcast queue: kombu's own table writes let one read the
+    file another had just created empty (and die), or overwrite another's binding. (Run with kombu's own transport,
+    this test fails in seconds: a binder dies on the empty file.)"""
+    for sub in ("queue", "processed"):
+        (tmp_path / sub).mkdir()
+    context = multiprocessing.get_context("spawn")
+    together = context.Barrier(BINDERS, timeout=120)  # a hang guard
+    binders = [context.Process(target=_bind, args=(tmp_path, b, together)) for b in range(BINDERS)]
+    for process in binders:
+        process.start()
+    for process in binders:
+        process.join(timeout=120)  # a hang guard
+    assert [process.exitcode for process in binders] == [0] * BINDERS
+    with _connection(tmp_path) as connection:
+        channel = connection.default_channel
+        for index in range(EXCHANGES):
+            queues = sorted(q.queue for q in channel.get_table(f"exchange-{index}"))
+            assert queues == [f"queue-{b}" for b in range(BINDERS)], index
+        channel._delete("queue-0", "exchange-0", "", "")
+        assert sorted(q.queue for q in channel.get_table("exchange-0")) == [f"queue-{b}" for b in range(1, BINDERS)]
+        assert channel.get_table("no-such-exchange") == []
