@@ -58,4 +58,6 @@ def test_copies_are_bounded_and_reused(tmp_path: Path) -> None:
     expected = renderer.prompt_ids(body)
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(renderer.prompt_ids, [body] * 16)) == [expected] * 16
-    assert renderer._unmade == 0 and renderer._idle.qsize() == 2  # 8 threads, 2 copies made, both idle again
+    # 8 threads, at most 2 copies made (on a loaded machine the calls may never overlap: one), all idle again.
+    made = 2 - renderer._unmade
+    assert 1 <= made <= 2 and renderer._idle.qsize() == made
