@@ -17,7 +17,15 @@ from polar.engine.vllm import vllm_python
 from polar.storage.migration import upgrade
 from polar.storage.scratch import admin, scratch_database, sqlalchemy_url
 from tests.module_costs import ModuleCosts
-from tests.real_vllm import CONTROLLER_ENV, RUN_DIR_ENV, SharedVllm, shared_vllm, start_shared_vllm, stop_shared_vllm
+from tests.real_vllm import (
+    CONTROLLER_ENV,
+    RUN_DIR_ENV,
+    SharedVllm,
+    shared_vllm,
+    shared_vllm_pid,
+    start_shared_vllm,
+    stop_shared_vllm,
+)
 from tests.support import LIVE_STACKS
 from tests.waiting_lane import WaitingLaneScheduling, add_ini
 
@@ -51,7 +59,8 @@ def pytest_configure(config: pytest.Config) -> None:
         if _whole_suite(config) and vllm_python() is not None:
             start_shared_vllm()  # `make test`: vLLM's start-up overlaps the first modules instead of a test's wait
     if RUN_DIR_ENV in os.environ:
-        costs = ModuleCosts(Path(os.environ[RUN_DIR_ENV]), reports=not hasattr(config, "workerinput"))
+        run_dir, reports = Path(os.environ[RUN_DIR_ENV]), not hasattr(config, "workerinput")
+        costs = ModuleCosts(run_dir, reports=reports, shared_server_pid=shared_vllm_pid)
         config.pluginmanager.register(costs, "polar-module-costs")
 
 

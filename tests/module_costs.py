@@ -4,7 +4,9 @@ A module's CPU is the growth of ``RUSAGE_SELF`` + ``RUSAGE_CHILDREN`` across it:
 children of its test process and are reaped when the module's fixtures stop them, so their CPU (and that of their
 own children: Celery's pool, the harnesses) lands in the module that started them, even with modules running side
 by side. CPU spent in Docker containers or in the run's shared vLLM server is not counted. A module whose CPU is a
-small part of its wall time mostly waits: ``waiting_modules`` (tests/waiting_lane.py) is where it belongs.
+small part of its wall time mostly waits: ``waiting_modules`` (tests/waiting_lane.py) is where it belongs. The
+controller's table ends with what the modules leave out: the shared vLLM server's CPU, and the whole machine's
+busy CPU across the run against what its cores could give, so the rest (Postgres, Docker, pytest) shows too.
 
 Each test process writes one line per module into the run's shared directory; the controller prints the table."""
 
@@ -14,12 +16,35 @@ import json
 import os
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 SHOWN = 20
 KEEP_ENV = "POLAR_MODULE_COSTS"  # a path: the whole table (every module, JSON lines) is copied there at the end
+
+
+def _machine_busy_s() -> float:
+    """CPU-seconds every core of the machine has spent busy since boot (``/proc/stat``: all but idle and iowait)."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def process_group_cpu_s(group: int) -> float:
+    """CPU-seconds used so far by the live processes of process group ``group`` (their own, not reaped children's)."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if int(fields[2]) == group:  # pgrp
+            total += int(fields[11]) + int(fields[12])  # utime + stime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu_s() -> float:
@@ -30,8 +55,10 @@ def _cpu_s() -> float:
 class ModuleCosts:
     """A pytest plugin: ``module_costs.jsonl`` in ``run_dir``, one line per module a test process finished."""
 
-    def __init__(self, run_dir: Path, *, reports: bool) -> None:
+    def __init__(self, run_dir: Path, *, reports: bool, shared_server_pid: Callable[[], int | None]) -> None:
         self.path = run_dir / "module_costs.jsonl"
+        self.shared_server_pid = shared_server_pid
+        self.begun = (time.monotonic(), _machine_busy_s())
         self.reports = reports  # the controller (or a run without test processes) prints the table
         self.started: dict[str, tuple[float, float]] = {}
 
@@ -66,3 +93,11 @@ class ModuleCosts:
             figures = f"{row['wall_s']:7.1f}s wall {row['cpu_s']:7.1f}s CPU ({share:4.0%})"
             terminalreporter.write_line(f"{figures} {row['process']:>4} {row['module']}")
         terminalreporter.write_line(f"{len(rows)} modules, {total_cpu:.0f}s CPU in all (without Docker and vLLM)")
+        server = self.shared_server_pid()
+        if server is not None:
+            terminalreporter.write_line(f"the shared vLLM server: {process_group_cpu_s(server):.0f}s CPU")
+        wall, busy = time.monotonic() - self.begun[0], _machine_busy_s() - self.begun[1]
+        cores = os.cpu_count() or 1
+        terminalreporter.write_line(
+            f"the machine: {busy:.0f}s CPU busy of {wall * cores:.0f}s ({cores} cores for {wall:.0f}s), whatever ran"
+        )

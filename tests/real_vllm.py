@@ -166,13 +166,20 @@ def _wait_ready(shared: SharedVllm) -> None:
     raise AssertionError(f"real vLLM not ready after {START_S:.0f}s:\n{_tail(shared.log)}")
 
 
-def stop_shared_vllm() -> None:
-    """Stop the run's server if one was started (the controller calls this when the run ends)."""
+def shared_vllm_pid() -> int | None:
+    """The run's server's pid (its process group's too), if one was started."""
     run_dir = os.environ.get(RUN_DIR_ENV)
     state = Path(run_dir) / "vllm.json" if run_dir else None
     if state is None or not state.exists():
+        return None
+    return int(json.loads(state.read_text())["pid"])
+
+
+def stop_shared_vllm() -> None:
+    """Stop the run's server if one was started (the controller calls this when the run ends)."""
+    pid = shared_vllm_pid()
+    if pid is None:
         return
-    pid = int(json.loads(state.read_text())["pid"])
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
         for _ in range(100):
