@@ -58,7 +58,7 @@ from polar.protocols import (
 from polar.proxy import budget, sglang, tito
 from polar.proxy.body_limits import check_values
 from polar.proxy.capture import CallRecord, mark_undelivered, record_call, session_state_for_key
-from polar.proxy.engines import EnginePool, EngineReply
+from polar.proxy.engines import EngineAddress, EnginePool, EngineReply
 from polar.proxy.key_misses import STALE_S, KeyMisses
 from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimiter, CallLimits, call_limiter
@@ -69,7 +69,7 @@ from polar.proxy.template_kwargs import check_setting, check_template_kwargs
 from polar.proxy.tito_tips import TipStore, tip_store
 from polar.proxy.token_check import check_tokens
 from polar.storage.database import Database
-from polar.storage.outage import ride_out
+from polar.storage.outage import ride_out, unreachable
 from polar.training.engine_control import ControlState, ControlView
 
 log = logging.getLogger(__name__)
@@ -308,11 +308,22 @@ class ProxyService:
                 check_template_kwargs(request.engine_body, self.config.chat_template_kwargs)
             return self._generate(protocol, session_id, limits, sampling_mode, agent, body, request)
         except PolarError as exc:
-            if (reason := _refusal(exc)) is not None:
-                self.metrics.refused(protocol.PROVIDER, reason)
-                # On record, so postrun can tell a harness the infrastructure turned away from one that failed.
-                self.refusals.refused(hash_key(key) if key else None, session_id, reason)
-            return self.error(protocol, exc)
+            return self._refuse(protocol, key, session_id, exc)
+        except sa.exc.DBAPIError as exc:
+            if not unreachable(exc):
+                raise
+            # A read that reached for the database without riding out an outage: refused as an outage, on record.
+            outage = CaptureFailed(f"Polar could not reach its database: {type(exc.orig).__name__}; retry")
+            return self._refuse(protocol, key, session_id, outage)
+
+    def _refuse(
+        self, protocol: ModuleType, key: str | None, session_id: uuid.UUID | None, exc: PolarError
+    ) -> ProxyAnswer:
+        if (reason := _refusal(exc)) is not None:
+            self.metrics.refused(protocol.PROVIDER, reason)
+            # On record, so postrun can tell a harness the infrastructure turned away from one that failed.
+            self.refusals.refused(hash_key(key) if key else None, session_id, reason)
+        return self.error(protocol, exc)
 
     def body_for_routing(self, key: str | None, read: Callable[[], bytes]) -> tuple[bytes, Any] | None:
         """A request no path routes: its body (raw and parsed, under one of the session's slots) for the protocol
@@ -347,6 +358,13 @@ class ProxyService:
             engine_body.update(fitted)
             reply = self.engines.post(session_id, path, engine_body, self.config.served_model, kind="vllm")
         return reply
+
+    def _route(self, session_id: uuid.UUID) -> EngineAddress:
+        """The session's engine. Finding its pin may read the database (the call that last served it), so an
+        outage there is waited out and then refused as one, on record like any other: a harness turned away by
+        it failed because of the infrastructure (a chaos run's Postgres restart once came through here as an
+        unhandled 500 and two attempts were scored as the policy's failures)."""
+        return self._recorded(lambda: self.engines.route(session_id))
 
     def _tito_link(self, session_id: uuid.UUID, agent: str | None, chat_body: dict[str, Any]) -> tito.ChainLink | None:
         if not self._tito_enabled(session_id):
@@ -407,7 +425,7 @@ class ProxyService:
     ) -> ProxyAnswer:
         tokenize = protocol.count_tokens_request(body, context)
         check_template_kwargs(tokenize, self.config.chat_template_kwargs)
-        if self.engines.route(session_id).kind == "sglang":
+        if self._route(session_id).kind == "sglang":
             return ProxyAnswer(200, protocol.render_count_tokens(len(self.renderer().prompt_ids(tokenize))))
         reply = self.engines.post(session_id, "/tokenize", tokenize, self.config.served_model)
         if reply.status_code != 200:
@@ -450,7 +468,7 @@ class ProxyService:
         session_id, agent, request, started = call.session_id, call.agent, call.request, call.started
         served = self.config.served_model
         chat_body, sampling = engine_sampling(request.engine_body, self.config.sampling_overrides, call.sampling_mode)
-        kind = self.engines.route(session_id).kind
+        kind = self._route(session_id).kind
         link = self._tito_link(session_id, agent, chat_body) if kind == "vllm" else None
         engine_body = _capture_fields(chat_body)
         try:

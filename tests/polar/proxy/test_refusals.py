@@ -15,6 +15,7 @@ import pytest
 from polar.config import load_config
 from polar.protocols import detect
 from polar.proxy import EnginePool, ProxyService
+from polar.proxy.fleet import pinned_engine
 from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimits, LocalLimiter
 from polar.proxy.refusals import RefusalCounter, fold_in, refusal_counts
@@ -89,3 +90,30 @@ def test_refusals_while_the_database_is_away_are_counted_in_redis_then_folded_in
         assert refusal_counts(db, session_id) == {"database_outage": 3}
     finally:
         db.dispose()
+
+
+def test_the_database_away_while_a_call_finds_its_engine_is_a_refusal_on_record(
+    database_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """The session's engine pin is read from the database (the call that last served it). A chaos run's Postgres
+    restart landed between a call's key lookup and that read: the proxy answered an unhandled 500 with nothing on
+    record, and the harness that gave up on it was scored as the policy's failure. It is a database outage."""
+    assert CHAT is not None
+    session_id, key = _running_session(database_url, tmp_path)
+    settings = {"POLAR_DATABASE_URL": database_url, "POLAR_ENGINE_URLS": "http://127.0.0.1:1",
+                "POLAR_SERVED_MODEL": "m", "POLAR_REDIS_URL": redis_url, "POLAR_DB_OUTAGE": "0.2"}  # fmt: skip
+    config = load_config(settings, cwd=tmp_path)
+    away = Database("postgresql+psycopg://postgres@127.0.0.1:1/polar")  # where the pin lookup finds Postgres gone
+    engines = EnginePool(config.engine_urls, 5, pin_of=lambda sid: pinned_engine(away, sid))
+    db = Database(database_url)
+    proxy = ProxyService(config, db, engines, LocalLimiter(), refusals=RefusalCounter(db, redis_url))
+    try:
+        answers = [proxy.handle(CHAT, key, None, BODY) for _ in range(2)]
+        assert [a.status for a in answers] == [503, 503]
+        assert "could not reach its database" in json.dumps(answers[0].body)
+        fold_in(db, redis_url, session_id, hash_key(key))  # counted in Redis, as any outage refusal: postrun's step
+        assert refusal_counts(db, session_id) == {"database_outage": 2}
+    finally:
+        engines.close()
+        db.dispose()
+        away.dispose()
