@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,11 +34,17 @@ def redis_url() -> Iterator[str]:
         yield url
 
 
-def _proxy(database_url: str, redis_url: str, tmp_path: Path, **env: str) -> tuple[ProxyService, EnginePool]:
+def _proxy(
+    database_url: str,
+    redis_url: str,
+    tmp_path: Path,
+    pin_of: Callable[[uuid.UUID], str | None] | None = None,
+    **env: str,
+) -> tuple[ProxyService, EnginePool]:
     settings = {"POLAR_DATABASE_URL": database_url, "POLAR_ENGINE_URLS": "http://127.0.0.1:1",
                 "POLAR_SERVED_MODEL": "m", "POLAR_REDIS_URL": redis_url, **env}  # fmt: skip
     config = load_config(settings, cwd=tmp_path)
-    engines = EnginePool(config.engine_urls, 5)
+    engines = EnginePool(config.engine_urls, 5, pin_of=pin_of)
     db = Database(database_url)
     return ProxyService(config, db, engines, LocalLimiter(), refusals=RefusalCounter(db, redis_url)), engines
 
@@ -100,13 +106,11 @@ def test_the_database_away_while_a_call_finds_its_engine_is_a_refusal_on_record(
     record, and the harness that gave up on it was scored as the policy's failure. It is a database outage."""
     assert CHAT is not None
     session_id, key = _running_session(database_url, tmp_path)
-    settings = {"POLAR_DATABASE_URL": database_url, "POLAR_ENGINE_URLS": "http://127.0.0.1:1",
-                "POLAR_SERVED_MODEL": "m", "POLAR_REDIS_URL": redis_url, "POLAR_DB_OUTAGE": "0.2"}  # fmt: skip
-    config = load_config(settings, cwd=tmp_path)
     away = Database("postgresql+psycopg://postgres@127.0.0.1:1/polar")  # where the pin lookup finds Postgres gone
-    engines = EnginePool(config.engine_urls, 5, pin_of=lambda sid: pinned_engine(away, sid))
-    db = Database(database_url)
-    proxy = ProxyService(config, db, engines, LocalLimiter(), refusals=RefusalCounter(db, redis_url))
+    proxy, engines = _proxy(
+        database_url, redis_url, tmp_path, lambda sid: pinned_engine(away, sid), POLAR_DB_OUTAGE="0.2"
+    )
+    db = proxy.db
     try:
         answers = [proxy.handle(CHAT, key, None, BODY) for _ in range(2)]
         assert [a.status for a in answers] == [503, 503]
