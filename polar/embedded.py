@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import socket
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from polar.config import embedded_urls
-from polar.launcher import EngineBackend, Stack, new_api_token, pipeline_env, pipeline_specs
+from polar.launcher import EngineBackend, Stack, free_port, new_api_token, pipeline_env, pipeline_specs, port_is_free
 from polar.storage.migration import upgrade
 
 DEFAULT_PORTS = {"engine": 8000, "proxy": 8100, "api": 8200}
@@ -39,16 +38,9 @@ def _claimed(port: int) -> bool:
 def _port(preferred: int) -> int:
     """``preferred`` if it is free and unclaimed, else any free port (a demo never collides with something
     running)."""
-    for candidate in (preferred, 0):
-        if candidate and not _claimed(candidate):
-            continue
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", candidate))
-            except OSError:
-                continue
-            return int(probe.getsockname()[1])
-    raise RuntimeError("no free port")
+    if _claimed(preferred) and port_is_free(preferred):
+        return preferred
+    return free_port()
 
 
 @dataclass(frozen=True)

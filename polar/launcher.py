@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import secrets
 import signal
 import socket
@@ -27,9 +28,45 @@ from polar.lifecycle.dispatch import Stage
 PYTHON = sys.executable
 
 
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
+# Ports this process has handed out, not yet necessarily bound by whoever asked.
+_HANDED_OUT: set[int] = set()
+_RANDOM = random.SystemRandom()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for ports it picks itself (bind to 0, a client's connect)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 49152, 65535  # the IANA range, which BSDs and macOS use
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a server could bind ``port`` on loopback now."""
     with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now, for a server about to start.
+
+    It is drawn at random from just below the kernel's ephemeral range. A port that ``bind(0)`` returns is one
+    the kernel also hands to outgoing connections, so between the probe and the server's own bind a client's
+    connection (to Postgres, to Redis) could take it and the server would die on EADDRINUSE. Below the range only
+    another server can take it, and a random draw makes two starters choosing the same one unlikely."""
+    low, _ = _ephemeral_range()
+    candidates = range(max(1024, low - 16384), low)
+    for _ in range(200):
+        port = _RANDOM.choice(candidates)
+        if port not in _HANDED_OUT and port_is_free(port):
+            _HANDED_OUT.add(port)
+            return port
+    with socket.socket() as probe:  # that whole range taken: the kernel's own choice, race and all
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
 

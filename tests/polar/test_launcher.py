@@ -3,9 +3,10 @@ one."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
-from polar.launcher import new_api_token, pipeline_env
+from polar.launcher import _ephemeral_range, free_port, new_api_token, pipeline_env, port_is_free
 
 PORTS = {"engine": 1, "api": 2, "proxy": 3}
 
@@ -58,3 +59,16 @@ def test_embedded_stacks_started_at_once_claim_different_ports() -> None:
     preferred = free_port()
     first, second = _port(preferred), _port(preferred)
     assert first == preferred and second != preferred  # the claim on the preferred port is held by the first
+
+
+def test_free_ports_come_from_outside_the_range_client_connections_take_theirs_from() -> None:
+    # A port from bind(0) is one the kernel also gives a client's connection, which can take it before the server
+    # binds (a reference engine died on EADDRINUSE in a stressed run); below the ephemeral range only servers bind.
+    low, _ = _ephemeral_range()
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50  # never the same one twice to one process
+    assert all(1024 <= port < low and port_is_free(port) for port in ports)
+    with socket.create_server(("127.0.0.1", ports[0])) as server:
+        with socket.create_connection(server.getsockname()) as client:
+            assert client.getsockname()[1] >= low  # where a client's port comes from
+        assert not port_is_free(ports[0])
