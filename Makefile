@@ -14,7 +14,7 @@ TORCH_CPU ?= 2.13.0+cpu
 # default; ENGINE=vllm serves them with real vLLM (installed into its own virtualenv in the engine cache first).
 ENGINE ?= reference
 
-.PHONY: demo test test-stress install services lint up clean rl-demo trl-demo vllm-engine nemo-gym-client
+.PHONY: demo test test-stress install services lint up clean rl-demo trl-demo vllm-engine nemo-gym-client bytecode
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,16 +47,21 @@ vllm-engine: install
 nemo-gym-client: install
 	$(BIN)/python -m tests.nemo_gym_client
 
-demo: install $(if $(filter vllm,$(ENGINE)),vllm-engine)
+# Polar's own modules compiled once: every stack starts a dozen Python processes, and where PYTHONDONTWRITEBYTECODE
+# is set (this project's machines set it) each would otherwise compile every module it imports from source again.
+bytecode: install
+	$(BIN)/python -m compileall -q -j 0 polar workers web tests examples bench
+
+demo: install bytecode $(if $(filter vllm,$(ENGINE)),vllm-engine)
 	$(BIN)/polar demo --engine $(ENGINE)
 
 # GRPO on a CPU through Polar (examples/grpo_cpu): writes rl-demo/steps.jsonl and rl-demo/reward.png.
-rl-demo: $(TRAIN_STAMP) $(if $(filter vllm,$(ENGINE)),vllm-engine)
+rl-demo: $(TRAIN_STAMP) bytecode $(if $(filter vllm,$(ENGINE)),vllm-engine)
 	$(BIN)/python -m examples.grpo_cpu.train --out rl-demo --engine $(if $(filter vllm,$(ENGINE)),vllm,torch)
 
 # TRL's own GRPOTrainer on a CPU with Polar as its rollout backend (examples/trl_cpu): writes trl-demo/steps.jsonl
 # and trl-demo/reward.png.
-trl-demo: $(TRL_STAMP)
+trl-demo: $(TRL_STAMP) bytecode
 	$(BIN)/python -m examples.trl_cpu.train --out trl-demo
 
 up: install
@@ -65,7 +70,7 @@ up: install
 services:
 	bash scripts/ensure-services.sh
 
-test: $(TRL_STAMP) services vllm-engine nemo-gym-client
+test: $(TRL_STAMP) services vllm-engine nemo-gym-client bytecode
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n $$(($(TEST_WORKERS) + 1)) --dist loadfile --no-loadscope-reorder --waiting-lane
 
