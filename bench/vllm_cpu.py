@@ -4,10 +4,12 @@ takes to start, how much memory it holds, and how fast it prefills and decodes.
     python bench/vllm_cpu.py [--decode-tokens 512] [--concurrency 8] [--prompt-tokens 20000]
 
 Starts a server of its own (the model samples freely: no policy) on a free port and prints:
-- start-up: seconds from the command to ``GET /v1/models`` answering (the second start reuses vLLM's compile
-  cache, ``~/.cache/vllm``; run it twice to see both);
+- start-up: seconds (and the CPU-seconds of every process of the server) from the command to ``GET /v1/models``
+  answering (the second start reuses vLLM's compile cache, ``~/.cache/vllm``; run it twice to see both);
 - resident memory of the server's processes (API server, engine core, worker) once it is idle;
-- decode: tokens/s of one sequence of ``--decode-tokens`` (``ignore_eos``), and of ``--concurrency`` at once;
+- decode: tokens/s of one sequence of ``--decode-tokens`` (``ignore_eos``), and of ``--concurrency`` at once, with
+  the CPU-seconds those took and what the server burns in the 2 s after them (on a CPU the model runs in the
+  engine-core process unless ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` is set: run it both ways to compare);
 - prefill: tokens/s of one ``--prompt-tokens`` prompt answered with one token (what a harness's long system prompt
   and tool list cost per call).
 Install vLLM first: ``polar engine --backend vllm --install``.
@@ -35,8 +37,8 @@ from polar.launcher import free_port
 POLAR = str(Path(sys.executable).parent / "polar")
 
 
-def _rss_mb(root_pid: int) -> float:
-    """Resident memory of ``root_pid`` and every process below it."""
+def _tree(root_pid: int) -> list[int]:
+    """``root_pid`` and every process below it."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -45,16 +47,36 @@ def _rss_mb(root_pid: int) -> float:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(entry.name))
-    total, todo = 0.0, [root_pid]
+    found, todo = [], [root_pid]
     while todo:
         pid = todo.pop()
+        found.append(pid)
         todo += children.get(pid, [])
+    return found
+
+
+def _rss_mb(root_pid: int) -> float:
+    """Resident memory of ``root_pid`` and every process below it."""
+    total = 0.0
+    for pid in _tree(root_pid):
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1]) / 1024
         except OSError:
             continue
+    return total
+
+
+def _cpu_s(root_pid: int) -> float:
+    """CPU-seconds (user + system) of ``root_pid`` and every process below it so far."""
+    total = 0.0
+    for pid in _tree(root_pid):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
 
 
@@ -87,10 +109,12 @@ def main() -> int:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        startup = time.monotonic() - started
+        startup, startup_cpu = time.monotonic() - started, _cpu_s(server.pid)
         version = httpx.get(f"{url}/version", timeout=10).json()["version"]
         print(f"vLLM {version} on {os.cpu_count()} cores, tiny model; log {log}")
-        print(f"start-up (command to /v1/models answering): {startup:.1f} s")
+        multiprocessing = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0 (Polar's default on a CPU)")
+        print(f"VLLM_ENABLE_V1_MULTIPROCESSING={multiprocessing}")
+        print(f"start-up (command to /v1/models answering): {startup:.1f} s, {startup_cpu:.1f} CPU-s")
         time.sleep(2)
         print(f"resident memory, idle: {_rss_mb(server.pid):.0f} MB")
 
@@ -99,11 +123,19 @@ def main() -> int:
         t = time.monotonic()
         _complete(url, one)
         single = args.decode_tokens / (time.monotonic() - t)
-        t = time.monotonic()
+        t, cpu = time.monotonic(), _cpu_s(server.pid)
         with ThreadPoolExecutor(args.concurrency) as pool:
             list(pool.map(lambda _: _complete(url, one), range(args.concurrency)))
         batched = args.concurrency * args.decode_tokens / (time.monotonic() - t)
+        batched_cpu = _cpu_s(server.pid) - cpu
+        time.sleep(2)  # what the server burns after its last answer
+        after_cpu = _cpu_s(server.pid) - cpu - batched_cpu
         print(f"decode, 1 sequence: {single:.0f} tokens/s; {args.concurrency} at once: {batched:.0f} tokens/s")
+        tokens = args.concurrency * args.decode_tokens
+        print(
+            f"CPU of the {args.concurrency} at once: {batched_cpu:.2f} CPU-s ({1000 * batched_cpu / tokens:.2f} ms a "
+            f"token), then {after_cpu:.2f} CPU-s in the next 2 s idle"
+        )
 
         words = load_tokenizer().decode(list(range(300, 8000)) * (args.prompt_tokens // 7700 + 1))
         ids = load_tokenizer().encode(words)[: args.prompt_tokens]

@@ -8,8 +8,9 @@ supervisor's signals reach vLLM itself. Flags: ``--enable-auto-tool-choice --too
 ``--seed``, ``--middleware`` (echoes the launching stack's id on every answer: ``polar.instance``) and, with a policy
 or a sample log, ``--logits-processors`` (``forcing``). Environment: ``VLLM_SERVER_DEV_MODE=1`` (``/pause``,
 ``/resume``, ``/collective_rpc``, ``/reset_prefix_cache``: what Polar's weight sync uses) and, on a CPU,
-``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache, 1 unless set) and ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (vLLM would
-pin its threads to cores the rest of the stack needs), with ``--dtype float32``.
+``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache, 1 unless set), ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (vLLM would
+pin its threads to cores the rest of the stack needs) and ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the model in the
+engine-core process: no worker process spinning beside it), with ``--dtype float32``.
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ def server_env(server: VllmServer, on_cpu: bool, base: Mapping[str, str], cache:
     if on_cpu:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        # The model runs inside the engine-core process instead of a worker process of its own. Between the two,
+        # vLLM's shared-memory queue has each side spin for a second after every message, which on a CPU takes the
+        # cores the model needs: this halves the CPU a request costs (docs/engines.md has the figures).
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env["PYTHONPATH"] = pythonpath(base, cache)
     env.pop(POLICY_ENV, None)
     env.pop(LOG_ENV, None)

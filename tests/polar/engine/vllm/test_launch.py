@@ -26,7 +26,7 @@ BASE_OPTIONS: dict[str, str | None] = {
     "--middleware": INSTANCE_MIDDLEWARE,
     "--max-model-len": str(MAX_MODEL_LEN),
 }
-CPU_SETTINGS = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")
+CPU_SETTINGS = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_ENABLE_V1_MULTIPROCESSING")
 
 
 def _options(command: list[str]) -> dict[str, str | None]:
@@ -92,10 +92,10 @@ def test_gpu_env_has_dev_mode_and_no_cpu_settings(tmp_path: Path) -> None:
 
 def test_cpu_env_settings_never_override_the_callers(tmp_path: Path) -> None:
     env = server_env(VllmServer(), on_cpu=True, base={}, cache=tmp_path)
-    assert (env["VLLM_CPU_KVCACHE_SPACE"], env["VLLM_CPU_OMP_THREADS_BIND"]) == ("1", "nobind")
-    base = {"VLLM_CPU_KVCACHE_SPACE": "8", "VLLM_CPU_OMP_THREADS_BIND": "0-3"}
+    assert tuple(env[name] for name in CPU_SETTINGS) == ("1", "nobind", "0")
+    base = {"VLLM_CPU_KVCACHE_SPACE": "8", "VLLM_CPU_OMP_THREADS_BIND": "0-3", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     env = server_env(VllmServer(), on_cpu=True, base=base, cache=tmp_path)
-    assert (env["VLLM_CPU_KVCACHE_SPACE"], env["VLLM_CPU_OMP_THREADS_BIND"]) == ("8", "0-3")
+    assert tuple(env[name] for name in CPU_SETTINGS) == ("8", "0-3", "1")
 
 
 def test_pythonpath_starts_with_polar_and_keeps_the_callers(tmp_path: Path) -> None:
