@@ -258,7 +258,7 @@ def _copy_roots(env: Mapping[str, str]) -> tuple[str, ...]:
 
 def _engine_urls(urls: tuple[str, ...]) -> tuple[str, ...]:
     """``POLAR_ENGINE_URLS`` entries, each checked for a known kind (a typo fails at start-up)."""
-    from polar.proxy.engines import parse_engine_url
+    from polar.proxy.engine_addresses import parse_engine_url
 
     for url in urls:
         try:

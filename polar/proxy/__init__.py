@@ -1,8 +1,29 @@
-"""The model-API proxy's domain: session keys (``keys``), the engines (``engines``), per-session call limits
-(``limits``), persisting calls (``capture``), and one call end to end (``service``). ``web/proxy`` is its HTTP
-shell."""
+"""The model-API proxy's domain: session keys (``keys``), the engines (``engines``, ``engine_addresses``), per-session
+call limits (``limits``), persisting calls (``capture``), and one call end to end (``service``). ``web/proxy`` is its
+HTTP shell.
 
-from polar.proxy.engines import EnginePool
-from polar.proxy.service import ProxyAnswer, ProxyService
+``EnginePool``, ``ProxyAnswer`` and ``ProxyService`` are loaded when first asked for: importing a small module of
+this package (the configuration checks engine URLs with ``engine_addresses``) must not load the whole proxy."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from polar.proxy.engines import EnginePool
+    from polar.proxy.service import ProxyAnswer, ProxyService
+
+_HOMES = {
+    "EnginePool": "polar.proxy.engines",
+    "ProxyAnswer": "polar.proxy.service",
+    "ProxyService": "polar.proxy.service",
+}
 
 __all__ = ["EnginePool", "ProxyAnswer", "ProxyService"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

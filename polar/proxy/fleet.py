@@ -28,7 +28,8 @@ from polar.clock import utcnow
 from polar.config import Config
 from polar.errors import NotFound
 from polar.lifecycle.states import State
-from polar.proxy.engines import EngineAddress, EnginePool, engine_label, parse_engine_url, read_health
+from polar.proxy.engine_addresses import EngineAddress, engine_label, parse_engine_url
+from polar.proxy.engines import EnginePool, read_health
 from polar.redaction import shown_url
 from polar.storage.database import Database
 from polar.storage.models import EngineRecord, ModelCall, SessionEvent

@@ -145,7 +145,7 @@ class EngineProbe:
         known = self._modes.get(url)
         if known is not None and (not known[0].done() or known[1] > time.monotonic()):
             return known[0]
-        from polar.proxy.engines import parse_engine_url
+        from polar.proxy.engine_addresses import parse_engine_url
 
         address = parse_engine_url(url).url
         future = self._mode_pool.submit(logprob_mode.probe, self._mode_client, address)
@@ -185,7 +185,7 @@ def _mode(probe: Future[dict[str, Any]]) -> dict[str, Any]:
 def _address(engine: str, path: str) -> str:
     """Where to ask ``engine`` (a ``POLAR_ENGINE_URLS`` entry) for ``path``: SGLang says its version in
     ``/get_server_info``."""
-    from polar.proxy.engines import parse_engine_url
+    from polar.proxy.engine_addresses import parse_engine_url
 
     address = parse_engine_url(engine)
     if address.kind == "sglang" and path == "/version":

@@ -19,7 +19,7 @@ import time
 import httpx
 import sqlalchemy as sa
 
-from polar.proxy.engines import EngineAddress, parse_engine_url
+from polar.proxy.engine_addresses import EngineAddress, parse_engine_url
 from polar.proxy.fleet import fleet
 from polar.redaction import shown_url
 from polar.services import Services

@@ -29,7 +29,8 @@ from typing import Any, Literal
 import httpx
 
 from polar.errors import ValidationError
-from polar.proxy.engines import EngineAddress, reported_load
+from polar.proxy.engine_addresses import EngineAddress
+from polar.proxy.engines import reported_load
 from polar.redaction import shown_url
 
 EngineMode = Literal["keep", "wait", "abort"]

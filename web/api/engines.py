@@ -8,7 +8,7 @@ import pydantic
 from flask import Blueprint, Response, jsonify
 from pydantic import BaseModel, ConfigDict, Field
 
-from polar.proxy.engines import ENGINE_URL_PATTERN, engine_label
+from polar.proxy.engine_addresses import ENGINE_URL_PATTERN, engine_label
 from polar.proxy.fleet import add_engine, drain_engine, fleet_status
 from polar.task_request import first_error
 from web.api.auth import caller

@@ -103,7 +103,7 @@ def test_failures_never_show_an_engine_urls_credentials() -> None:
     ],
 )
 def test_engine_urls_that_parse(raw: str, parsed: tuple[str, str]) -> None:
-    from polar.proxy.engines import parse_engine_url
+    from polar.proxy.engine_addresses import parse_engine_url
 
     address = parse_engine_url(raw)
     assert (address.url, address.kind) == parsed
@@ -127,7 +127,7 @@ def test_engine_urls_refused_by_the_parser_and_the_api_schema(raw: str) -> None:
     import re
 
     from polar.errors import ValidationError
-    from polar.proxy.engines import ENGINE_URL_PATTERN, parse_engine_url
+    from polar.proxy.engine_addresses import ENGINE_URL_PATTERN, parse_engine_url
 
     with pytest.raises(ValidationError):
         parse_engine_url(raw)
