@@ -15,14 +15,21 @@ How the parts fit, from the wire inward:
   `engine_log` appends each served generation to a JSONL file.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from polar.engine.chat_template import ChatTemplate, render_assistant_body
 from polar.engine.completion_parser import ParsedCompletion, ParsedToolCall, parse_completion
 from polar.engine.conversation import Message, ToolCall, normalise_messages
 from polar.engine.errors import ContextLengthError, EngineNotFoundError, EngineRequestError, MessageFormatError
 from polar.engine.policies import POLICIES, AssistantTurn, Policy, PolicyRequest, SamplingParams, load_policy
-from polar.engine.server import create_app, serve
 from polar.engine.settings import EngineSettings
 from polar.engine.tokenizer import Tokenizer, load_tokenizer
+
+if TYPE_CHECKING:
+    from polar.engine.server import create_app, serve
 
 __all__ = [
     "POLICIES",
@@ -49,3 +56,11 @@ __all__ = [
     "render_assistant_body",
     "serve",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The server (aiohttp and the capacity model) loads when asked for: the proxy and the workers import this
+    # package for its parsers and templates, never to serve.
+    if name in {"create_app", "serve"}:
+        return getattr(importlib.import_module("polar.engine.server"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
