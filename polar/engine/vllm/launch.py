@@ -74,7 +74,7 @@ def server_env(server: VllmServer, on_cpu: bool, base: Mapping[str, str], cache:
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         # The model runs inside the engine-core process instead of a worker process of its own. Between the two,
         # vLLM's shared-memory queue has each side spin for a second after every message, which on a CPU takes the
-        # cores the model needs: this halves the CPU a request costs (docs/engines.md has the figures).
+        # cores the model needs: a decoded token costs a quarter of the CPU this way (docs/engines.md).
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env["PYTHONPATH"] = pythonpath(base, cache)
     env.pop(POLICY_ENV, None)
