@@ -6,7 +6,8 @@ takes to start, how much memory it holds, and how fast it prefills and decodes.
 Starts a server of its own (the model samples freely: no policy) on a free port and prints:
 - start-up: seconds (and the CPU-seconds of every process of the server) from the command to ``GET /v1/models``
   answering (the second start reuses vLLM's compile cache, ``~/.cache/vllm``; run it twice to see both);
-- resident memory of the server's processes (API server, engine core, worker) once it is idle;
+- resident memory of the server's processes (API server, engine core, and a worker where vLLM starts one) once it
+  is idle;
 - decode: tokens/s of one sequence of ``--decode-tokens`` (``ignore_eos``), and of ``--concurrency`` at once, with
   the CPU-seconds those took and what the server burns in the 2 s after them (on a CPU the model runs in the
   engine-core process unless ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` is set: run it both ways to compare);
@@ -33,12 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from polar.engine.tokenizer import load_tokenizer
 from polar.launcher import free_port
+from tests.module_costs import process_group_cpu_s  # the server is its own process group
 
 POLAR = str(Path(sys.executable).parent / "polar")
 
 
-def _tree(root_pid: int) -> list[int]:
-    """``root_pid`` and every process below it."""
+def _rss_mb(root_pid: int) -> float:
+    """Resident memory of ``root_pid`` and every process below it."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -47,36 +49,16 @@ def _tree(root_pid: int) -> list[int]:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [root_pid]
+    total, todo = 0.0, [root_pid]
     while todo:
         pid = todo.pop()
-        found.append(pid)
         todo += children.get(pid, [])
-    return found
-
-
-def _rss_mb(root_pid: int) -> float:
-    """Resident memory of ``root_pid`` and every process below it."""
-    total = 0.0
-    for pid in _tree(root_pid):
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1]) / 1024
         except OSError:
             continue
-    return total
-
-
-def _cpu_s(root_pid: int) -> float:
-    """CPU-seconds (user + system) of ``root_pid`` and every process below it so far."""
-    total = 0.0
-    for pid in _tree(root_pid):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
 
 
@@ -109,7 +91,7 @@ def main() -> int:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        startup, startup_cpu = time.monotonic() - started, _cpu_s(server.pid)
+        startup, startup_cpu = time.monotonic() - started, process_group_cpu_s(server.pid)
         version = httpx.get(f"{url}/version", timeout=10).json()["version"]
         print(f"vLLM {version} on {os.cpu_count()} cores, tiny model; log {log}")
         multiprocessing = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0 (Polar's default on a CPU)")
@@ -123,13 +105,13 @@ def main() -> int:
         t = time.monotonic()
         _complete(url, one)
         single = args.decode_tokens / (time.monotonic() - t)
-        t, cpu = time.monotonic(), _cpu_s(server.pid)
+        t, cpu = time.monotonic(), process_group_cpu_s(server.pid)
         with ThreadPoolExecutor(args.concurrency) as pool:
             list(pool.map(lambda _: _complete(url, one), range(args.concurrency)))
         batched = args.concurrency * args.decode_tokens / (time.monotonic() - t)
-        batched_cpu = _cpu_s(server.pid) - cpu
+        batched_cpu = process_group_cpu_s(server.pid) - cpu
         time.sleep(2)  # what the server burns after its last answer
-        after_cpu = _cpu_s(server.pid) - cpu - batched_cpu
+        after_cpu = process_group_cpu_s(server.pid) - cpu - batched_cpu
         print(f"decode, 1 sequence: {single:.0f} tokens/s; {args.concurrency} at once: {batched:.0f} tokens/s")
         tokens = args.concurrency * args.decode_tokens
         print(
