@@ -76,6 +76,7 @@ class ChaosReport:
     states: Counter[str] = field(default_factory=Counter)  # of each sample's settled attempt
     received: int = 0
     captured_answers: int = 0
+    undelivered: int = 0  # answers captured whose harness was gone before they reached it (out of trajectories)
     feed_items: int = 0
     export_rows: int = 0
     reaped_on_return: bool = False
@@ -96,6 +97,7 @@ class ChaosReport:
             ("refused calls recorded", ", ".join(f"{k} {v}" for k, v in sorted(self.refusals.items())) or "none"),
             ("final states", ", ".join(f"{k} {v}" for k, v in sorted(self.states.items()))),
             ("answers harnesses received / found in Postgres", f"{self.received} / {self.received - self._missing()}"),
+            ("answers captured after their harness was gone (undelivered)", str(self.undelivered)),
             ("feed items / RL export rows", f"{self.feed_items} / {self.export_rows}"),
             ("lost node's directories reaped on return", self._reaped()),
             ("processes that exited on their own (restarted)", ", ".join(self.unplanned_restarts) or "none"),
@@ -425,29 +427,39 @@ def _check(d: _Deployment, batch_id: str, report: ChaosReport) -> None:
     received = [json.loads(line) for line in d.received_log.read_text().splitlines()] if d.received_log.exists() else []
     report.received = len(received)
     captured = {
-        (r.session_id, r.response_id): list(r.completion_token_ids)
+        (r.session_id, r.response_id): r
         for r in d.sql(
-            "SELECT session_id::text AS session_id, response ->> 'id' AS response_id, completion_token_ids "
+            "SELECT session_id::text AS session_id, response ->> 'id' AS response_id, completion_token_ids, delivered "
             "FROM model_calls_full WHERE status_code = 200"
         )
     }
     report.captured_answers = len(captured)
+    report.undelivered = sum(1 for r in captured.values() if not r.delivered)
     for record in received:
-        tokens = captured.get((record["session_id"], record["response_id"]))
-        if tokens is None or (record["token_ids"] is not None and tokens != record["token_ids"]):
+        call = captured.get((record["session_id"], record["response_id"]))
+        if call is None or (record["token_ids"] is not None and list(call.completion_token_ids) != record["token_ids"]):
             v.append(f"received but not captured: {record['session_id']} {record['response_id']}")
+        elif not call.delivered:
+            v.append(f"received but marked undelivered: {record['session_id']} {record['response_id']}")
 
-    # No duplicate trajectories: every answered call of a session in exactly one of its trajectories.
+    # No duplicate trajectories: every answered call of a session that reached its harness in exactly one of its
+    # trajectories (an answer captured after a killed harness was gone is marked undelivered and left out).
     calls: dict[str, set[str]] = {}
-    for r in d.sql("SELECT session_id::text AS s, id::text AS c FROM model_calls WHERE status_code = 200"):
+    for r in d.sql(
+        "SELECT session_id::text AS s, id::text AS c FROM model_calls "
+        "WHERE status_code = 200 AND delivered AND NOT synthesized"
+    ):
         calls.setdefault(r.s, set()).add(r.c)
     merged: dict[str, list[str]] = {}
     for r in d.sql("SELECT session_id::text AS s, call_ids FROM trajectories"):
         merged.setdefault(r.s, []).extend(r.call_ids)
     for row in rows:
-        in_trajectories = merged.get(row.id, [])
-        if len(in_trajectories) != len(set(in_trajectories)) or set(in_trajectories) != calls.get(row.id, set()):
-            v.append(f"session {row.id}: trajectories do not cover its calls exactly once")
+        in_trajectories, answered = merged.get(row.id, []), calls.get(row.id, set())
+        if len(in_trajectories) != len(set(in_trajectories)) or set(in_trajectories) != answered:
+            v.append(f"session {row.id} ({row.state}, {row.outcome}): its trajectories hold "
+                     f"{len(in_trajectories)} calls ({len(set(in_trajectories))} distinct), "
+                     f"{len(answered - set(in_trajectories))} delivered calls missing, "
+                     f"{len(set(in_trajectories) - answered)} not delivered calls")  # fmt: skip
 
     # Lost attempts are nowhere in the feed or the exports; every task outcome is, once.
     keep = {r.id for r in rows if r.outcome_class == "task" and r.id in merged}
