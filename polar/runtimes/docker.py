@@ -318,23 +318,38 @@ def _remove(client: docker.DockerClient, name_or_id: str) -> None:
         pass
 
 
+# The reconciler's client, kept for the process: it lists containers at every pass, and a new client costs more
+# than the list itself (polar.lifecycle.reconciler).
+_reaper: docker.DockerClient | None = None
+
+
+def _reaper_client() -> docker.DockerClient:
+    global _reaper
+    if _reaper is None:
+        _reaper = _client()
+    return _reaper
+
+
 def reap_orphans(node: str, deployment: str, live: Callable[[list[str]], Collection[str]]) -> int:
     """Remove this deployment's polar containers on this node whose session is terminal or unknown.
 
     ``live`` gets the session ids found on containers and returns those still live (not terminal). Containers are
     listed first, so a session whose ``init`` creates its container meanwhile is never mistaken for an orphan.
+    Called from one thread (the reconciler's), which keeps one client.
     """
-    client = _client()
+    client = _reaper_client()
     try:
+        # Sparse: the list's own labels are enough, without an inspect per container.
         found = client.containers.list(
-            all=True, filters={"label": [SESSION_LABEL, f"{NODE_LABEL}={node}", f"{DEPLOYMENT_LABEL}={deployment}"]}
+            all=True,
+            sparse=True,
+            filters={"label": [SESSION_LABEL, f"{NODE_LABEL}={node}", f"{DEPLOYMENT_LABEL}={deployment}"]},
         )
-        keep = set(live([str(c.labels.get(SESSION_LABEL)) for c in found]))
-        orphans = [c for c in found if c.labels.get(SESSION_LABEL) not in keep]
-        for container in orphans:
-            _remove(client, str(container.id))
+        sessions = {str(c.id): str((c.attrs.get("Labels") or {}).get(SESSION_LABEL)) for c in found}
+        keep = set(live(list(sessions.values()))) if sessions else set()
+        orphans = [container_id for container_id, session in sessions.items() if session not in keep]
+        for container_id in orphans:
+            _remove(client, container_id)
     except DockerException as exc:
         raise RuntimeFailure(f"cannot reap containers: {exc}") from exc
-    finally:
-        client.close()
     return len(orphans)
