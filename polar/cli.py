@@ -344,7 +344,7 @@ def _api(
     if api:
         raise click.UsageError("--embedded starts its own API; leave out --api")
     deployment, stack = embedded_stack(state_dir, concurrency, api_token=token or load_config().api_token)
-    click.echo(f"starting engine, API, proxy and four stage workers (logs in {stack.log_dir}) ...", err=True)
+    click.echo(f"starting engine, API, proxy and two worker pools (logs in {stack.log_dir}) ...", err=True)
     with stack, contextlib.closing(PolarClient(deployment.api_url, deployment.api_token)) as client:
         yield client
 
@@ -481,7 +481,7 @@ def demo(state_dir: Path, tasks: int, samples: int, out: Path, run_concurrency: 
 
     given = load_config().api_token
     deployment, stack = embedded_stack(state_dir, run_concurrency, api_token=given, engine_backend=_backend(engine))
-    click.echo(f"starting {_engine_name(engine)}, API, proxy and four stage workers (logs in {stack.log_dir}) ...")
+    click.echo(f"starting {_engine_name(engine)}, API, proxy and two worker pools (logs in {stack.log_dir}) ...")
     click.echo("\n".join(_token_lines(given, deployment.api_token)))
     started = time.monotonic()
     with stack, contextlib.closing(PolarClient(deployment.api_url, deployment.api_token)) as client:

@@ -82,6 +82,7 @@ def embedded_stack(
     upgrade(env["POLAR_DATABASE_URL"])
     name, config = policy or ("arithmetic", {"accuracy": accuracy, "tool_name": "calculator"})
     args = ["--policy-config", json.dumps(config), *engine_args]
+    # One machine: the short stages share a worker pool (``prep-and-run``), half the worker processes to start.
     specs = pipeline_specs(deployment.ports, name, args, run_concurrency, proxy_workers=1, proxy_threads=32,
-                           engine_backend=engine_backend)  # fmt: skip
+                           engine_backend=engine_backend, layout="prep-and-run")  # fmt: skip
     return deployment, Stack(specs, env, state_dir / "logs")

@@ -134,37 +134,55 @@ class NodeSpec:
         return env
 
 
+# Which stages each Celery worker process consumes. ``per-stage`` is the production layout (docs/operations.md):
+# one pool per stage queue, each sized, watched and restarted on its own. ``prep-and-run`` keeps the run pool
+# (its threads are the node's run slots) and gives the short stages, init, ready and postrun, one process: half
+# the processes for a small machine, where each Celery worker costs about 1.4 CPU-seconds to start and 10 ms a
+# second while idle.
+PoolLayout = Literal["per-stage", "prep-and-run"]
+POOL_LAYOUTS: dict[str, dict[str, tuple[Stage, ...]]] = {
+    "per-stage": {stage.value: (stage,) for stage in Stage},
+    "prep-and-run": {"prep": (Stage.INIT, Stage.READY, Stage.POSTRUN), "run": (Stage.RUN,)},
+}
+
+
 def worker_spec(
-    stage: Stage,
+    pool: str,
+    stages: Sequence[Stage],
     concurrency: int,
-    pool: str = "threads",
+    pool_type: str = "threads",
     node: NodeSpec | None = None,
     metrics_port: int | None = None,
 ) -> ProcessSpec:
-    """A Celery worker consuming ``stage``'s queue (and, with ``node``, that node's own queue of the stage; the
-    worker subscribes to it by itself). Named ``worker-<stage>``, or ``<node>-worker-<stage>``. With
-    ``metrics_port`` it serves its stage metrics on ``http://127.0.0.1:<port>/metrics``."""
-    hostname = f"{stage.value}@{node.name}" if node else f"{stage.value}@%h"
+    """A Celery worker named ``pool`` consuming the queues of ``stages`` (and, with ``node``, that node's own
+    queues of them; the worker subscribes to those by itself). Named ``worker-<pool>``, or
+    ``<node>-worker-<pool>``. With ``metrics_port`` it serves its stage metrics on
+    ``http://127.0.0.1:<port>/metrics``."""
+    hostname = f"{pool}@{node.name}" if node else f"{pool}@%h"
+    queues = ",".join(stage.value for stage in stages)
     argv = [
-        PYTHON, "-m", "celery", "-A", "workers", "worker", "--queues", stage.value, "--pool", pool,
+        PYTHON, "-m", "celery", "-A", "workers", "worker", "--queues", queues, "--pool", pool_type,
         "--concurrency", str(concurrency), "--hostname", hostname, "--task-events",
         "--without-gossip", "--without-mingle", "--loglevel", "INFO",
     ]  # fmt: skip
-    name = f"{node.name}-worker-{stage.value}" if node else f"worker-{stage.value}"
+    name = f"{node.name}-worker-{pool}" if node else f"worker-{pool}"
     env = dict(node.env) if node else {}
     if metrics_port:
         env["POLAR_WORKER_METRICS_PORT"] = str(metrics_port)
     return ProcessSpec(name, argv, ready_line=" ready.", env=env)
 
 
-def stage_workers(run_concurrency: int, node: NodeSpec | None = None, metrics: bool = True) -> list[ProcessSpec]:
-    """One worker pool per stage queue (of ``node``, when given), each serving its metrics on a free port of its
-    own (``metrics_urls``) unless ``metrics`` is False."""
-    pools = {Stage.INIT: max(2, run_concurrency), Stage.READY: 2, Stage.RUN: run_concurrency, Stage.POSTRUN: 2}
-    return [
-        worker_spec(stage, size, node=node, metrics_port=free_port() if metrics else None)
-        for stage, size in pools.items()
-    ]
+def stage_workers(
+    run_concurrency: int, node: NodeSpec | None = None, metrics: bool = True, layout: PoolLayout = "per-stage"
+) -> list[ProcessSpec]:
+    """The worker pools of ``layout`` (of ``node``, when given), each serving its metrics on a free port of its
+    own (``metrics_urls``) unless ``metrics`` is False. A pool's threads are the sum of its stages' sizes."""
+    sizes = {Stage.INIT: max(2, run_concurrency), Stage.READY: 2, Stage.RUN: run_concurrency, Stage.POSTRUN: 2}
+    specs = []
+    for pool, stages in POOL_LAYOUTS[layout].items():
+        port = free_port() if metrics else None
+        specs.append(worker_spec(pool, stages, sum(sizes[stage] for stage in stages), node=node, metrics_port=port))
+    return specs
 
 
 def metrics_urls(specs: Sequence[ProcessSpec]) -> dict[str, str]:
@@ -212,15 +230,18 @@ def pipeline_specs(
     proxy_threads: int = 16,
     nodes: Sequence[NodeSpec] = (),
     engine_backend: EngineBackend = "policy",
+    layout: PoolLayout = "per-stage",
 ) -> list[ProcessSpec]:
     """The whole pipeline: the engine (``engine_spec``) with ``policy``, the API and proxy under gunicorn, and the
-    four stage worker pools (one set per node of ``nodes``, or one set on this machine's own node)."""
-    workers = [spec for node in nodes for spec in stage_workers(run_concurrency, node)] if nodes else None
+    stage worker pools of ``layout`` (one set per node of ``nodes``, or one set on this machine's own node)."""
+    workers = (
+        [spec for node in nodes for spec in stage_workers(run_concurrency, node, layout=layout)] if nodes else None
+    )
     return [
         engine_spec(ports["engine"], policy, engine_args, backend=engine_backend),
         gunicorn_spec("api", "web.api:create_app()", ports["api"], workers=1, threads=8),
         gunicorn_spec("proxy", "web.proxy:create_app()", ports["proxy"], workers=proxy_workers, threads=proxy_threads),
-        *(workers or stage_workers(run_concurrency)),
+        *(workers or stage_workers(run_concurrency, layout=layout)),
     ]
 
 

@@ -21,7 +21,16 @@ import sqlalchemy as sa
 
 from polar.client import PolarClient
 from polar.config import load_config
-from polar.launcher import NodeSpec, Stack, engine_spec, free_port, gunicorn_spec, pipeline_env, pipeline_specs
+from polar.launcher import (
+    NodeSpec,
+    PoolLayout,
+    Stack,
+    engine_spec,
+    free_port,
+    gunicorn_spec,
+    pipeline_env,
+    pipeline_specs,
+)
 from polar.lifecycle.dispatch import Stage
 from polar.proxy.keys import hash_key
 from polar.services import Services
@@ -196,11 +205,14 @@ def running_stack(
     cwd: Path | None = None,
     engine_args: Sequence[str] = (),
     engine_url: str | None = None,
+    layout: PoolLayout = "prep-and-run",
 ) -> Iterator[RunningStack]:
     """The whole pipeline on Postgres and Redis; with ``nodes``, one set of stage workers per node name, each with
-    its own work root (``tmp/<node>/sessions``) and run slots. With ``cwd`` every process starts there, as a
-    user's would, with the state and work directories left to their defaults. With ``engine_url`` the stack
-    uses that engine (the run's real vLLM) instead of starting the reference engine."""
+        its own work root (``tmp/<node>/sessions``) and run slots. With ``cwd`` every process starts there, as a
+        user's would, with the state and work directories left to their defaults. With ``engine_url`` the stack
+        uses that engine (the run's real vLLM) instead of starting the reference engine. Its Celery workers are two
+    pools (``layout``: the run pool, and one for init, ready and postrun), half the processes of the four-pool
+    production layout, which the tests that watch a stage's own worker ask for."""
     ports = {"engine": free_port(), "api": free_port(), "proxy": free_port()}
     engine_log = tmp / "engine-requests.jsonl"
     stack_env = {
@@ -217,7 +229,7 @@ def running_stack(
                 del stack_env[name]
     node_specs = [NodeSpec(name, tmp / name / "sessions") for name in nodes]
     args = ["--policy-config", policy_config, "--log", str(engine_log), *engine_args]
-    specs = pipeline_specs(ports, policy, args, run_concurrency, nodes=node_specs)
+    specs = pipeline_specs(ports, policy, args, run_concurrency, nodes=node_specs, layout=layout)
     if engine_url is not None:
         specs = [spec for spec in specs if spec.name != "engine"]
         stack_env["POLAR_ENGINE_URLS"] = engine_url

@@ -61,7 +61,7 @@ def test_up_stays_up_and_stops_cleanly(tmp_path: Path) -> None:
         children = [
             int(p) for p in subprocess.run(["pgrep", "-P", str(up.pid)], capture_output=True, text=True).stdout.split()
         ]
-        assert len(children) == 7  # engine, api, proxy, four stage workers
+        assert len(children) == 5  # engine, api, proxy, the two worker pools (prep and run)
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(timeout=30)

@@ -19,7 +19,8 @@ USER, PASSWORD = "ops", "flower-password"
 
 
 def test_flower_sees_every_stage(database_url: str, broker_url: str, tmp_path: Path) -> None:
-    with running_stack(database_url, broker_url, tmp_path) as stack:
+    # The production layout, a worker per stage queue, as compose runs it (docs/operations.md).
+    with running_stack(database_url, broker_url, tmp_path, layout="per-stage") as stack:
         port = free_port()
         flower_log = (tmp_path / "flower.log").open("wb")
         flower = subprocess.Popen(

@@ -26,7 +26,9 @@ def stack(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) ->
     tmp = tmp_path_factory.mktemp("metrics")
     with (
         redis_database() as broker,
-        running_stack(module_database_url, broker, tmp, env={"POLAR_PLUGIN_MODULES": "tests.e2e"}) as running,
+        running_stack(
+            module_database_url, broker, tmp, env={"POLAR_PLUGIN_MODULES": "tests.e2e"}, layout="per-stage"
+        ) as running,
     ):
         yield running
 

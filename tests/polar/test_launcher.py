@@ -38,6 +38,23 @@ def test_every_stage_worker_serves_its_metrics_on_a_port_of_its_own() -> None:
     assert "python:web.gunicorn_conf" in gunicorn_spec("api", "web.api:create_app()", 1).argv
 
 
+def test_the_prep_and_run_layout_gives_every_stage_queue_one_pool_and_keeps_the_run_slots() -> None:
+    from polar.launcher import stage_workers
+
+    specs = {spec.name: spec for spec in stage_workers(3, layout="prep-and-run")}
+    assert set(specs) == {"worker-prep", "worker-run"}
+
+    def option(spec, flag: str) -> str:  # type: ignore[no-untyped-def]
+        return str(spec.argv[spec.argv.index(flag) + 1])
+
+    assert option(specs["worker-prep"], "--queues") == "init,ready,postrun"
+    assert option(specs["worker-run"], "--queues") == "run"
+    # The run pool's threads are the node's run slots; the prep pool has the threads of the three stages it serves.
+    assert option(specs["worker-run"], "--concurrency") == "3"
+    assert option(specs["worker-prep"], "--concurrency") == str(3 + 2 + 2)
+    assert option(specs["worker-prep"], "--hostname") == "prep@%h"
+
+
 def test_a_stack_never_takes_another_stacks_server_for_its_own(tmp_path: Path) -> None:
     # Two stacks picked the same port: the second one's engine cannot bind it, and its start says so instead of
     # reading the first one's health check as its own (its sessions would have gone to a stranger's engine).
