@@ -1,6 +1,7 @@
-"""Starting Polar's processes on one machine: the reference engine, the API and proxy under gunicorn, and one
-Celery worker pool per stage queue. ``polar up`` / ``polar demo`` use it with embedded defaults; the test suite
-uses it against Postgres and Redis. It runs commands; it never imports the web or worker frameworks.
+"""Starting Polar's processes on one machine: the reference engine, the API and proxy under gunicorn, and the
+Celery worker pools of the stage queues (``POOL_LAYOUTS``). ``polar up`` / ``polar demo`` use it with embedded
+defaults; the test suite uses it against Postgres and Redis. It runs commands; it never imports the web or worker
+frameworks.
 """
 
 from __future__ import annotations

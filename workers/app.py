@@ -1,4 +1,5 @@
-"""The Celery app: four stage queues (init, ready, run, postrun), each consumed by its own worker pool.
+"""The Celery app: four stage queues (init, ready, run, postrun), each consumed by its own worker pool (on one
+small machine, init, ready and postrun may share one: ``polar.launcher.POOL_LAYOUTS``).
 
 Tasks are acknowledged late and rejected (requeued) when their worker process dies; every task is named for its
 stage so Flower shows each queue's work. ``POLAR_NODE=a celery -A workers worker -Q run -c 8`` starts a run
