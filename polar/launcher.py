@@ -235,14 +235,12 @@ def pipeline_specs(
 ) -> list[ProcessSpec]:
     """The whole pipeline: the engine (``engine_spec``) with ``policy``, the API and proxy under gunicorn, and the
     stage worker pools of ``layout`` (one set per node of ``nodes``, or one set on this machine's own node)."""
-    workers = (
-        [spec for node in nodes for spec in stage_workers(run_concurrency, node, layout=layout)] if nodes else None
-    )
+    workers = [spec for node in nodes or [None] for spec in stage_workers(run_concurrency, node, layout=layout)]
     return [
         engine_spec(ports["engine"], policy, engine_args, backend=engine_backend),
         gunicorn_spec("api", "web.api:create_app()", ports["api"], workers=1, threads=8),
         gunicorn_spec("proxy", "web.proxy:create_app()", ports["proxy"], workers=proxy_workers, threads=proxy_threads),
-        *(workers or stage_workers(run_concurrency, layout=layout)),
+        *workers,
     ]
 
 

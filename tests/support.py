@@ -208,9 +208,9 @@ def running_stack(
     layout: PoolLayout = "prep-and-run",
 ) -> Iterator[RunningStack]:
     """The whole pipeline on Postgres and Redis; with ``nodes``, one set of stage workers per node name, each with
-        its own work root (``tmp/<node>/sessions``) and run slots. With ``cwd`` every process starts there, as a
-        user's would, with the state and work directories left to their defaults. With ``engine_url`` the stack
-        uses that engine (the run's real vLLM) instead of starting the reference engine. Its Celery workers are two
+    its own work root (``tmp/<node>/sessions``) and run slots. With ``cwd`` every process starts there, as a
+    user's would, with the state and work directories left to their defaults. With ``engine_url`` the stack
+    uses that engine (the run's real vLLM) instead of starting the reference engine. Its Celery workers are two
     pools (``layout``: the run pool, and one for init, ready and postrun), half the processes of the four-pool
     production layout, which the tests that watch a stage's own worker ask for."""
     ports = {"engine": free_port(), "api": free_port(), "proxy": free_port()}

@@ -32,6 +32,7 @@ session, so that is exactly the command's process tree, whatever process groups 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import time
@@ -320,14 +321,9 @@ def _remove(client: docker.DockerClient, name_or_id: str) -> None:
 
 # The reconciler's client, kept for the process: it lists containers at every pass, and a new client costs more
 # than the list itself (polar.lifecycle.reconciler).
-_reaper: docker.DockerClient | None = None
-
-
+@functools.cache
 def _reaper_client() -> docker.DockerClient:
-    global _reaper
-    if _reaper is None:
-        _reaper = _client()
-    return _reaper
+    return _client()
 
 
 def reap_orphans(node: str, deployment: str, live: Callable[[list[str]], Collection[str]]) -> int:
