@@ -8,7 +8,8 @@ small part of its wall time mostly waits: ``waiting_modules`` (tests/waiting_lan
 controller's table ends with what the modules leave out: the shared vLLM server's CPU, and the whole machine's
 busy CPU across the run against what its cores could give, so the rest (Postgres, Docker, pytest) shows too.
 
-Each test process writes one line per module into the run's shared directory; the controller prints the table."""
+Each test process writes one line per module into the run's shared directory (with when it ended, in seconds
+from its process's start, so an idle tail shows); the controller prints the table."""
 
 from __future__ import annotations
 
@@ -72,8 +73,10 @@ class ModuleCosts:
         module = item.location[0]
         if (nextitem is None or nextitem.location[0] != module) and module in self.started:
             wall0, cpu0 = self.started.pop(module)
-            line = {"module": module, "wall_s": time.monotonic() - wall0, "cpu_s": _cpu_s() - cpu0,
-                    "process": os.environ.get("PYTEST_XDIST_WORKER", "main")}  # fmt: skip
+            now = time.monotonic()
+            line = {"module": module, "wall_s": now - wall0, "cpu_s": _cpu_s() - cpu0,
+                    "process": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                    "ended_s": round(now - self.begun[0], 1)}  # fmt: skip
             with self.path.open("a") as out:  # one short line per write: appends from processes do not interleave
                 out.write(json.dumps(line) + "\n")
         return result

@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import copy
 import functools
+import hashlib
 import json
 import math
 import signal
@@ -43,7 +44,7 @@ from polar.engine.generation import Generator
 from polar.engine.protocol import parse_chat_request
 from polar.engine.settings import EngineSettings
 from polar.engine.tokenizer import load_tokenizer
-from polar.engine.torch_model import batch_logprobs, new_model, save_weights
+from polar.engine.torch_model import batch_logprobs, load_weights, new_model, save_weights
 from polar.integrations.adapter import PolarRollouts
 
 SYSTEM = "You answer in one short line."  # polar.agents.one_shot's
@@ -61,6 +62,7 @@ class Options:
     epochs: int = 4
     clip: float = 0.2
     warm_start_steps: int = 200
+    warm_start_cache: str = ""  # a directory that keeps warm-started weights for later runs with the same inputs
     seed: int = 0
     run_concurrency: int = 4
     engine: str = "torch"  # torch: the reference engine's torch backend; vllm: real vLLM (polar engine --backend vllm)
@@ -100,13 +102,16 @@ def prompt_ids(instruction: str) -> list[int]:
     return list(_renderer().chat_input(parse_chat_request(body)).prompt_token_ids)
 
 
+def demonstration_rows(seed: int) -> list[tuple[list[int], list[int]]]:
+    """The warm start's (prompt ids, reply ids + EOS) pairs."""
+    tok = load_tokenizer()
+    return [(prompt_ids(instruction), [*tok.encode(reply), tok.eos_token_id])
+            for instruction, reply in task.demonstrations(512, seed)]  # fmt: skip
+
+
 def warm_start(model: torch.nn.Module, steps: int, seed: int) -> float:
     """A short supervised pass on demonstrations (every answer style), so the first samples are well-formed."""
-    tok = load_tokenizer()
-    rows = []
-    for instruction, reply in task.demonstrations(512, seed):
-        prompt = prompt_ids(instruction)
-        rows.append((prompt, [*tok.encode(reply), tok.eos_token_id]))
+    rows = demonstration_rows(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(seed)
     model.train()
@@ -120,6 +125,35 @@ def warm_start(model: torch.nn.Module, steps: int, seed: int) -> float:
         optimizer.step()
     model.eval()
     return float(loss.detach())
+
+
+def warm_start_key(model: torch.nn.Module, steps: int, seed: int) -> str:
+    """What a warm start's weights follow from: the fresh model's weights and config, the demonstrations (ids),
+    the steps, the seed and torch's version. A cached warm start is reused only under the same key."""
+    digest = hashlib.sha256(f"{steps}:{seed}:{torch.__version__}:{model.config.to_json_string()}".encode())
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().contiguous().numpy().tobytes())
+    digest.update(json.dumps(demonstration_rows(seed)).encode())
+    return digest.hexdigest()[:16]
+
+
+def warm_started(model: torch.nn.Module, options: Options, say: Any) -> None:
+    """``warm_start`` on ``model``, or its weights from ``--warm-start-cache`` when a run with the same key kept
+    them (the loop's test runs it twice; a user re-running the demo waits for it once)."""
+    started = time.monotonic()
+    cached = None
+    if options.warm_start_cache:
+        key = warm_start_key(model, options.warm_start_steps, options.seed)
+        cached = Path(options.warm_start_cache) / f"warm-start-{key}.safetensors"
+        if cached.is_file():
+            load_weights(model, cached)
+            model.eval()
+            say(f"warm start: {options.warm_start_steps} supervised steps, loaded from {cached}")
+            return
+    loss = warm_start(model, options.warm_start_steps, options.seed)
+    say(f"warm start: {options.warm_start_steps} supervised steps, loss {loss:.3f}, {time.monotonic() - started:.0f}s")
+    if cached is not None:
+        save_weights(model, cached)
 
 
 def version_of(call: dict[str, Any]) -> int:
@@ -370,8 +404,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model = new_model(options.seed)
     started = time.monotonic()
-    loss = warm_start(model, options.warm_start_steps, options.seed)
-    say(f"warm start: {options.warm_start_steps} supervised steps, loss {loss:.3f}, {time.monotonic() - started:.0f}s")
+    warm_started(model, options, say)
     weights = save_weights(model, options.out / "weights" / "step-0.safetensors")
     torch.set_num_threads(1)  # from here the engine, the workers and the harnesses share the cores
     with embedded(options, weights, model) as (client, engine_url):

@@ -38,7 +38,6 @@ import httpx
 
 from polar.clock import iso, utcnow
 from polar.config import Config
-from polar.evaluators import ENTRY_POINT_GROUP, EVALUATORS
 from polar.records import logprob_mode
 from polar.redaction import shown_url
 from polar.task_request import TaskRequest
@@ -91,6 +90,10 @@ def config_digest(config: Config) -> str:
 def _evaluator_code(name: str) -> str | None:
     """Which installed code an evaluator name resolves to: Polar for the built-ins, else the distribution that
     provides its module (entry point or ``module:Class``), when one does."""
+    # Imported here: the evaluators bring pydantic models, the runtimes and the Docker SDK, and the proxy and the
+    # API's other routes reach this module through polar.services without ever asking about an evaluator.
+    from polar.evaluators import ENTRY_POINT_GROUP, EVALUATORS
+
     if name in EVALUATORS:
         return f"{_BUILT_IN_CODE} {polar_version()}"
     points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=name)

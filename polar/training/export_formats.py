@@ -4,22 +4,23 @@ for chunk in jsonl_chunks(rows): response.write(chunk)     # one JSON object per
 write_parquet(rows, "rl", path)                            # row groups of ROW_GROUP_SIZE, explicit schema
 
 Both load with ``datasets.load_dataset("json" | "parquet", data_files=...)`` as they are. The Parquet schema is
-explicit (``RL_SCHEMA`` / ``SFT_SCHEMA``: int32 token ids, int8 loss mask, float32 logprobs), so a column whose
+explicit (``schema(kind)``: int32 token ids, int8 loss mask, float32 logprobs), so a column whose
 first rows are null (``reward``, ``policy_version``) keeps its type; JSONL leaves type inference to the reader.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal
-
-import pyarrow as pa  # type: ignore[import-untyped]
-import pyarrow.parquet as pq  # type: ignore[import-untyped]
+from typing import TYPE_CHECKING, Any, Literal
 
 from polar.errors import ValidationError
 from polar.training.exports import Kind
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
 
 Format = Literal["jsonl", "parquet"]
 FORMATS: tuple[Format, ...] = ("jsonl", "parquet")
@@ -27,53 +28,60 @@ MEDIA_TYPES: dict[Format, str] = {"jsonl": "application/x-ndjson", "parquet": "a
 ROW_GROUP_SIZE = 1000
 JSONL_FLUSH_BYTES = 1 << 16
 
-RL_SCHEMA = pa.schema(
-    [
-        pa.field("trajectory_id", pa.string(), nullable=False),
-        pa.field("session_id", pa.string(), nullable=False),
-        pa.field("batch_id", pa.string(), nullable=False),
-        pa.field("task_id", pa.string(), nullable=False),
-        pa.field("sample_index", pa.int32(), nullable=False),
-        pa.field("group_id", pa.string(), nullable=False),
-        pa.field("agent", pa.string(), nullable=False),
-        pa.field("token_ids", pa.list_(pa.int32()), nullable=False),
-        pa.field("loss_mask", pa.list_(pa.int8()), nullable=False),
-        pa.field("logprobs", pa.list_(pa.float32()), nullable=False),
-        pa.field("reward", pa.float64()),
-        pa.field("policy_version", pa.string()),
-        pa.field("num_calls", pa.int32(), nullable=False),
-        pa.field("spans_policy_update", pa.bool_(), nullable=False),
-    ]
-)
 
-_TOOL_CALL = pa.struct(
-    [
-        ("id", pa.string()),
-        ("type", pa.string()),
-        ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())])),
-    ]
-)
-_MESSAGE = pa.struct(
-    [
-        ("role", pa.string()),
-        ("content", pa.string()),
-        ("reasoning", pa.string()),
-        ("tool_calls", pa.list_(_TOOL_CALL)),
-        ("tool_call_id", pa.string()),
-        ("name", pa.string()),
-    ]
-)
-SFT_SCHEMA = pa.schema(
-    [
-        pa.field("session_id", pa.string(), nullable=False),
-        pa.field("task_id", pa.string(), nullable=False),
-        pa.field("sample_index", pa.int32(), nullable=False),
-        pa.field("reward", pa.float64()),
-        pa.field("messages", pa.list_(_MESSAGE), nullable=False),
-        pa.field("tools", pa.list_(pa.string()), nullable=False),
-    ]
-)
-SCHEMAS: dict[Kind, pa.Schema] = {"rl": RL_SCHEMA, "sft": SFT_SCHEMA}
+@functools.cache
+def schema(kind: Kind) -> pa.Schema:
+    """The Parquet schema of ``kind``'s rows. Built on first use: pyarrow is imported only by a process that writes
+    Parquet, not by every API process that serves JSONL or lists formats."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    rl = pa.schema(
+        [
+            pa.field("trajectory_id", pa.string(), nullable=False),
+            pa.field("session_id", pa.string(), nullable=False),
+            pa.field("batch_id", pa.string(), nullable=False),
+            pa.field("task_id", pa.string(), nullable=False),
+            pa.field("sample_index", pa.int32(), nullable=False),
+            pa.field("group_id", pa.string(), nullable=False),
+            pa.field("agent", pa.string(), nullable=False),
+            pa.field("token_ids", pa.list_(pa.int32()), nullable=False),
+            pa.field("loss_mask", pa.list_(pa.int8()), nullable=False),
+            pa.field("logprobs", pa.list_(pa.float32()), nullable=False),
+            pa.field("reward", pa.float64()),
+            pa.field("policy_version", pa.string()),
+            pa.field("num_calls", pa.int32(), nullable=False),
+            pa.field("spans_policy_update", pa.bool_(), nullable=False),
+        ]
+    )
+
+    tool_call = pa.struct(
+        [
+            ("id", pa.string()),
+            ("type", pa.string()),
+            ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())])),
+        ]
+    )
+    message = pa.struct(
+        [
+            ("role", pa.string()),
+            ("content", pa.string()),
+            ("reasoning", pa.string()),
+            ("tool_calls", pa.list_(tool_call)),
+            ("tool_call_id", pa.string()),
+            ("name", pa.string()),
+        ]
+    )
+    sft = pa.schema(
+        [
+            pa.field("session_id", pa.string(), nullable=False),
+            pa.field("task_id", pa.string(), nullable=False),
+            pa.field("sample_index", pa.int32(), nullable=False),
+            pa.field("reward", pa.float64()),
+            pa.field("messages", pa.list_(message), nullable=False),
+            pa.field("tools", pa.list_(pa.string()), nullable=False),
+        ]
+    )
+    return {"rl": rl, "sft": sft}[kind]
 
 
 def check_format(fmt: str) -> Format:
@@ -122,10 +130,12 @@ def write_parquet(rows: Iterable[dict[str, Any]], kind: Kind, path: Path, row_gr
 
     An export without rows is still a valid file with the full schema.
     """
-    schema = SCHEMAS[kind]
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
     count = 0
-    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+    with pq.ParquetWriter(path, schema(kind), compression="zstd") as writer:
         for batch in _batches(rows, row_group_size):
-            writer.write_table(pa.Table.from_pylist(batch, schema=schema), row_group_size=row_group_size)
+            writer.write_table(pa.Table.from_pylist(batch, schema=schema(kind)), row_group_size=row_group_size)
             count += len(batch)
     return count

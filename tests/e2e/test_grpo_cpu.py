@@ -2,7 +2,8 @@
 and on real vLLM (its own server, serving the warm-started weights; new weights loaded between steps with
 ``reload_weights``): the mechanics, not the learning speed. Versions advance, every group arrives, captured
 logprobs equal the sampling weights' own, ratios are 1 on fresh data before the update, and loss masks cover
-exactly the sampled tokens."""
+exactly the sampled tokens. The two runs share one warm start through ``--warm-start-cache``: the first computes
+and keeps it, the second loads it."""
 
 from __future__ import annotations
 
@@ -22,14 +23,22 @@ REPO = Path(__file__).resolve().parents[2]
 TOLERANCE = {"torch": 1e-4, "vllm": 1e-4}
 
 
+@pytest.fixture(scope="module")
+def warm_starts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("warm-starts")
+
+
 @pytest.mark.parametrize("engine", ["torch", "vllm"])
-def test_a_shortened_loop(engine: str, tmp_path: Path) -> None:
+def test_a_shortened_loop(engine: str, tmp_path: Path, warm_starts: Path) -> None:
     out = tmp_path / "rl"
+    kept = any(warm_starts.iterdir())
     command = [sys.executable, "-m", "examples.grpo_cpu.train", "--out", str(out), "--steps", "2", "--tasks", "2",
                "--samples", "3", "--ahead", "0", "--warm-start-steps", "40", "--run-concurrency", "2",
-               "--engine", engine]  # fmt: skip
+               "--engine", engine, "--warm-start-cache", str(warm_starts)]  # fmt: skip
     code, output = run_to_end(command, 800, REPO)
     assert code == 0, output[-6000:]
+    assert ("supervised steps, loaded from" in output) == kept, output[-6000:]
+    assert len(list(warm_starts.iterdir())) == 1
     rows = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [(r["step"], r["policy_version"], r["next_policy_version"]) for r in rows] == [(0, 0, 1), (1, 1, 2)]
     for row in rows:
