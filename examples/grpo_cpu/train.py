@@ -109,9 +109,9 @@ def demonstration_rows(seed: int) -> list[tuple[list[int], list[int]]]:
             for instruction, reply in task.demonstrations(512, seed)]  # fmt: skip
 
 
-def warm_start(model: torch.nn.Module, steps: int, seed: int) -> float:
-    """A short supervised pass on demonstrations (every answer style), so the first samples are well-formed."""
-    rows = demonstration_rows(seed)
+def warm_start(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]], steps: int, seed: int) -> float:
+    """A short supervised pass on demonstrations (``demonstration_rows``: every answer style), so the first samples
+    are well-formed."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(seed)
     model.train()
@@ -127,13 +127,13 @@ def warm_start(model: torch.nn.Module, steps: int, seed: int) -> float:
     return float(loss.detach())
 
 
-def warm_start_key(model: torch.nn.Module, steps: int, seed: int) -> str:
+def warm_start_key(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]], steps: int, seed: int) -> str:
     """What a warm start's weights follow from: the fresh model's weights and config, the demonstrations (ids),
     the steps, the seed and torch's version. A cached warm start is reused only under the same key."""
     digest = hashlib.sha256(f"{steps}:{seed}:{torch.__version__}:{model.config.to_json_string()}".encode())
     for tensor in model.state_dict().values():
         digest.update(tensor.detach().contiguous().numpy().tobytes())
-    digest.update(json.dumps(demonstration_rows(seed)).encode())
+    digest.update(json.dumps(rows).encode())
     return digest.hexdigest()[:16]
 
 
@@ -141,16 +141,17 @@ def warm_started(model: torch.nn.Module, options: Options, say: Any) -> None:
     """``warm_start`` on ``model``, or its weights from ``--warm-start-cache`` when a run with the same key kept
     them (the loop's test runs it twice; a user re-running the demo waits for it once)."""
     started = time.monotonic()
+    rows = demonstration_rows(options.seed)
     cached = None
     if options.warm_start_cache:
-        key = warm_start_key(model, options.warm_start_steps, options.seed)
+        key = warm_start_key(model, rows, options.warm_start_steps, options.seed)
         cached = Path(options.warm_start_cache) / f"warm-start-{key}.safetensors"
         if cached.is_file():
             load_weights(model, cached)
             model.eval()
             say(f"warm start: {options.warm_start_steps} supervised steps, loaded from {cached}")
             return
-    loss = warm_start(model, options.warm_start_steps, options.seed)
+    loss = warm_start(model, rows, options.warm_start_steps, options.seed)
     say(f"warm start: {options.warm_start_steps} supervised steps, loss {loss:.3f}, {time.monotonic() - started:.0f}s")
     if cached is not None:
         save_weights(model, cached)

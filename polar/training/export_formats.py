@@ -35,25 +35,25 @@ def schema(kind: Kind) -> pa.Schema:
     Parquet, not by every API process that serves JSONL or lists formats."""
     import pyarrow as pa  # type: ignore[import-untyped]
 
-    rl = pa.schema(
-        [
-            pa.field("trajectory_id", pa.string(), nullable=False),
-            pa.field("session_id", pa.string(), nullable=False),
-            pa.field("batch_id", pa.string(), nullable=False),
-            pa.field("task_id", pa.string(), nullable=False),
-            pa.field("sample_index", pa.int32(), nullable=False),
-            pa.field("group_id", pa.string(), nullable=False),
-            pa.field("agent", pa.string(), nullable=False),
-            pa.field("token_ids", pa.list_(pa.int32()), nullable=False),
-            pa.field("loss_mask", pa.list_(pa.int8()), nullable=False),
-            pa.field("logprobs", pa.list_(pa.float32()), nullable=False),
-            pa.field("reward", pa.float64()),
-            pa.field("policy_version", pa.string()),
-            pa.field("num_calls", pa.int32(), nullable=False),
-            pa.field("spans_policy_update", pa.bool_(), nullable=False),
-        ]
-    )
-
+    if kind == "rl":
+        return pa.schema(
+            [
+                pa.field("trajectory_id", pa.string(), nullable=False),
+                pa.field("session_id", pa.string(), nullable=False),
+                pa.field("batch_id", pa.string(), nullable=False),
+                pa.field("task_id", pa.string(), nullable=False),
+                pa.field("sample_index", pa.int32(), nullable=False),
+                pa.field("group_id", pa.string(), nullable=False),
+                pa.field("agent", pa.string(), nullable=False),
+                pa.field("token_ids", pa.list_(pa.int32()), nullable=False),
+                pa.field("loss_mask", pa.list_(pa.int8()), nullable=False),
+                pa.field("logprobs", pa.list_(pa.float32()), nullable=False),
+                pa.field("reward", pa.float64()),
+                pa.field("policy_version", pa.string()),
+                pa.field("num_calls", pa.int32(), nullable=False),
+                pa.field("spans_policy_update", pa.bool_(), nullable=False),
+            ]
+        )
     tool_call = pa.struct(
         [
             ("id", pa.string()),
@@ -71,7 +71,7 @@ def schema(kind: Kind) -> pa.Schema:
             ("name", pa.string()),
         ]
     )
-    sft = pa.schema(
+    return pa.schema(
         [
             pa.field("session_id", pa.string(), nullable=False),
             pa.field("task_id", pa.string(), nullable=False),
@@ -81,7 +81,6 @@ def schema(kind: Kind) -> pa.Schema:
             pa.field("tools", pa.list_(pa.string()), nullable=False),
         ]
     )
-    return {"rl": rl, "sft": sft}[kind]
 
 
 def check_format(fmt: str) -> Format:
