@@ -37,22 +37,28 @@ def _wait_for(check: object, what: str, timeout_s: float = 60.0) -> None:
 
 def test_a_pause_during_a_run_extends_its_deadline(database_url: str, tmp_path: Path) -> None:
     services = domain_services(database_url, tmp_path / "work", heartbeat_interval_s=0.3)
-    # 5 s of work on a 3.5 s budget: only the 3.5 s pause given back lets it finish.
-    submit_tasks(services, command_task("t", "sleep 5", timeout_seconds=3.5, max_attempts=1))
+    # The harness runs until the test lets it go, which is only after a pause longer than its whole budget: it can
+    # finish only if the pause is given back. Waiting on a file, not a fixed sleep, leaves the budget's full 5 s as
+    # slack for a loaded machine (the run's start until the pause, and the resume until the harness sees the file).
+    budget_s, pause_s, started, go = 5.0, 6.0, tmp_path / "started", tmp_path / "go"
+    command = f"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done"
+    submit_tasks(services, command_task("t", command, timeout_seconds=budget_s, max_attempts=1))
     deliver_all(services, until=lambda stage, _: stage is Stage.RUN)
     runner = threading.Thread(target=deliver_all, args=(services,))
     runner.start()
-    _wait_for(lambda: _only(services).state == "running", "the run")
-    time.sleep(0.5)
-    before = _only(services).deadline_at
-    set_state(services.db, paused=True, mode="reject")
-    time.sleep(3.0)
-    set_state(services.db, paused=False)
-    runner.join()
+    try:
+        _wait_for(started.exists, "the harness's start")  # its budget started just before
+        before = _only(services).deadline_at
+        set_state(services.db, paused=True, mode="reject")
+        time.sleep(pause_s)
+        set_state(services.db, paused=False)
+    finally:
+        go.touch()
+        runner.join()
     session = _only(services)
     assert (session.state, session.outcome) == ("completed", "exited"), session.error
     assert before is not None and session.deadline_at is not None
-    assert (session.deadline_at - before).total_seconds() >= 3.0  # moved out by the pause (3 s + pause's 0.6 s)
+    assert (session.deadline_at - before).total_seconds() >= pause_s - 0.1  # moved out by the whole pause
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
