@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import copy
 import functools
-import hashlib
 import json
 import math
 import signal
@@ -38,13 +37,14 @@ from typing import Any
 import torch
 
 from examples.grpo_cpu import task
+from examples.warm_start_cache import warm_started
 from polar.client import PolarClient
 from polar.engine.chat_template import ChatTemplate
 from polar.engine.generation import Generator
 from polar.engine.protocol import parse_chat_request
 from polar.engine.settings import EngineSettings
 from polar.engine.tokenizer import load_tokenizer
-from polar.engine.torch_model import batch_logprobs, load_weights, new_model, save_weights
+from polar.engine.torch_model import batch_logprobs, new_model, save_weights
 from polar.integrations.adapter import PolarRollouts
 
 SYSTEM = "You answer in one short line."  # polar.agents.one_shot's
@@ -125,36 +125,6 @@ def warm_start(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]], 
         optimizer.step()
     model.eval()
     return float(loss.detach())
-
-
-def warm_start_key(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]], steps: int, seed: int) -> str:
-    """What a warm start's weights follow from: the fresh model's weights and config, the demonstrations (ids),
-    the steps, the seed and torch's version. A cached warm start is reused only under the same key."""
-    digest = hashlib.sha256(f"{steps}:{seed}:{torch.__version__}:{model.config.to_json_string()}".encode())
-    for tensor in model.state_dict().values():
-        digest.update(tensor.detach().contiguous().numpy().tobytes())
-    digest.update(json.dumps(rows).encode())
-    return digest.hexdigest()[:16]
-
-
-def warm_started(model: torch.nn.Module, options: Options, say: Any) -> None:
-    """``warm_start`` on ``model``, or its weights from ``--warm-start-cache`` when a run with the same key kept
-    them (the loop's test runs it twice; a user re-running the demo waits for it once)."""
-    started = time.monotonic()
-    rows = demonstration_rows(options.seed)
-    cached = None
-    if options.warm_start_cache:
-        key = warm_start_key(model, rows, options.warm_start_steps, options.seed)
-        cached = Path(options.warm_start_cache) / f"warm-start-{key}.safetensors"
-        if cached.is_file():
-            load_weights(model, cached)
-            model.eval()
-            say(f"warm start: {options.warm_start_steps} supervised steps, loaded from {cached}")
-            return
-    loss = warm_start(model, rows, options.warm_start_steps, options.seed)
-    say(f"warm start: {options.warm_start_steps} supervised steps, loss {loss:.3f}, {time.monotonic() - started:.0f}s")
-    if cached is not None:
-        save_weights(model, cached)
 
 
 def version_of(call: dict[str, Any]) -> int:
@@ -405,7 +375,10 @@ def main(argv: list[str] | None = None) -> int:
 
     model = new_model(options.seed)
     started = time.monotonic()
-    warm_started(model, options, say)
+    rows = demonstration_rows(options.seed)
+    warm_started(model, rows, recipe="grpo_cpu", steps=options.warm_start_steps, seed=options.seed,
+                 cache=options.warm_start_cache, say=say,
+                 train=lambda: warm_start(model, rows, options.warm_start_steps, options.seed))  # fmt: skip
     weights = save_weights(model, options.out / "weights" / "step-0.safetensors")
     torch.set_num_threads(1)  # from here the engine, the workers and the harnesses share the cores
     with embedded(options, weights, model) as (client, engine_url):

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from examples.trl_cpu import task
+from examples.warm_start_cache import warm_started
 from polar.agents.calculator import SYSTEM, TOOLS
 from polar.client import PolarClient
 from polar.engine.chat_template import ChatTemplate
@@ -55,6 +56,7 @@ class Options:
     warm_start_steps: int = 200
     seed: int = 0
     run_concurrency: int = 4
+    warm_start_cache: str = ""  # a directory that keeps warm-started weights for later runs with the same inputs
 
 
 @functools.cache
@@ -99,9 +101,13 @@ def masked_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int
     return torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:][predicts].unsqueeze(-1)).squeeze(-1)
 
 
-def warm_start(model: torch.nn.Module, steps: int, seed: int) -> float:
+def demonstration_rows(seed: int) -> list[tuple[list[int], list[int]]]:
+    """The warm start's whole demonstrated sessions: (ids, mask) as ``conversation`` renders them."""
+    return [conversation(*demo) for demo in task.demonstrations(256, seed)]
+
+
+def warm_start(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]], steps: int, seed: int) -> float:
     """A short supervised pass on whole demonstrated sessions, so the first samples call the tool correctly."""
-    rows = [conversation(*demo) for demo in task.demonstrations(256, seed)]
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(seed)
     model.train()
@@ -261,9 +267,10 @@ def prepare(options: Options, say: Any) -> tuple[torch.nn.Module, Path]:
     torch.set_num_threads(1)
     torch.manual_seed(options.seed)
     model = new_model(options.seed)
-    started = time.monotonic()
-    loss = warm_start(model, options.warm_start_steps, options.seed)
-    say(f"warm start: {options.warm_start_steps} supervised steps, loss {loss:.3f}, {time.monotonic() - started:.0f}s")
+    rows = demonstration_rows(options.seed)
+    warm_started(model, rows, recipe="trl_cpu", steps=options.warm_start_steps, seed=options.seed,
+                 cache=options.warm_start_cache, say=say,
+                 train=lambda: warm_start(model, rows, options.warm_start_steps, options.seed))  # fmt: skip
     return model, save_weights(model, options.out / "weights" / "step-0.safetensors")
 
 

@@ -1,6 +1,7 @@
 """TRL's own GRPOTrainer (trl 1.16.0) learning through Polar (examples/trl_cpu, polar.integrations.trl): a shortened
 run of the demo end to end, and a run whose run worker is SIGKILLed mid-round: the lost sample is retried by Polar
-and TRL is handed the retry's real sample, never a zero for the lost one."""
+and TRL is handed the retry's real sample, never a zero for the lost one. The two share one warm start through
+``--warm-start-cache``: the first computes and keeps it, the second loads it."""
 
 from __future__ import annotations
 
@@ -25,12 +26,19 @@ REPO = Path(__file__).resolve().parents[2]
 TOLERANCE = 1e-3
 
 
-def test_a_shortened_demo(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def warm_starts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("warm-starts")
+
+
+def test_a_shortened_demo(tmp_path: Path, warm_starts: Path) -> None:
     out = tmp_path / "trl"
     command = [sys.executable, "-m", "examples.trl_cpu.train", "--out", str(out), "--rounds", "2", "--prompts", "2",
-               "--generations", "3", "--warm-start-steps", "40", "--run-concurrency", "2"]  # fmt: skip
+               "--generations", "3", "--warm-start-steps", "40", "--run-concurrency", "2",
+               "--warm-start-cache", str(warm_starts)]  # fmt: skip
     code, output = run_to_end(command, 1500, REPO)
     assert code == 0, output[-6000:]
+    assert "supervised steps, loss" in output and len(list(warm_starts.iterdir())) == 1, output[-6000:]
     rows = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [(r["step"], r["policy_version"]) for r in rows] == [(0, 0), (1, 1)], rows
     assert [r["captured_policy_versions"] for r in rows] == [["0"], ["1"]]
@@ -59,15 +67,18 @@ def _kill_when_running(client: Any, rollouts: Any, stack: Any, seen: dict[str, A
         time.sleep(0.1)
 
 
-def test_a_killed_run_worker_hands_trl_no_zero(tmp_path: Path) -> None:
+def test_a_killed_run_worker_hands_trl_no_zero(tmp_path: Path, warm_starts: Path) -> None:
     from examples.trl_cpu import train
     from polar.integrations.adapter import PolarRollouts
     from polar.integrations.trl import PolarRolloutFunc
 
     options = train.Options(out=tmp_path / "trl", rounds=1, prompts=2, generations=3, iterations=1,
-                            warm_start_steps=40, run_concurrency=2)  # fmt: skip
+                            warm_start_steps=40, run_concurrency=2, warm_start_cache=str(warm_starts))  # fmt: skip
     options.out.mkdir(parents=True)
-    model, weights = train.prepare(options, print)
+    said: list[str] = []
+    kept = any(warm_starts.iterdir())  # the first test's warm start (when this one runs alone, it trains its own)
+    model, weights = train.prepare(options, said.append)
+    assert any("supervised steps, loaded from" in line for line in said) == kept, said
     handed: list[dict[str, Any]] = []
     original = PolarRolloutFunc.__call__
 
