@@ -86,19 +86,14 @@ def _ms(work: Callable[[], Any], repeat: int) -> float:
 
 
 def _finish_with_calls(services: Services, batch_id: uuid.UUID, calls_per_session: int) -> int:
-    """Every session of the batch completed with a feed position, one 200-token trajectory and
-    ``calls_per_session`` small captured calls, written in SQL (what postrun and the proxy would have left)."""
+    """Every session of the batch completed with a feed position, ``calls_per_session`` small captured calls and
+    one 200-token trajectory of those calls, written in SQL (what the proxy and postrun would have left)."""
     statements = [
         """WITH ordered AS (SELECT s.id, row_number() OVER (ORDER BY t.position, s.sample_index) AS n
                             FROM sessions s JOIN tasks t ON t.id = s.task_pk WHERE s.batch_id = :batch)
            UPDATE sessions s SET state = 'completed', outcome = 'exited', outcome_class = 'task', reward = 1.0,
                   finished_at = now(), feed_seq = (SELECT coalesce(max(feed_seq), 0) FROM sessions) + ordered.n
            FROM ordered WHERE s.id = ordered.id""",
-        """INSERT INTO trajectories (id, session_id, position, agent, reconstruction, token_ids, loss_mask, logprobs,
-                                     call_ids, reward, stats)
-           SELECT gen_random_uuid(), s.id, 0, NULL, 'prefix_merging', array_fill(7, ARRAY[200]),
-                  array_fill(1::smallint, ARRAY[200]), array_fill(-0.5::real, ARRAY[200]), ARRAY['c'], 1.0, '{}'
-           FROM sessions s WHERE s.batch_id = :batch""",
         """INSERT INTO model_calls (id, session_id, seq, agent, provider, model, stream, prompt_token_ids,
                                     completion_token_ids, logprobs, finish_reason, status_code, latency_ms, request,
                                     normalized_request, response, prompt_len, chain_hash)
@@ -106,6 +101,12 @@ def _finish_with_calls(services: Services, batch_id: uuid.UUID, calls_per_sessio
                   array_fill(5, ARRAY[16]), array_fill(-0.5::real, ARRAY[16]), 'stop', 200, 1.0,
                   '{"messages": []}', '{"messages": []}', '{"choices": []}', 16, md5(s.id::text || c.seq)
            FROM sessions s CROSS JOIN generate_series(1, :calls) AS c(seq) WHERE s.batch_id = :batch""",
+        """INSERT INTO trajectories (id, session_id, position, agent, reconstruction, token_ids, loss_mask, logprobs,
+                                     call_ids, reward, stats)
+           SELECT gen_random_uuid(), s.id, 0, NULL, 'prefix_merging', array_fill(7, ARRAY[200]),
+                  array_fill(1::smallint, ARRAY[200]), array_fill(-0.5::real, ARRAY[200]),
+                  ARRAY(SELECT c.id::text FROM model_calls c WHERE c.session_id = s.id ORDER BY c.seq), 1.0, '{}'
+           FROM sessions s WHERE s.batch_id = :batch""",
         "UPDATE sessions SET num_calls = :calls WHERE batch_id = :batch",
         """UPDATE tasks t SET group_feed_seq = (SELECT max(feed_seq) FROM sessions s WHERE s.task_pk = t.id)
            WHERE t.batch_id = :batch""",
