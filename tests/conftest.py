@@ -1,5 +1,6 @@
 """Shared fixtures. Tests run against the machine's real PostgreSQL and Redis (see scripts/ensure-services.sh):
-each test that needs a database gets a fresh one, copied from a template migrated once to head."""
+each test that needs a database gets an empty one at the schema of a template migrated once to head (a copy of the
+template, or one an earlier test of the process used, emptied: tests/database_pool.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import redis
 from polar.engine.vllm import vllm_python
 from polar.storage.migration import upgrade
 from polar.storage.scratch import admin, scratch_database, sqlalchemy_url
+from tests.database_pool import DatabasePool
 from tests.module_costs import ModuleCosts
 from tests.real_vllm import (
     CONTROLLER_ENV,
@@ -123,11 +125,22 @@ def _fresh_database(prefix: str, template: str | None = None) -> AbstractContext
     return scratch_database(ADMIN_DSN, prefix, template)
 
 
+@pytest.fixture(scope="session")
+def database_pool(template_database: str) -> Iterator[DatabasePool]:
+    pool = DatabasePool(ADMIN_DSN, template_database, "polar_test")
+    yield pool
+    pool.close()
+
+
 @pytest.fixture
-def database_url(template_database: str) -> Iterator[str]:
-    """A fresh, migrated Postgres database for this test."""
-    with _fresh_database("polar_test", template_database) as url:
+def database_url(database_pool: DatabasePool) -> Iterator[str]:
+    """A migrated Postgres database for this test, empty: fresh from the template, or emptied after an earlier test
+    of this process (tests/database_pool.py)."""
+    url = database_pool.take()
+    try:
         yield url
+    finally:
+        database_pool.give_back(url)
 
 
 @pytest.fixture
