@@ -283,7 +283,14 @@ class _Faults:
         self._note("engine back")
 
     def pause_calls(self) -> None:
-        """A weight sync: model calls paused in ``reject`` mode (429s) for ``outage_s``."""
+        """A weight sync: model calls paused in ``reject`` mode (429s) for ``outage_s``, once a harness is in the
+        middle of its session. A pause that lands between harnesses refuses nothing (the run workers wait it out
+        before they start the next), and after the engine's outage every run slot restarts at once, so on a quick
+        machine they all end together: the pause waits (up to a minute) for a harness with two calls still to make."""
+        mid_session = "SELECT count(*) FROM sessions WHERE state = 'running' AND num_calls BETWEEN 1 AND :most"
+        deadline = time.monotonic() + 60.0
+        while self.d.sql(mid_session, most=self.d.plan.calls - 2)[0][0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
         self.d.client.pause(mode="reject")
         self._note(f"model calls paused (reject) for {self.d.plan.outage_s:g}s")
         time.sleep(self.d.plan.outage_s)

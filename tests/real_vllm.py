@@ -101,6 +101,12 @@ class SharedVllm:
             self._step()
             time.sleep(0.5)
 
+    def first_started(self, prompt_ids: list[int], route: str | None = None) -> float:
+        """When vLLM first took a sequence on exactly ``prompt_ids`` into its batch. A sequence preempted for room
+        (a loaded shared server) is taken in again later, and its ``sampled_for`` record's ``started`` is then that
+        later time."""
+        return min(r["time"] for r in self.samples(route, event="start") if r["prompt_token_ids"] == prompt_ids)
+
     def _step(self) -> None:
         """One short call (the model sampling freely), so that the server takes a step."""
         with contextlib.suppress(httpx.HTTPError):

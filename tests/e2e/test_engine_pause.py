@@ -199,7 +199,8 @@ def test_calls_held_across_a_weight_update_on_real_vllm_are_marked(real_fleet: A
     for c in whole:  # Polar's marks are vLLM's own account: in its batch before the pause, sampled after the resume
         ran = real_vllm.sampled_for(c["prompt_token_ids"], "slow")
         assert c["completion_token_ids"] == ran["token_ids"]
-        assert (ran["started"] < paused_at and ran["time"] > resumed_at) == c["spans_policy_update"]
+        started = real_vllm.first_started(c["prompt_token_ids"], "slow")
+        assert (started < paused_at and ran["time"] > resumed_at) == c["spans_policy_update"]
     assert sum(c["policy_version"] == "v2" for c in calls) == REAL_CALLS // 2  # held at the proxy: v2 only
 
 
