@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from pydantic import ConfigDict, WithJsonSchema, with_config
+from sqlalchemy import Row
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from typing_extensions on Python < 3.12
 
 from polar.clock import as_utc, iso
@@ -285,8 +286,11 @@ def call_json(call: Any, whole: WholeCall) -> CallJSON:
     }
 
 
-def trajectory_json(trajectory: Trajectory, routed: Mapping[uuid.UUID, bytes] | None = None) -> TrajectoryJSON:
-    """``routed``: the expert routing of the calls that have any (``routed_experts_of``)."""
+def trajectory_json(
+    trajectory: Trajectory | Row[Any], routed: Mapping[uuid.UUID, bytes] | None = None
+) -> TrajectoryJSON:
+    """A stored trajectory (the model, or a row of its table's columns); ``routed``: the expert routing of the calls
+    that have any (``routed_experts_of_sessions``)."""
     per_call = [(routed or {}).get(uuid.UUID(str(call_id))) for call_id in trajectory.call_ids] if routed else []
     return {
         "trajectory_id": str(trajectory.id),

@@ -22,7 +22,7 @@ from polar.serialization import (
     trajectory_json,
 )
 from polar.services import Services
-from polar.storage.captured import rebuild, routed_experts_of, rows_by_session, session_rows
+from polar.storage.captured import rebuild, routed_experts_of_sessions, rows_by_session, session_rows
 from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
 from polar.storage.payloads import PARTS
 
@@ -168,5 +168,5 @@ def session_trajectories(services: Services, session_id: uuid.UUID) -> list[Traj
         rows = db.scalars(
             sa.select(Trajectory).where(Trajectory.session_id == session_id).order_by(Trajectory.position)
         ).all()
-        routed = routed_experts_of(db, {call_id for row in rows for call_id in row.call_ids})
+        routed = routed_experts_of_sessions(db, [session_id])
         return [trajectory_json(row, routed) for row in rows]

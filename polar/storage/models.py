@@ -168,6 +168,7 @@ class ModelCall(Base):
         sa.Index("ix_model_calls_prompt_parent_id", "prompt_parent_id"),
         sa.Index("ix_model_calls_payload_parent_id", "payload_parent_id"),
         _partial_index("ix_model_calls_spans_policy_update", "session_id", where="spans_policy_update"),
+        _partial_index("ix_model_calls_routed_experts", "session_id", where="routed_experts IS NOT NULL"),
     )
 
     id: Mapped[uuid.UUID] = _uuid()

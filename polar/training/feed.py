@@ -30,7 +30,7 @@ from polar.lifecycle.groups import group_id, group_standing
 from polar.lifecycle.states import TERMINAL
 from polar.serialization import trajectory_json
 from polar.services import Services
-from polar.storage.captured import routed_experts_of
+from polar.storage.captured import routed_experts_of_sessions
 from polar.storage.locks import FEED, exclusive
 from polar.storage.models import Session, Task, Trajectory
 from polar.training.wait_slots import WaitSlots
@@ -128,44 +128,59 @@ def _sessions_after(db: DbSession, batch_id: uuid.UUID | None, after: int, limit
     return list(db.execute(query.order_by(chosen.c.position, Session.sample_index)).all())
 
 
+# What an item says of its session, read in the same statement as the session's trajectories.
+_SESSION_FIELDS = (Session.batch_id, Session.task_id, Session.task_pk, Session.sample_index, Session.attempt,
+                   Session.state)  # fmt: skip
+
+
 def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit: int, groups: bool = False) -> FeedPage:
-    """One page: the trajectories of up to ``limit`` sessions (or whole groups) past ``after``."""
+    """One page: the trajectories of up to ``limit`` sessions (or whole groups) past ``after``.
+
+    A page of 10 groups of 100 is 1,000 sessions' trajectories, so it is read as plain rows in three statements
+    (the trajectories with their sessions' fields, the groups' tasks, the groups' standing) and the expert routing
+    through an index of the calls that have any, never by each call's id."""
     with services.db.unit() as db:
         rows = _sessions_after(db, batch_id, after, limit, groups)
         if not rows:
             return FeedPage([], after)
-        ids = [row[0] for row in rows]
-        sessions = {s.id: s for s in db.scalars(sa.select(Session).where(Session.id.in_(ids)))}
-        tasks = {
-            t.id: t for t in db.scalars(sa.select(Task).where(Task.id.in_({s.task_pk for s in sessions.values()})))
-        }
-        trajectories: dict[uuid.UUID, list[Trajectory]] = {}
-        for trajectory in db.scalars(
-            sa.select(Trajectory).where(Trajectory.session_id.in_(ids)).order_by(Trajectory.position)
-        ):
+        # Cancelled samples and those out of attempts settle their groups but carry no data.
+        found = db.execute(
+            sa.select(Trajectory.__table__, *_SESSION_FIELDS)
+            .join(Session, Session.id == Trajectory.session_id)
+            .where(Trajectory.session_id.in_([row[0] for row in rows]),
+                   Session.outcome_class == OutcomeClass.TASK.value)
+            .order_by(Trajectory.position)
+        ).all()  # fmt: skip
+        trajectories: dict[uuid.UUID, list[Any]] = {}
+        for trajectory in found:
             trajectories.setdefault(trajectory.session_id, []).append(trajectory)
-        routed = routed_experts_of(db, {c for found in trajectories.values() for t in found for c in t.call_ids})
-        standing = group_standing(db, tasks.keys())
-        items = []
-        for session_id, position in rows:
-            session = sessions[session_id]
-            if session.outcome_class != OutcomeClass.TASK.value:
-                continue  # cancelled, or out of attempts: settles its group, carries no data
-            task = tasks[session.task_pk]
+        task_pks = {trajectory.task_pk for trajectory in found}
+        tasks = {
+            task.id: task
+            for task in db.execute(
+                sa.select(Task.id, Task.position, Task.num_samples, Task.spec).where(Task.id.in_(task_pks))
+            )
+        }
+        routed = routed_experts_of_sessions(db, trajectories.keys())
+        standing = group_standing(db, task_pks)
+    items = []
+    for session_id, position in rows:
+        for trajectory in trajectories.get(session_id, ()):
+            task = tasks[trajectory.task_pk]
             group = standing[task.id]
-            context = {
-                "batch_id": str(session.batch_id),
-                "task_id": session.task_id,
-                "sample_index": session.sample_index,
-                "attempt": session.attempt,
-                "group_id": group_id(session.batch_id, task.position, task.spec.get("metadata")),
+            items.append({
+                **trajectory_json(trajectory, routed),
+                "batch_id": str(trajectory.batch_id),
+                "task_id": trajectory.task_id,
+                "sample_index": trajectory.sample_index,
+                "attempt": trajectory.attempt,
+                "group_id": group_id(trajectory.batch_id, task.position, task.spec.get("metadata")),
                 "group_size": task.num_samples,
                 "group_scored": group.scored,
                 "group_missing": group.missing,
-                "state": session.state,
+                "state": trajectory.state,
                 "feed_position": position,
-            }
-            items += [{**trajectory_json(t, routed), **context} for t in trajectories.get(session_id, [])]
+            })  # fmt: skip
     return FeedPage(items, max(row[1] for row in rows))
 
 
