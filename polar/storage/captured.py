@@ -17,6 +17,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from polar.storage.columns import any_of
 from polar.storage.models import ModelCall
 from polar.storage.payloads import PARTS, full_payloads
 from polar.storage.prompts import full_prompts
@@ -115,7 +116,7 @@ def routed_experts_of_sessions(db: Any, session_ids: Collection[uuid.UUID]) -> d
         return {}
     rows = db.execute(
         sa.select(ModelCall.id, ModelCall.routed_experts).where(
-            ModelCall.session_id.in_(list(session_ids)), ModelCall.routed_experts.is_not(None)
+            any_of(db, ModelCall.session_id, session_ids), ModelCall.routed_experts.is_not(None)
         )
     ).all()
     return {row.id: bytes(row.routed_experts) for row in rows}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +98,20 @@ class BinaryArray(sa.types.TypeDecorator[list[Any]]):
 
         return values
 
+    def result_processor(self, dialect: sa.Dialect, coltype: object) -> None:
+        # psycopg reads an array into a list already; ARRAY's own processing copied every element twice more
+        # (a feed page of 1,000 trajectories: ~28 ms of its time).
+        return None
+
+
+class _TextArray(postgresql.ARRAY[str]):
+    """``text[]``, read as psycopg gives it (a list), without ARRAY's element-by-element copy."""
+
+    cache_ok = True
+
+    def result_processor(self, dialect: sa.Dialect, coltype: object) -> None:
+        return None
+
 
 _KINDS = {element.typecode: _values_class(element) for element in (_INT4, _INT2, _FLOAT4)}
 
@@ -118,7 +132,16 @@ def small_int_array() -> sa.types.TypeEngine[list[int]]:
 
 
 def text_array() -> sa.types.TypeEngine[list[str]]:
-    return sa.JSON().with_variant(postgresql.ARRAY(sa.Text()), "postgresql")
+    return sa.JSON().with_variant(_TextArray(sa.Text()), "postgresql")
+
+
+def any_of(db: Any, column: sa.ColumnElement[Any], values: Iterable[Any]) -> sa.ColumnElement[bool]:
+    """``column IN values``; on Postgres one array parameter (``column = ANY(:values)``), so a page's thousand ids
+    are one bind to render and send, not a thousand. ``db``: a Session or Connection (its dialect decides)."""
+    dialect = db.dialect if isinstance(db, sa.Connection) else db.get_bind().dialect
+    if dialect.name == "postgresql":
+        return column == sa.any_(sa.bindparam(None, list(values), type_=postgresql.ARRAY(column.type)))
+    return column.in_(list(values))
 
 
 def json_document() -> sa.types.TypeEngine[object]:

@@ -31,6 +31,7 @@ from polar.lifecycle.states import TERMINAL
 from polar.serialization import trajectory_json
 from polar.services import Services
 from polar.storage.captured import routed_experts_of_sessions
+from polar.storage.columns import any_of
 from polar.storage.locks import FEED, exclusive
 from polar.storage.models import Session, Task, Trajectory
 from polar.training.wait_slots import WaitSlots
@@ -147,7 +148,7 @@ def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit:
         found = db.execute(
             sa.select(Trajectory.__table__, *_SESSION_FIELDS)
             .join(Session, Session.id == Trajectory.session_id)
-            .where(Trajectory.session_id.in_([row[0] for row in rows]),
+            .where(any_of(db, Trajectory.session_id, [row[0] for row in rows]),
                    Session.outcome_class == OutcomeClass.TASK.value)
             .order_by(Trajectory.position)
         ).all()  # fmt: skip
