@@ -70,8 +70,12 @@ class DatabasePool:
             return self._free.pop()
         url = create_database(self._admin_dsn, self._prefix, self._template)
         if self._template_fingerprint is None:
-            with _connect(url) as connection:
-                self._template_fingerprint = _fingerprint(connection)
+            try:
+                with _connect(url) as connection:
+                    self._template_fingerprint = _fingerprint(connection)
+            except BaseException:
+                drop_database(self._admin_dsn, url)  # never left behind on the server
+                raise
         return url
 
     def give_back(self, url: str) -> None:
