@@ -5,9 +5,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from polar.lifecycle.dispatch import Stage
 from polar.services import Services
@@ -96,3 +98,29 @@ def test_long_poll_returns_when_a_session_ends(services: Services) -> None:
     poll.join(120)
     assert not poll.is_alive(), "the long-poll was not woken by the session's end"
     assert [item["session_id"] for item in pages[0].items] == [str(session)]
+
+
+def _statements(services: Services, read: Callable[[], FeedPage]) -> tuple[FeedPage, int]:
+    """A page, and how many SQL statements reading it took."""
+    executed: list[str] = []
+
+    def count(*_: object) -> None:
+        executed.append("statement")
+
+    sa.event.listen(services.db.engine, "before_cursor_execute", count)
+    try:
+        page = read()
+    finally:
+        sa.event.remove(services.db.engine, "before_cursor_execute", count)
+    return page, len(executed)
+
+
+def test_a_pages_statements_do_not_grow_with_its_size(services: Services) -> None:
+    # A page of 10 groups of 100 is 1,000 sessions' trajectories: read per session or per call id, it took
+    # hundreds of statements (or ten thousand index probes); it is a fixed handful however many it holds.
+    batch = submit(services, *[command_task(name, "true", samples=2) for name in "abcd"])
+    finish(services, set(queued_sessions(services)))
+    small, few = _statements(services, lambda: read_feed(services, batch, after=0, limit=1, groups=True))
+    large, many = _statements(services, lambda: read_feed(services, batch, after=0, limit=4, groups=True))
+    assert (len(small.items), len(large.items)) == (2, 8)
+    assert few == many <= 6, (few, many)
