@@ -95,10 +95,11 @@ def test_the_harness_starts_once_an_engine_answers(database_url: str, tmp_path: 
     port = free_port()
     engine = f"http://127.0.0.1:{port}"
     services = domain_services(database_url, tmp_path / "work", engine_urls=(engine,), engine_wait_s=60.0)
-    # The harness needs the engine at once, and has less budget than the engine takes to start.
+    # The harness needs the engine at once, and has less budget than the engine takes to start (4 s of budget
+    # for a python3 probe: slack for a loaded machine).
     probe = f"python3 -c \"import urllib.request; urllib.request.urlopen('{engine}/health', timeout=2)\""
-    submit_tasks(services, command_task("t", probe, timeout_seconds=2.0, max_attempts=1))
-    with _engine_after(port, delay_s=3.0):
+    submit_tasks(services, command_task("t", probe, timeout_seconds=4.0, max_attempts=1))
+    with _engine_after(port, delay_s=5.0):
         deliver_all(services)
     session = _only(services)
     assert (session.state, session.outcome, session.outcome_class) == ("completed", "exited", "task"), session.error
