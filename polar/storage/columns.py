@@ -135,11 +135,18 @@ def text_array() -> sa.types.TypeEngine[list[str]]:
     return sa.JSON().with_variant(_TextArray(sa.Text()), "postgresql")
 
 
+def is_postgres(target: Any) -> bool:
+    """``target``: a ``Database``, an ORM session or a connection."""
+    if hasattr(target, "is_postgres"):
+        return bool(target.is_postgres)
+    bind = target.get_bind() if hasattr(target, "get_bind") else target
+    return bool(bind.dialect.name == "postgresql")
+
+
 def any_of(db: Any, column: sa.ColumnElement[Any], values: Iterable[Any]) -> sa.ColumnElement[bool]:
     """``column IN values``; on Postgres one array parameter (``column = ANY(:values)``), so a page's thousand ids
     are one bind to render and send, not a thousand. ``db``: a Session or Connection (its dialect decides)."""
-    dialect = db.dialect if isinstance(db, sa.Connection) else db.get_bind().dialect
-    if dialect.name == "postgresql":
+    if is_postgres(db):
         return column == sa.any_(sa.bindparam(None, list(values), type_=postgresql.ARRAY(column.type)))
     return column.in_(list(values))
 

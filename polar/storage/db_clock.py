@@ -16,21 +16,14 @@ from typing import Any
 import sqlalchemy as sa
 
 from polar.clock import utcnow
+from polar.storage.columns import is_postgres
 
 _TIMESTAMP = sa.DateTime(timezone=True)
 
 
-def _postgres(target: Any) -> bool:
-    """``target``: a ``Database``, an ORM session or a connection."""
-    if hasattr(target, "is_postgres"):
-        return bool(target.is_postgres)
-    bind = target.get_bind() if hasattr(target, "get_bind") else target
-    return bool(bind.dialect.name == "postgresql")
-
-
 def now(target: Any) -> sa.ColumnElement[datetime]:
     """The database's time (Postgres: the transaction's start)."""
-    return sa.func.now() if _postgres(target) else sa.literal(utcnow(), _TIMESTAMP)
+    return sa.func.now() if is_postgres(target) else sa.literal(utcnow(), _TIMESTAMP)
 
 
 def ago(target: Any, seconds: float) -> sa.ColumnElement[datetime]:
@@ -40,13 +33,13 @@ def ago(target: Any, seconds: float) -> sa.ColumnElement[datetime]:
 
 def shifted(target: Any, seconds: float) -> sa.ColumnElement[datetime]:
     """The database's time plus ``seconds`` (negative: earlier)."""
-    if _postgres(target):
+    if is_postgres(target):
         return sa.func.now() + sa.func.make_interval(0, 0, 0, 0, 0, 0, sa.literal(float(seconds), sa.Float()))
     return sa.literal(utcnow() + timedelta(seconds=seconds), _TIMESTAMP)
 
 
 def seconds_until(target: Any, moment: sa.ColumnElement[datetime]) -> sa.ColumnElement[float]:
     """Seconds from the database's now until ``moment`` (negative once past; null when ``moment`` is)."""
-    if _postgres(target):
+    if is_postgres(target):
         return sa.func.extract("epoch", moment - sa.func.now())
     return (sa.func.julianday(moment) - sa.func.julianday(sa.literal(utcnow(), _TIMESTAMP))) * 86400.0
