@@ -213,6 +213,10 @@ def _replay(deployment: _Deployment, max_prompt_tokens: int, stream: bool, tito:
                 with client.stream("POST", direct, json=body) as response:
                     response.read()
                 direct_ms = (time.perf_counter() - started) * 1000
+            started = time.perf_counter()
+            with client.stream("POST", direct, json={**body, **CAPTURE, "stream": False}) as response:
+                response.read()
+            ids_ms = (time.perf_counter() - started) * 1000 - direct_ms
             cpu = _cpu_seconds(master)
             started = time.perf_counter()
             with client.stream("POST", proxied, json=body) as response:
@@ -225,6 +229,8 @@ def _replay(deployment: _Deployment, max_prompt_tokens: int, stream: bool, tito:
             rows.append({
                 "prompt_tokens": usage["prompt_tokens"],
                 "added_ms": proxied_ms - direct_ms,
+                "ids_ms": ids_ms,
+                "engine_ms": float(timing.get("engine", 0)) - direct_ms,
                 "proxy_ms": float(timing.get("proxy", 0)) - float(timing.get("engine", 0)),
                 "capture_ms": float(timing.get("capture", 0)),
                 "cpu_ms": (_cpu_seconds(master) - cpu) * 1000,
@@ -263,7 +269,8 @@ def _agent_report(rows: list[dict[str, float]], label: str) -> None:
         median["cpu_ms"] = statistics.fmean(r["cpu_ms"] for r in band)  # /proc counts 10 ms ticks: a mean, not p50
         print(f"{label:>18} {f'{low // 1000}k-{high // 1000}k':>9} {len(band):>5} {median['added_ms']:>9.1f} "
               f"{median['proxy_ms']:>9.1f} {median['capture_ms']:>10.1f} {median['cpu_ms']:>8.1f} "
-              f"{median.get('stored_bytes', 0) / 1024:>10.1f}")  # fmt: skip
+              f"{median.get('stored_bytes', 0) / 1024:>10.1f} {median['ids_ms']:>7.1f} "
+              f"{median['engine_ms']:>8.1f}")  # fmt: skip
 
 
 def _agent(args: argparse.Namespace) -> int:
@@ -272,12 +279,19 @@ def _agent(args: argparse.Namespace) -> int:
         print(f"agent replay: sessions to {args.max_prompt_tokens} prompt tokens, 40 tools, engine echo 64 "
               f"tokens zero delay; proxy {proxy}; {os.cpu_count()} cores")  # fmt: skip
         print(f"{'session':>18} {'prompt':>9} {'calls':>5} {'added ms':>9} {'proxy ms':>9} {'capture ms':>10} "
-              f"{'CPU ms':>8} {'stored KiB':>10}   (p50 per band; CPU: mean)")  # fmt: skip
+              f"{'CPU ms':>8} {'stored KiB':>10} {'ids ms':>7} {'engine Δ':>8}")  # fmt: skip
+        print(
+            "p50 per band; CPU: mean; ids: the engine asked for token ids and logprobs, as the proxy asks, less the "
+            "direct call; engine Δ: the proxy's engine request (Server-Timing engine) less the direct call"
+        )
         print("goal: added p50 <= 5 ms for 32k-token calls")
         for stream in (False, True):
             for tito in (False, True):
+                label = f"{'stream' if stream else 'json'}, TITO {'on' if tito else 'off'}"
+                if args.sessions and label.replace(", TITO ", "-") not in args.sessions:
+                    continue
                 rows = _replay(deployment, args.max_prompt_tokens, stream, tito)
-                _agent_report(rows, f"{'stream' if stream else 'json'}, TITO {'on' if tito else 'off'}")
+                _agent_report(rows, label)
     return 0
 
 
@@ -337,6 +351,12 @@ def main() -> int:
     parser.add_argument("--agent", action="store_true", help="Replay agent-sized sessions (see above).")
     parser.add_argument("--max-prompt-tokens", type=int, default=40_000,
                         help="With --agent: each session ends with its first call this long.")  # fmt: skip
+    parser.add_argument(
+        "--sessions",
+        type=lambda text: text.split(","),
+        default=None,
+        help="With --agent: only these of json-off,json-on,stream-off,stream-on (default: all).",
+    )
     parser.add_argument("--long-session", action="store_true", help="One long session's cost per call (see above).")
     parser.add_argument("--calls", type=int, default=300, help="With --long-session: the session's calls.")
     parser.add_argument("--turns", type=int, default=10, help="With --long-session: turns per conversation.")

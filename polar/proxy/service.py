@@ -66,6 +66,7 @@ from polar.proxy.refusals import DATABASE_OUTAGE, RefusalCounter
 from polar.proxy.renderers import ChatRenderer
 from polar.proxy.sampling import engine_sampling
 from polar.proxy.template_kwargs import check_setting, check_template_kwargs
+from polar.proxy.tito_tails import TailRenders
 from polar.proxy.tito_tips import TipStore, tip_store
 from polar.proxy.token_check import check_tokens
 from polar.storage.database import Database
@@ -201,6 +202,7 @@ class ProxyService:
         check_setting(config.chat_template_kwargs)
         self._tito: dict[uuid.UUID, bool] = {}
         self.tips: TipStore = tip_store(config.redis_url)
+        self.tails = TailRenders()
         self._renderer: ChatRenderer | None = None
 
     def renderer(self) -> ChatRenderer:
@@ -473,7 +475,9 @@ class ProxyService:
         engine_body = _capture_fields(chat_body)
         try:
             # A link without a prompt (the engine would not build it) is asked from its messages: its 400 answers.
-            prompt = None if link is None else tito.prompt_ids(self.engines, session_id, link, chat_body, served)
+            prompt = None
+            if link is not None:
+                prompt = tito.prompt_ids(self.engines, self.tails, session_id, agent, link, chat_body, served)
             if kind == "sglang":
                 engine_body, reply = self._ask_sglang(session_id, chat_body)
             elif link is not None and prompt is not None:

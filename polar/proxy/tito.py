@@ -3,11 +3,9 @@ own previous prompt + the sampled token ids + the newly rendered tail, and the e
 (``/v1/completions``). Re-rendering an assistant turn (a template that strips earlier reasoning, a client that
 drops it) can then never break the token chain that training relies on.
 
-The tail is found without knowing the chat template: the conversation is rendered with the previous assistant
-turn replaced by a sentinel, and everything after the sentinel (less the end-of-turn token the model already
-sampled) is the tail. The completion text is parsed back into a chat message with the same reasoning and Hermes
-tool-call parser the engine uses (vLLM's ``hermes`` + ``qwen3`` parsers), so protocol modules see an ordinary
-chat answer.
+The tail is found without knowing the chat template (``polar.proxy.tito_tails``). The completion text is parsed
+back into a chat message with the same reasoning and Hermes tool-call parser the engine uses (vLLM's ``hermes`` +
+``qwen3`` parsers), so protocol modules see an ordinary chat answer.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ import json
 import logging
 import time
 import uuid
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +23,7 @@ import sqlalchemy as sa
 from polar.engine.completion_parser import chat_message
 from polar.protocols import EngineAnswer
 from polar.proxy.engines import EnginePool, EngineReply
+from polar.proxy.tito_tails import TailRenders, tail_ids
 from polar.proxy.tito_tips import Tip, TipStore, identity_digests, tip
 from polar.reconstruction.break_reasons import history_key, messages_of, same_history, tools_of
 from polar.storage.captured import rebuild, session_rows
@@ -35,7 +33,6 @@ from polar.storage.prompts import full_prompts
 
 log = logging.getLogger(__name__)
 
-SENTINEL = "\u2063POLAR-TITO-SENTINEL\u2063"
 DEFAULT_MAX_TOKENS = 8192
 # What a chat request carries that also means something to /v1/completions (vLLM's per-request arguments for
 # logits processors, ``vllm_xargs``, included: an operator's POLAR_SAMPLING_OVERRIDES may set them).
@@ -167,74 +164,20 @@ def _continues(rows: list[Any], call_id: uuid.UUID, history: Sequence[Any], tool
     return same_history(messages_of(stored) or [], history)
 
 
-def _tokenize(engines: EnginePool, session_id: uuid.UUID, body: dict[str, Any], model: str | None) -> list[int] | None:
-    """The ids, or None when the engine refused (a 4xx: a template's ``raise_exception``, a message it cannot
-    render); an engine failure (5xx, unreachable) raises ``EngineError`` as for any engine call."""
-    reply = engines.post(session_id, "/tokenize", body, model)
-    tokens = reply.body.get("tokens") if reply.status_code == 200 else None
-    if not isinstance(tokens, list):
-        log.warning("TITO: the engine's /tokenize refused the conversation (%s): %s", reply.status_code,
-                    reply.error_message[:300])  # fmt: skip
-        return None
-    return list(tokens)
-
-
-def _detokenize(engines: EnginePool, session_id: uuid.UUID, tokens: Sequence[int], model: str | None) -> str | None:
-    """The text, or None when the engine refused (a 4xx: an id outside its vocabulary)."""
-    reply = engines.post(session_id, "/detokenize", {"tokens": list(tokens)}, model)
-    text = reply.body.get("prompt") if reply.status_code == 200 else None
-    if not isinstance(text, str):
-        log.warning("TITO: the engine's /detokenize refused %d ids (%s)", len(tokens), reply.status_code)
-        return None
-    return text
-
-
-def _shared_prefix(first: Sequence[int], second: Sequence[int]) -> int:
-    """How many leading ids the two sequences share (a binary search over byte slices: memcmp, not a loop)."""
-    a, b = array("i", first).tobytes(), array("i", second).tobytes()
-    low, high = 0, min(len(first), len(second))
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[: middle * 4] == b[: middle * 4]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
-
-
 def prompt_ids(
-    engines: EnginePool, session_id: uuid.UUID, link: ChainLink, engine_body: dict[str, Any], model: str | None
+    engines: EnginePool,
+    renders: TailRenders,
+    session_id: uuid.UUID,
+    agent: str | None,
+    link: ChainLink,
+    engine_body: dict[str, Any],
+    model: str | None,
 ) -> list[int] | None:
-    """Previous prompt + previous sampled ids + the tail rendered after them; None when the engine cannot build
-    the tail (it refuses to render or decode, or the sentinel does not come back), and the call is then asked
-    from its messages, as when no link is found: the engine's own 400 reaches the client, never a 500 here."""
-    messages = list(engine_body["messages"])
-    messages[link.message_index] = {"role": "assistant", "content": SENTINEL}
-    render = {"messages": messages, "add_generation_prompt": True}
-    if engine_body.get("tools"):
-        render["tools"] = engine_body["tools"]
-    if engine_body.get("chat_template_kwargs"):
-        render["chat_template_kwargs"] = engine_body["chat_template_kwargs"]
-    tokens = _tokenize(engines, session_id, render, model)
-    if tokens is None:
-        return None
-    # Only the part past what the previous prompt already held needs its text (a few hundred tokens of tens of
-    # thousands); one token earlier, in case the cut splits a character. The whole text if that misses.
-    start = max(0, _shared_prefix(tokens, link.prompt_ids) - 1)
-    text = _detokenize(engines, session_id, tokens[start:], model)
-    if (text is None or SENTINEL not in text) and start:
-        text = _detokenize(engines, session_id, tokens, model)
-    if text is None or SENTINEL not in text:
-        log.warning("TITO: the sentinel did not come back from the template; asking from the messages")
-        return None
-    tail = text[text.index(SENTINEL) + len(SENTINEL) :]
-    if link.finish_reason != "length" and link.completion_ids:
-        eos = _detokenize(engines, session_id, link.completion_ids[-1:], model)
-        if eos is None:
-            return None
-        tail = tail.removeprefix(eos)  # the model sampled the end of its turn itself
-    tail_ids = _tokenize(engines, session_id, {"prompt": tail, "add_special_tokens": False}, model)
-    return None if tail_ids is None else [*link.prompt_ids, *link.completion_ids, *tail_ids]
+    """Previous prompt + previous sampled ids + the tail rendered after them (``polar.proxy.tito_tails``); None when
+    the engine cannot build the tail, and the call is then asked from its messages, as when no link is found: the
+    engine's own 400 reaches the client, never a 500 here."""
+    tail = tail_ids(engines, renders, session_id, agent, link, engine_body, model)
+    return None if tail is None else [*link.prompt_ids, *link.completion_ids, *tail]
 
 
 def completion_body(engine_body: dict[str, Any], prompt: list[int]) -> dict[str, Any]:

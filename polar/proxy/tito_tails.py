@@ -1,0 +1,209 @@
+"""The token ids TITO appends after a chain (``polar.proxy.tito``): the chat template's rendering of the messages
+that came after the linked call's answer, and the generation prompt.
+
+The tail is found without knowing the template: the conversation is rendered with the linked assistant turn
+replaced by a sentinel, and everything after the sentinel (less the end-of-turn token the model already sampled) is
+the tail, tokenised alone.
+
+Rendering the whole conversation costs the engine a tokenisation of all of it (32k tokens: 25-38 ms on the
+reference engine, most of a TITO call). What comes after the sentinel is the template's rendering of the later
+messages, which does not read the earlier messages' text; so the history before the sentinel is sent as a
+*skeleton*: every message kept, in order, with its role, its tool-call ids and names, and its text left out (and
+no tool schemas), a few hundred tokens however long the conversation. The first continuation this process makes
+for each (session, agent) renders both and compares the tails: equal, that agent's later calls render the skeleton
+only; different (a template that reads earlier text into later turns), they render the whole conversation, as
+before, and a warning says so. Whatever is appended, the trajectory holds the ids the engine was actually given.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from polar.proxy.engines import EnginePool
+
+if TYPE_CHECKING:
+    from polar.proxy.tito import ChainLink
+
+log = logging.getLogger(__name__)
+
+SENTINEL = "\u2063POLAR-TITO-SENTINEL\u2063"
+VERDICTS_KEPT = 100_000  # (session, agent) pairs a process remembers its check for (least recently used out)
+
+
+class TailRenders:
+    """What one proxy process learns while rendering tails: per (session, agent), whether the skeleton's tail is
+    the whole conversation's; per (model, token id), an end-of-turn token's text. Thread-safe, bounded."""
+
+    def __init__(self, kept: int = VERDICTS_KEPT) -> None:
+        self._kept = kept
+        self._verdicts: OrderedDict[tuple[uuid.UUID, str | None], bool] = OrderedDict()
+        self._texts: dict[tuple[str | None, int], str] = {}
+        self._lock = threading.Lock()
+
+    def verdict(self, session_id: uuid.UUID, agent: str | None) -> bool | None:
+        with self._lock:
+            found = self._verdicts.get((session_id, agent))
+            if found is not None:
+                self._verdicts.move_to_end((session_id, agent))
+            return found
+
+    def judge(self, session_id: uuid.UUID, agent: str | None, same: bool) -> None:
+        with self._lock:
+            self._verdicts[(session_id, agent)] = same
+            while len(self._verdicts) > self._kept:
+                self._verdicts.popitem(last=False)
+
+    def token_text(self, engines: EnginePool, session_id: uuid.UUID, token: int, model: str | None) -> str | None:
+        """The text of one id (the sampled end-of-turn token, the same few ids all session long)."""
+        with self._lock:
+            known = self._texts.get((model, token))
+        if known is None:
+            known = _detokenize(engines, session_id, [token], model)
+            if known is not None:
+                with self._lock:
+                    if len(self._texts) >= self._kept:
+                        self._texts.clear()
+                    self._texts[(model, token)] = known
+        return known
+
+
+def tail_ids(
+    engines: EnginePool,
+    renders: TailRenders,
+    session_id: uuid.UUID,
+    agent: str | None,
+    link: ChainLink,
+    engine_body: dict[str, Any],
+    model: str | None,
+) -> list[int] | None:
+    """The ids after ``link``'s prompt and completion; None when the engine cannot build them (it refuses to render
+    or decode, or the sentinel does not come back)."""
+    verdict = renders.verdict(session_id, agent)
+    short = None
+    if verdict is not False:
+        short = _tail(engines, renders, session_id, link, _skeleton(engine_body, link.message_index), None, model)
+    if verdict and short is not None:
+        return short
+    conversation = _conversation(engine_body, link.message_index)
+    whole = _tail(engines, renders, session_id, link, conversation, link.prompt_ids, model)
+    if verdict is None and short is not None and whole is not None:
+        renders.judge(session_id, agent, short == whole)
+        if short != whole:
+            log.warning("TITO: this template renders later turns from earlier text; session %s (agent %s) renders "
+                        "the whole conversation for every tail", session_id, agent)  # fmt: skip
+    return whole
+
+
+def _conversation(engine_body: dict[str, Any], index: int) -> dict[str, Any]:
+    """The ``/tokenize`` request of the conversation with the linked answer replaced by the sentinel."""
+    messages = list(engine_body["messages"])
+    messages[index] = {"role": "assistant", "content": SENTINEL}
+    render: dict[str, Any] = {"messages": messages, "add_generation_prompt": True}
+    if engine_body.get("tools"):
+        render["tools"] = engine_body["tools"]
+    if engine_body.get("chat_template_kwargs"):
+        render["chat_template_kwargs"] = engine_body["chat_template_kwargs"]
+    return render
+
+
+def _skeleton(engine_body: dict[str, Any], index: int) -> dict[str, Any]:
+    """``_conversation`` with the messages before the sentinel reduced to their shape, and no tool schemas."""
+    messages = engine_body["messages"]
+    shapes = [*map(_shape, messages[:index]), {"role": "assistant", "content": SENTINEL}]
+    render: dict[str, Any] = {"messages": [*shapes, *messages[index + 1 :]], "add_generation_prompt": True}
+    if engine_body.get("chat_template_kwargs"):
+        render["chat_template_kwargs"] = engine_body["chat_template_kwargs"]
+    return render
+
+
+def _shape(message: Any) -> dict[str, Any]:
+    """A message's role and the ids that tie tool calls to their results, with no text."""
+    shape: dict[str, Any] = {"role": message.get("role"), "content": ""}
+    if message.get("tool_call_id") is not None:
+        shape["tool_call_id"] = message["tool_call_id"]
+    if message.get("name") is not None:
+        shape["name"] = message["name"]
+    calls = message.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        shape["tool_calls"] = [_call_shape(call) for call in calls]
+    return shape
+
+
+def _call_shape(call: Any) -> dict[str, Any]:
+    function = (call.get("function") if isinstance(call, dict) else None) or {}
+    shape = {"type": "function", "function": {"name": str(function.get("name") or ""), "arguments": "{}"}}
+    if isinstance(call, dict) and call.get("id") is not None:
+        shape["id"] = call["id"]
+    return shape
+
+
+def _tail(
+    engines: EnginePool,
+    renders: TailRenders,
+    session_id: uuid.UUID,
+    link: ChainLink,
+    render: dict[str, Any],
+    prompt_before: Sequence[int] | None,
+    model: str | None,
+) -> list[int] | None:
+    """The tail's ids from one render. With ``prompt_before`` (the render repeats that prompt), only the text past
+    what the two share is decoded (a few hundred tokens of tens of thousands), from one token earlier in case the
+    cut splits a character, and the whole text if that misses the sentinel."""
+    tokens = _tokenize(engines, session_id, render, model)
+    if tokens is None:
+        return None
+    start = 0 if prompt_before is None else max(0, _shared_prefix(tokens, prompt_before) - 1)
+    text = _detokenize(engines, session_id, tokens[start:], model)
+    if (text is None or SENTINEL not in text) and start:
+        text = _detokenize(engines, session_id, tokens, model)
+    if text is None or SENTINEL not in text:
+        log.warning("TITO: the sentinel did not come back from the template; asking from the messages")
+        return None
+    tail = text[text.index(SENTINEL) + len(SENTINEL) :]
+    if link.finish_reason != "length" and link.completion_ids:
+        end_of_turn = renders.token_text(engines, session_id, link.completion_ids[-1], model)
+        if end_of_turn is None:
+            return None
+        tail = tail.removeprefix(end_of_turn)  # the model sampled the end of its turn itself
+    return _tokenize(engines, session_id, {"prompt": tail, "add_special_tokens": False}, model)
+
+
+def _tokenize(engines: EnginePool, session_id: uuid.UUID, body: dict[str, Any], model: str | None) -> list[int] | None:
+    """The ids, or None when the engine refused (a 4xx: a template's ``raise_exception``, a message it cannot
+    render); an engine failure (5xx, unreachable) raises ``EngineError`` as for any engine call."""
+    reply = engines.post(session_id, "/tokenize", body, model)
+    tokens = reply.body.get("tokens") if reply.status_code == 200 else None
+    if not isinstance(tokens, list):
+        log.warning("TITO: the engine's /tokenize refused the conversation (%s): %s", reply.status_code,
+                    reply.error_message[:300])  # fmt: skip
+        return None
+    return list(tokens)
+
+
+def _detokenize(engines: EnginePool, session_id: uuid.UUID, tokens: Sequence[int], model: str | None) -> str | None:
+    """The text, or None when the engine refused (a 4xx: an id outside its vocabulary)."""
+    reply = engines.post(session_id, "/detokenize", {"tokens": list(tokens)}, model)
+    text = reply.body.get("prompt") if reply.status_code == 200 else None
+    if not isinstance(text, str):
+        log.warning("TITO: the engine's /detokenize refused %d ids (%s)", len(tokens), reply.status_code)
+        return None
+    return text
+
+
+def _shared_prefix(first: Sequence[int], second: Sequence[int]) -> int:
+    """How many leading ids the two sequences share (a binary search over byte slices: memcmp, not a loop)."""
+    a, b = array("i", first).tobytes(), array("i", second).tobytes()
+    low, high = 0, min(len(first), len(second))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[: middle * 4] == b[: middle * 4]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
