@@ -107,11 +107,15 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of `ids`; invalid UTF-8 (a sequence cut inside a character) decodes to U+FFFD."""
         self.check_ids(ids)
-        data = b"".join(self._bytes[i] for i in ids if not (skip_special_tokens and i in self._special_ids))
-        return data.decode("utf-8", errors="replace")
+        if skip_special_tokens:
+            ids = [i for i in ids if i not in self._special_ids]
+        return b"".join(map(self._bytes.__getitem__, ids)).decode("utf-8", errors="replace")
 
     def check_ids(self, ids: Sequence[int]) -> None:
-        """Raise EngineRequestError unless every id is an int inside the vocabulary."""
+        """Raise EngineRequestError unless every id is an int inside the vocabulary (checked in C-level passes; the
+        loop only names the first bad id)."""
+        if not ids or (set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < self._vocab_size):
+            return
         for token_id in ids:
             if not isinstance(token_id, int) or isinstance(token_id, bool) or not 0 <= token_id < self._vocab_size:
                 raise EngineRequestError(f"Token id {token_id!r} is out of vocabulary (size {self._vocab_size})")
