@@ -20,6 +20,7 @@ from polar.protocols import detect
 from polar.proxy import ProxyService
 from polar.proxy.engines import EnginePool
 from polar.proxy.tito import ChainLink, prompt_ids
+from polar.proxy.tito_tails import TailRenders
 from polar.storage.database import Database
 from tests.support import HANG_GUARD_S, LiveProxy, live_proxy
 from web.proxy import create_app
@@ -156,9 +157,9 @@ def test_a_tito_prompt_the_engine_cannot_decode_is_none(proxy: tuple[Any, LivePr
     messages = [*CHAT["messages"], {"role": "assistant", "content": "OK."}, {"role": "user", "content": "more"}]
     prompt = live.prompt_ids({"messages": CHAT["messages"], "add_generation_prompt": True})
     link = ChainLink(uuid.uuid4(), prompt, [10**9], "stop", message_index=1)
-    assert prompt_ids(pool, uuid.uuid4(), link, {"messages": messages}, None) is None
+    assert prompt_ids(pool, TailRenders(), uuid.uuid4(), None, link, {"messages": messages}, None) is None
     fine = ChainLink(uuid.uuid4(), prompt, [], "length", message_index=1)
-    assert prompt_ids(pool, uuid.uuid4(), fine, {"messages": messages}, None)
+    assert prompt_ids(pool, TailRenders(), uuid.uuid4(), None, fine, {"messages": messages}, None)
 
 
 def test_a_busy_database_pool_is_the_capture_failure_path(proxy: tuple[Any, LiveProxy]) -> None:
