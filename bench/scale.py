@@ -11,7 +11,8 @@ messages go nowhere), so each figure is the database work and the Python around 
   keyset (``after``) and, for comparison, by ``offset``.
 - cancel: ``POST /v1/batches/<id>/cancel`` on a second batch whose sessions are all unstarted.
 - feed page: ``GET /v1/trajectories`` (100 sessions, or 10 whole groups) once the first batch has finished and the
-  database holds ``--sessions`` x ``--calls-per-session`` captured calls (1M by default), at the start and the end.
+  database holds ``--sessions`` x ``--calls-per-session`` captured calls (1M by default), at the start and the end;
+  read and written as the JSON the API answers.
 - a 200-call session's calls: ``GET /v1/sessions/<id>/calls`` (50 a page), first and last page, on a session
   captured through the proxy's own capture path (agent-shaped: 40 tools, a history growing ~360 tokens a call).
 - postrun of that session: the whole postrun stage (prefix merging, ``session_completion``, the terminal
@@ -31,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 
 from polar.config import load_config
@@ -72,6 +74,14 @@ def _batch(sessions: int, tasks: int = TASKS) -> dict[str, Any]:
 
 def _submit(services: Services, body: dict[str, Any]) -> uuid.UUID:
     return submit_batch(services, parse_batch_request(body), request_hash(body)).batch_id
+
+
+def _feed_page(services: Services, batch_id: uuid.UUID | None, after: int, limit: int, groups: bool = False) -> bytes:
+    """A feed page as ``GET /v1/trajectories`` answers it: read, then written as JSON by orjson (the API's JSON
+    provider). Code before 2026-11-27 has no ``fragments``: its items are dicts."""
+    page = read_feed(services, batch_id, after, limit, groups)
+    items = page.fragments if hasattr(page, "fragments") else page.items
+    return orjson.dumps({"items": items, "next_cursor": page.next_cursor})
 
 
 def _ms(work: Callable[[], Any], repeat: int) -> float:
@@ -235,11 +245,11 @@ def main() -> int:
                 sa.text("SELECT min(feed_seq), max(feed_seq) FROM sessions WHERE batch_id = :b"), {"b": batch_id}
             ).one()
         for where, after in (("start", first - 1), ("end", last - 100)):
-            ms = _ms(lambda a=after: read_feed(services, batch_id, a, 100), repeat)
+            ms = _ms(lambda a=after: _feed_page(services, batch_id, a, 100), repeat)
             _row(f"feed page of 100, {total:,} calls stored, {where}", f"{ms:.1f} ms", "50 ms")
-            ms = _ms(lambda a=after: read_feed(services, batch_id, a, 10, groups=True), repeat)
+            ms = _ms(lambda a=after: _feed_page(services, batch_id, a, 10, groups=True), repeat)
             _row(f"feed page of 10 groups, {where}", f"{ms:.1f} ms", "50 ms")
-            ms = _ms(lambda a=after: read_feed(services, None, a, 100), repeat)
+            ms = _ms(lambda a=after: _feed_page(services, None, a, 100), repeat)
             _row(f"feed page of 100, every batch, {where}", f"{ms:.1f} ms", "50 ms")
 
         session_id = _agent_session(services, args.session_calls)

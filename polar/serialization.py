@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
@@ -291,7 +291,19 @@ def trajectory_json(
 ) -> TrajectoryJSON:
     """A stored trajectory (the model, or a row of its table's columns); ``routed``: the expert routing of the calls
     that have any (``routed_experts_of_sessions``)."""
-    per_call = [(routed or {}).get(uuid.UUID(str(call_id))) for call_id in trajectory.call_ids] if routed else []
+    whole = {**stored_trajectory_json(trajectory), "routed_experts": routed_json(trajectory.call_ids, routed)}
+    return cast(TrajectoryJSON, whole)
+
+
+def routed_json(call_ids: Sequence[Any], routed: Mapping[uuid.UUID, bytes] | None) -> list[str | None] | None:
+    """A trajectory's expert routing, one base64 ``.npy`` per call (None for a call without); None without any."""
+    per_call = [routed.get(uuid.UUID(str(call_id))) for call_id in call_ids] if routed else []
+    return [_base64(b) for b in per_call] if any(per_call) else None
+
+
+def stored_trajectory_json(trajectory: Trajectory | Row[Any]) -> dict[str, Any]:
+    """``trajectory_json`` without the expert routing: what the ``trajectories`` row itself holds (the feed has
+    Postgres write the same JSON, ``polar.training.feed``)."""
     return {
         "trajectory_id": str(trajectory.id),
         "session_id": str(trajectory.session_id),
@@ -303,7 +315,6 @@ def trajectory_json(
         "call_ids": [str(c) for c in trajectory.call_ids],
         "reward": trajectory.reward,
         "stats": trajectory.stats,
-        "routed_experts": [_base64(b) for b in per_call] if any(per_call) else None,
     }
 
 

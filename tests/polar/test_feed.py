@@ -8,12 +8,15 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy
 import pytest
 import sqlalchemy as sa
 
 from polar.lifecycle.dispatch import Stage
+from polar.serialization import trajectory_json
 from polar.services import Services
-from polar.storage.models import ModelCall
+from polar.storage.captured import routed_experts_of_sessions
+from polar.storage.models import ModelCall, Trajectory
 from polar.training.feed import FeedPage, read_feed, wait_for_feed
 from tests.support import command_task, domain_services, stage_functions, submit_tasks
 
@@ -124,3 +127,33 @@ def test_a_pages_statements_do_not_grow_with_its_size(services: Services) -> Non
     large, many = _statements(services, lambda: read_feed(services, batch, after=0, limit=4, groups=True))
     assert (len(small.items), len(large.items)) == (2, 8)
     assert few == many <= 6, (few, many)
+
+
+def test_items_written_by_postgres_are_the_trajectories_json(services: Services) -> None:
+    """The feed has Postgres write each trajectory's part of its item; read back, it is ``trajectory_json`` of the
+    same row (float4 logprobs to the floats psycopg reads, 0.0 included; stats, reward, expert routing) plus the
+    item's own fields."""
+    batch = submit(services, command_task("a", "true", samples=2))
+    first, second = queued_sessions(services)
+    finish(services, {first, second})
+    logprobs = [0.0, -0.1, -1e-7, -23.456789, -0.0, -3.4e38]
+    with services.db.unit() as db:
+        db.execute(sa.update(ModelCall).where(ModelCall.session_id == first).values(routed_experts=b"\x93NUMPY"))
+        db.execute(
+            sa.update(Trajectory).where(Trajectory.session_id == first)
+            .values(logprobs=logprobs, stats={"turns": 3, "nested": {"b": [1.5, None], "a": "é"}}, reward=0.25,
+                    agent="planner")
+        )  # fmt: skip
+        rows = {
+            row.session_id: row
+            for row in db.execute(sa.select(Trajectory.__table__).where(Trajectory.session_id.in_([first, second])))
+        }
+        routed = routed_experts_of_sessions(db, [first, second])
+    items = {item["session_id"]: item for item in read_feed(services, batch, after=0, limit=10).items}
+    for session_id, row in rows.items():
+        item = items[str(session_id)]
+        assert {key: item[key] for key in trajectory_json(row, routed)} == trajectory_json(row, routed)
+        assert list(item)[: len(trajectory_json(row))] == list(trajectory_json(row))  # the same key order
+        assert item["feed_position"] > 0 and item["group_size"] == 2
+    assert items[str(first)]["routed_experts"] is not None and items[str(second)]["routed_experts"] is None
+    assert [numpy.float32(v) for v in items[str(first)]["logprobs"]] == [numpy.float32(v) for v in logprobs]

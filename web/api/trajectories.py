@@ -53,4 +53,4 @@ def feed() -> Response:
         wait_s=_wait(),
         slots=_slots(),
     )
-    return jsonify({"items": page.items, "next_cursor": page.next_cursor})
+    return jsonify({"items": page.fragments, "next_cursor": page.next_cursor})
