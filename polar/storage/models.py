@@ -235,6 +235,9 @@ class Trajectory(Base):
     reward: Mapped[float | None] = mapped_column(sa.Float())
     stats: Mapped[dict[str, Any]] = mapped_column(json_document(), nullable=False, default=dict)
     created_at: Mapped[datetime] = _created()
+    # The row's part of its feed item as JSON text, written by a trigger on Postgres (migration 0019; the feed reads
+    # it), NULL on SQLite and for rows stored before it. Not loaded with the row.
+    feed_json: Mapped[str | None] = mapped_column(sa.Text(), deferred=True)
 
 
 class SessionEvent(Base):

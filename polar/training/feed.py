@@ -147,21 +147,19 @@ def _sessions_after(db: DbSession, batch_id: uuid.UUID | None, after: int, limit
 _SESSION_FIELDS = (Session.batch_id, Session.task_id, Session.task_pk, Session.sample_index, Session.attempt,
                    Session.state)  # fmt: skip
 _TRAJECTORIES = Trajectory.__table__
-# On Postgres, a trajectory's stored part of its item (``serialization.trajectory_json`` less the expert routing) is
-# written as JSON text by the database: a page of 10 groups holds ~600,000 array elements, which psycopg parsed into
-# Python lists and the API serialised back (~100 ms a page). A float4 logprob prints as its shortest decimal, the text
-# psycopg parsed into the float the Python path wrote (0.0 prints as 0: a number either way).
-_TRAJECTORY_JSON = sa.cast(
-    sa.func.json_build_object(
-        "trajectory_id", _TRAJECTORIES.c.id, "session_id", _TRAJECTORIES.c.session_id,
-        "agent", _TRAJECTORIES.c.agent, "reconstruction", _TRAJECTORIES.c.reconstruction,
-        "token_ids", _TRAJECTORIES.c.token_ids, "loss_mask", _TRAJECTORIES.c.loss_mask,
-        "logprobs", _TRAJECTORIES.c.logprobs,
-        "call_ids", _TRAJECTORIES.c.call_ids, "reward", _TRAJECTORIES.c.reward, "stats", _TRAJECTORIES.c.stats,
-    ),
-    sa.Text(),
-).label("trajectory_json")  # fmt: skip
-_KEYS = (_TRAJECTORIES.c.session_id, _TRAJECTORIES.c.call_ids)
+# On Postgres, a trajectory's part of its item (``serialization.stored_trajectory_json``: its row, no expert
+# routing) is JSON text the database wrote when the row was (``trajectories.feed_json``, a trigger of migration 0019):
+# a page of 10 groups holds ~600,000 array elements, which psycopg parsed into Python lists and the API serialised
+# back (~100 ms a page), and which ``json_build_object`` writes in ~65 ms. Rows stored before 0019 have none: the same
+# object is built for them here. A float4 logprob prints as its shortest decimal, the text psycopg parses into the
+# float the Python path writes (0.0 prints as 0: a number either way).
+_BUILT_JSON = sa.func.json_build_object(
+    "trajectory_id", _TRAJECTORIES.c.id, "session_id", _TRAJECTORIES.c.session_id, "agent", _TRAJECTORIES.c.agent,
+    "reconstruction", _TRAJECTORIES.c.reconstruction, "token_ids", _TRAJECTORIES.c.token_ids,
+    "loss_mask", _TRAJECTORIES.c.loss_mask, "logprobs", _TRAJECTORIES.c.logprobs, "call_ids", _TRAJECTORIES.c.call_ids,
+    "reward", _TRAJECTORIES.c.reward, "stats", _TRAJECTORIES.c.stats,
+)  # fmt: skip
+_TRAJECTORY_JSON = sa.func.coalesce(_TRAJECTORIES.c.feed_json, sa.cast(_BUILT_JSON, sa.Text())).label("trajectory_json")
 
 
 def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit: int, groups: bool = False) -> FeedPage:
@@ -174,15 +172,18 @@ def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit:
         rows = _sessions_after(db, batch_id, after, limit, groups)
         if not rows:
             return FeedPage([], after)
-        postgres = is_postgres(db)
+        postgres, session_ids = is_postgres(db), [row[0] for row in rows]
+        routed = routed_experts_of_sessions(db, session_ids)
+        # Call ids are read only for the expert routing (a dense model's page has none to place).
+        call_ids = _TRAJECTORIES.c.call_ids if routed else sa.null().label("call_ids")
+        columns = (_TRAJECTORY_JSON, _TRAJECTORIES.c.session_id, call_ids) if postgres else (_TRAJECTORIES,)
         # Cancelled samples and those out of attempts settle their groups but carry no data.
         found = db.execute(
-            sa.select(*((_TRAJECTORY_JSON, *_KEYS) if postgres else (_TRAJECTORIES,)), *_SESSION_FIELDS)
+            sa.select(*columns, *_SESSION_FIELDS)
             .join(Session, Session.id == Trajectory.session_id)
-            .where(any_of(db, Trajectory.session_id, [row[0] for row in rows]),
-                   Session.outcome_class == OutcomeClass.TASK.value)
+            .where(any_of(db, Trajectory.session_id, session_ids), Session.outcome_class == OutcomeClass.TASK.value)
             .order_by(Trajectory.position)
-        ).all()  # fmt: skip
+        ).all()
         trajectories: dict[uuid.UUID, list[Any]] = {}
         for trajectory in found:
             trajectories.setdefault(trajectory.session_id, []).append(trajectory)
@@ -193,7 +194,6 @@ def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit:
                 sa.select(Task.id, Task.position, Task.num_samples, Task.spec).where(Task.id.in_(task_pks))
             )
         }
-        routed = routed_experts_of_sessions(db, trajectories.keys())
         standing = group_standing(db, task_pks)
     texts = []
     for session_id, position in rows:

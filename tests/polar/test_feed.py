@@ -17,6 +17,7 @@ from polar.serialization import trajectory_json
 from polar.services import Services
 from polar.storage.captured import routed_experts_of_sessions
 from polar.storage.models import ModelCall, Trajectory
+from polar.training import feed
 from polar.training.feed import FeedPage, read_feed, wait_for_feed
 from tests.support import command_task, domain_services, stage_functions, submit_tasks
 
@@ -149,11 +150,20 @@ def test_items_written_by_postgres_are_the_trajectories_json(services: Services)
             for row in db.execute(sa.select(Trajectory.__table__).where(Trajectory.session_id.in_([first, second])))
         }
         routed = routed_experts_of_sessions(db, [first, second])
-    items = {item["session_id"]: item for item in read_feed(services, batch, after=0, limit=10).items}
-    for session_id, row in rows.items():
-        item = items[str(session_id)]
-        assert {key: item[key] for key in trajectory_json(row, routed)} == trajectory_json(row, routed)
-        assert list(item)[: len(trajectory_json(row))] == list(trajectory_json(row))  # the same key order
-        assert item["feed_position"] > 0 and item["group_size"] == 2
-    assert items[str(first)]["routed_experts"] is not None and items[str(second)]["routed_experts"] is None
-    assert [numpy.float32(v) for v in items[str(first)]["logprobs"]] == [numpy.float32(v) for v in logprobs]
+        # The trigger's JSON (migration 0019) is the feed's own for rows stored before it, to the byte.
+        built = sa.cast(feed._BUILT_JSON, sa.Text())
+        assert db.scalars(sa.select(Trajectory.feed_json == built).where(Trajectory.session_id == first)).all() == [
+            True
+        ]
+    for stored in (True, False):  # written by the trigger; then a row stored before it, built by the feed
+        items = {item["session_id"]: item for item in read_feed(services, batch, after=0, limit=10).items}
+        for session_id, row in rows.items():
+            item = items[str(session_id)]
+            assert {key: item[key] for key in trajectory_json(row, routed)} == trajectory_json(row, routed), stored
+            assert list(item)[: len(trajectory_json(row))] == list(trajectory_json(row))  # the same key order
+            assert item["feed_position"] > 0 and item["group_size"] == 2
+        assert items[str(first)]["routed_experts"] is not None and items[str(second)]["routed_experts"] is None
+        assert [numpy.float32(v) for v in items[str(first)]["logprobs"]] == [numpy.float32(v) for v in logprobs]
+        with services.db.unit() as db:
+            db.execute(sa.text("SET LOCAL session_replication_role = replica"))  # no trigger: as before 0019
+            db.execute(sa.update(Trajectory).values(feed_json=None))
