@@ -55,7 +55,7 @@ from polar.protocols import (
     continued_answer,
     without_routed_experts,
 )
-from polar.proxy import budget, sglang, tito
+from polar.proxy import budget, sglang, tito, tito_tails
 from polar.proxy.body_limits import check_values
 from polar.proxy.capture import CallRecord, mark_undelivered, record_call, session_state_for_key
 from polar.proxy.engines import EngineAddress, EnginePool, EngineReply
@@ -477,7 +477,7 @@ class ProxyService:
             # A link without a prompt (the engine would not build it) is asked from its messages: its 400 answers.
             prompt = None
             if link is not None:
-                prompt = tito.prompt_ids(self.engines, self.tails, session_id, agent, link, chat_body, served)
+                prompt = tito_tails.prompt_ids(self.engines, self.tails, session_id, agent, link, chat_body, served)
             if kind == "sglang":
                 engine_body, reply = self._ask_sglang(session_id, chat_body)
             elif link is not None and prompt is not None:

@@ -22,8 +22,7 @@ import sqlalchemy as sa
 
 from polar.engine.completion_parser import chat_message
 from polar.protocols import EngineAnswer
-from polar.proxy.engines import EnginePool, EngineReply
-from polar.proxy.tito_tails import TailRenders, tail_ids
+from polar.proxy.engines import EngineReply
 from polar.proxy.tito_tips import Tip, TipStore, identity_digests, tip
 from polar.reconstruction.break_reasons import history_key, messages_of, same_history, tools_of
 from polar.storage.captured import rebuild, session_rows
@@ -162,22 +161,6 @@ def _continues(rows: list[Any], call_id: uuid.UUID, history: Sequence[Any], tool
     if tools_of(stored) != tools_of({"tools": list(tools)}):
         return False
     return same_history(messages_of(stored) or [], history)
-
-
-def prompt_ids(
-    engines: EnginePool,
-    renders: TailRenders,
-    session_id: uuid.UUID,
-    agent: str | None,
-    link: ChainLink,
-    engine_body: dict[str, Any],
-    model: str | None,
-) -> list[int] | None:
-    """Previous prompt + previous sampled ids + the tail rendered after them (``polar.proxy.tito_tails``); None when
-    the engine cannot build the tail, and the call is then asked from its messages, as when no link is found: the
-    engine's own 400 reaches the client, never a 500 here."""
-    tail = tail_ids(engines, renders, session_id, agent, link, engine_body, model)
-    return None if tail is None else [*link.prompt_ids, *link.completion_ids, *tail]
 
 
 def completion_body(engine_body: dict[str, Any], prompt: list[int]) -> dict[str, Any]:

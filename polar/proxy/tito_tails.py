@@ -73,7 +73,7 @@ class TailRenders:
         return known
 
 
-def tail_ids(
+def prompt_ids(
     engines: EnginePool,
     renders: TailRenders,
     session_id: uuid.UUID,
@@ -82,22 +82,23 @@ def tail_ids(
     engine_body: dict[str, Any],
     model: str | None,
 ) -> list[int] | None:
-    """The ids after ``link``'s prompt and completion; None when the engine cannot build them (it refuses to render
-    or decode, or the sentinel does not come back)."""
+    """The TITO prompt: ``link``'s prompt and sampled ids, then the tail rendered after them. None when the engine
+    cannot build the tail (it refuses to render or decode, or the sentinel does not come back): the call is then
+    asked from its messages, as when no link is found, and the engine's own 400 reaches the client, never a 500."""
     verdict = renders.verdict(session_id, agent)
-    short = None
+    tail = None
     if verdict is not False:
-        short = _tail(engines, renders, session_id, link, _skeleton(engine_body, link.message_index), None, model)
-    if verdict and short is not None:
-        return short
-    conversation = _conversation(engine_body, link.message_index)
-    whole = _tail(engines, renders, session_id, link, conversation, link.prompt_ids, model)
-    if verdict is None and short is not None and whole is not None:
-        renders.judge(session_id, agent, short == whole)
-        if short != whole:
-            log.warning("TITO: this template renders later turns from earlier text; session %s (agent %s) renders "
-                        "the whole conversation for every tail", session_id, agent)  # fmt: skip
-    return whole
+        tail = _tail(engines, renders, session_id, link, _skeleton(engine_body, link.message_index), None, model)
+    if not verdict or tail is None:
+        short = tail
+        conversation = _conversation(engine_body, link.message_index)
+        tail = _tail(engines, renders, session_id, link, conversation, link.prompt_ids, model)
+        if verdict is None and short is not None and tail is not None:
+            renders.judge(session_id, agent, short == tail)
+            if short != tail:
+                log.warning("TITO: this template renders later turns from earlier text; session %s (agent %s) "
+                            "renders the whole conversation for every tail", session_id, agent)  # fmt: skip
+    return None if tail is None else [*link.prompt_ids, *link.completion_ids, *tail]
 
 
 def _conversation(engine_body: dict[str, Any], index: int) -> dict[str, Any]:

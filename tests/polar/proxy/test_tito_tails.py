@@ -16,7 +16,7 @@ import pytest
 from polar.launcher import Stack, engine_spec
 from polar.proxy.engines import EnginePool, EngineReply
 from polar.proxy.tito import ChainLink
-from polar.proxy.tito_tails import SENTINEL, TailRenders, _conversation, _skeleton, _tail, tail_ids
+from polar.proxy.tito_tails import SENTINEL, TailRenders, _conversation, _skeleton, _tail, prompt_ids
 from tests.support import free_port
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -106,10 +106,10 @@ def test_the_skeletons_tail_is_the_whole_conversations(engine: tuple[str, dict])
 def test_checked_once_then_the_skeleton_alone(engine: tuple[str, dict]) -> None:
     url, kwargs = engine
     pool, renders, session = RecordingPool([url]), TailRenders(), uuid.uuid4()
-    tails = []
+    prompts = []
     for link, body in _conversation_links(url, kwargs):
-        tails.append(tail_ids(pool, renders, session, "main", link, body, None))
-    assert all(tails) and renders.verdict(session, "main") is True
+        prompts.append(prompt_ids(pool, renders, session, "main", link, body, None))
+    assert all(prompts) and renders.verdict(session, "main") is True
     # The first continuation rendered both; every later one the skeleton only, a few hundred tokens at most.
     assert [_is_skeleton(r) for r in pool.renders] == [True, False, True, True, True]
     for render in filter(_is_skeleton, pool.renders):
@@ -123,9 +123,9 @@ def test_a_template_reading_earlier_text_renders_the_whole_conversation(engine: 
     pool, renders, session = RecordingPool([url], reads_earlier_text=True), TailRenders(), uuid.uuid4()
     plain = EnginePool([url], timeout_s=120)
     for n, (link, body) in enumerate(_conversation_links(url, kwargs)):
-        tail = tail_ids(pool, renders, session, None, link, body, None)
+        prompt = prompt_ids(pool, renders, session, None, link, body, None)
         whole = _tail(plain, renders, session, link, _conversation(body, link.message_index), link.prompt_ids, None)
-        assert tail == whole
+        assert whole is not None and prompt == [*link.prompt_ids, *link.completion_ids, *whole]
         if n == 0:
             assert renders.verdict(session, None) is False
     assert [_is_skeleton(r) for r in pool.renders] == [True, False, False, False, False]

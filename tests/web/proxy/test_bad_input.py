@@ -19,8 +19,8 @@ from polar.config import load_config
 from polar.protocols import detect
 from polar.proxy import ProxyService
 from polar.proxy.engines import EnginePool
-from polar.proxy.tito import ChainLink, prompt_ids
-from polar.proxy.tito_tails import TailRenders
+from polar.proxy.tito import ChainLink
+from polar.proxy.tito_tails import TailRenders, prompt_ids
 from polar.storage.database import Database
 from tests.support import HANG_GUARD_S, LiveProxy, live_proxy
 from web.proxy import create_app
