@@ -11,8 +11,8 @@ messages, which does not read the earlier messages' text; so the history before 
 *skeleton*: every message kept, in order, with its role, its tool-call ids and names, and its text left out (and
 no tool schemas), a few hundred tokens however long the conversation. The first continuation this process makes
 for each (session, agent) renders both and compares the tails: equal, that agent's later calls render the skeleton
-only; different (a template that reads earlier text into later turns), they render the whole conversation, as
-before, and a warning says so. Whatever is appended, the trajectory holds the ids the engine was actually given.
+only; different (a template that reads earlier text into later turns, or refuses the skeleton), they render the
+whole conversation, as before, and a warning says so. Whatever is appended, the trajectory holds the ids the engine was actually given.
 """
 
 from __future__ import annotations
@@ -93,11 +93,12 @@ def prompt_ids(
         short = tail
         conversation = _conversation(engine_body, link.message_index)
         tail = _tail(engines, renders, session_id, link, conversation, link.prompt_ids, model)
-        if verdict is None and short is not None and tail is not None:
+        if verdict is None and tail is not None:  # a skeleton the template refused (None) is judged too
             renders.judge(session_id, agent, short == tail)
             if short != tail:
-                log.warning("TITO: this template renders later turns from earlier text; session %s (agent %s) "
-                            "renders the whole conversation for every tail", session_id, agent)  # fmt: skip
+                log.warning("TITO: this template renders later turns from earlier text, or refuses their skeleton; "
+                            "session %s (agent %s) renders the whole conversation for every tail", session_id,
+                            agent)  # fmt: skip
     return None if tail is None else [*link.prompt_ids, *link.completion_ids, *tail]
 
 
