@@ -22,13 +22,18 @@ down_revision = "0018"
 branch_labels = None
 depends_on = None
 
-# The same object, key for key, as ``polar.training.feed._TRAJECTORY_JSON`` builds for rows without it.
+# The same object, key for key, as ``polar.training.feed._BUILT_JSON`` builds for rows without it. A logprob that is
+# no number (-Infinity, NaN) is written null, as orjson writes it everywhere else (Postgres would write a string);
+# the overlap test is one C-level pass, and only such an array is rebuilt.
 FUNCTION = """CREATE FUNCTION polar_trajectory_feed_json() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     NEW.feed_json := json_build_object(
         'trajectory_id', NEW.id, 'session_id', NEW.session_id, 'agent', NEW.agent,
         'reconstruction', NEW.reconstruction, 'token_ids', NEW.token_ids, 'loss_mask', NEW.loss_mask,
-        'logprobs', NEW.logprobs, 'call_ids', NEW.call_ids, 'reward', NEW.reward, 'stats', NEW.stats)::text;
+        'logprobs', CASE WHEN NEW.logprobs && '{Infinity,-Infinity,NaN}'::real[] THEN ARRAY(
+            SELECT CASE WHEN v IN ('Infinity', '-Infinity', 'NaN') THEN NULL ELSE v END
+            FROM unnest(NEW.logprobs) WITH ORDINALITY AS u(v, n) ORDER BY n) ELSE NEW.logprobs END,
+        'call_ids', NEW.call_ids, 'reward', NEW.reward, 'stats', NEW.stats)::text;
     RETURN NEW;
 END $$"""
 TRIGGER = """CREATE TRIGGER trajectories_feed_json BEFORE INSERT OR UPDATE ON trajectories

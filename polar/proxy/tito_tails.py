@@ -12,7 +12,8 @@ messages, which does not read the earlier messages' text; so the history before 
 no tool schemas), a few hundred tokens however long the conversation. The first continuation this process makes
 for each (session, agent) renders both and compares the tails: equal, that agent's later calls render the skeleton
 only; different (a template that reads earlier text into later turns, or refuses the skeleton), they render the
-whole conversation, as before, and a warning says so. Whatever is appended, the trajectory holds the ids the engine was actually given.
+whole conversation, as before, and a warning says so. Whatever is appended, the trajectory holds the ids the engine
+was actually given.
 """
 
 from __future__ import annotations

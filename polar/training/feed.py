@@ -153,10 +153,16 @@ _TRAJECTORIES = Trajectory.__table__
 # back (~100 ms a page), and which ``json_build_object`` writes in ~65 ms. Rows stored before 0019 have none: the same
 # object is built for them here. A float4 logprob prints as its shortest decimal, the text psycopg parses into the
 # float the Python path writes (0.0 prints as 0: a number either way).
+# A logprob that is no number (-Infinity, NaN) goes out null, as orjson writes it (Postgres would write a string).
+_LOGPROBS = sa.literal_column(
+    "CASE WHEN trajectories.logprobs && '{Infinity,-Infinity,NaN}'::real[] THEN ARRAY("
+    "SELECT CASE WHEN v IN ('Infinity', '-Infinity', 'NaN') THEN NULL ELSE v END "
+    "FROM unnest(trajectories.logprobs) WITH ORDINALITY AS u(v, n) ORDER BY n) ELSE trajectories.logprobs END"
+)
 _BUILT_JSON = sa.func.json_build_object(
     "trajectory_id", _TRAJECTORIES.c.id, "session_id", _TRAJECTORIES.c.session_id, "agent", _TRAJECTORIES.c.agent,
     "reconstruction", _TRAJECTORIES.c.reconstruction, "token_ids", _TRAJECTORIES.c.token_ids,
-    "loss_mask", _TRAJECTORIES.c.loss_mask, "logprobs", _TRAJECTORIES.c.logprobs, "call_ids", _TRAJECTORIES.c.call_ids,
+    "loss_mask", _TRAJECTORIES.c.loss_mask, "logprobs", _LOGPROBS, "call_ids", _TRAJECTORIES.c.call_ids,
     "reward", _TRAJECTORIES.c.reward, "stats", _TRAJECTORIES.c.stats,
 )  # fmt: skip
 _TRAJECTORY_JSON = sa.func.coalesce(_TRAJECTORIES.c.feed_json, sa.cast(_BUILT_JSON, sa.Text())).label("trajectory_json")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -137,7 +138,7 @@ def test_items_written_by_postgres_are_the_trajectories_json(services: Services)
     batch = submit(services, command_task("a", "true", samples=2))
     first, second = queued_sessions(services)
     finish(services, {first, second})
-    logprobs = [0.0, -0.1, -1e-7, -23.456789, -0.0, -3.4e38]
+    logprobs = [0.0, -0.1, -1e-7, -23.456789, -0.0, -3.4e38, float("-inf"), float("nan")]
     with services.db.unit() as db:
         db.execute(sa.update(ModelCall).where(ModelCall.session_id == first).values(routed_experts=b"\x93NUMPY"))
         db.execute(
@@ -158,12 +159,16 @@ def test_items_written_by_postgres_are_the_trajectories_json(services: Services)
     for stored in (True, False):  # written by the trigger; then a row stored before it, built by the feed
         items = {item["session_id"]: item for item in read_feed(services, batch, after=0, limit=10).items}
         for session_id, row in rows.items():
-            item = items[str(session_id)]
-            assert {key: item[key] for key in trajectory_json(row, routed)} == trajectory_json(row, routed), stored
+            item, expected = items[str(session_id)], dict(trajectory_json(row, routed))
+            # As orjson writes them: a logprob that is no number is null.
+            expected["logprobs"] = [v if math.isfinite(v) else None for v in expected["logprobs"]]
+            assert {key: item[key] for key in expected} == expected, stored
             assert list(item)[: len(trajectory_json(row))] == list(trajectory_json(row))  # the same key order
             assert item["feed_position"] > 0 and item["group_size"] == 2
         assert items[str(first)]["routed_experts"] is not None and items[str(second)]["routed_experts"] is None
-        assert [numpy.float32(v) for v in items[str(first)]["logprobs"]] == [numpy.float32(v) for v in logprobs]
+        served = items[str(first)]["logprobs"]
+        assert [numpy.float32(v) for v in served[:-2]] == [numpy.float32(v) for v in logprobs[:-2]]
+        assert served[-2:] == [None, None]  # no number: null, as orjson writes -inf and NaN
         with services.db.unit() as db:
             db.execute(sa.text("SET LOCAL session_replication_role = replica"))  # no trigger: as before 0019
             db.execute(sa.update(Trajectory).values(feed_json=None))
