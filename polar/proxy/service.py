@@ -66,7 +66,6 @@ from polar.proxy.refusals import DATABASE_OUTAGE, RefusalCounter
 from polar.proxy.renderers import ChatRenderer
 from polar.proxy.sampling import engine_sampling
 from polar.proxy.template_kwargs import check_setting, check_template_kwargs
-from polar.proxy.tito_tails import TailRenders
 from polar.proxy.tito_tips import TipStore, tip_store
 from polar.proxy.token_check import check_tokens
 from polar.storage.database import Database
@@ -202,7 +201,7 @@ class ProxyService:
         check_setting(config.chat_template_kwargs)
         self._tito: dict[uuid.UUID, bool] = {}
         self.tips: TipStore = tip_store(config.redis_url)
-        self.tails = TailRenders()
+        self.tails = tito_tails.TailRenders()
         self._renderer: ChatRenderer | None = None
 
     def renderer(self) -> ChatRenderer:
