@@ -148,24 +148,15 @@ _SESSION_FIELDS = (Session.batch_id, Session.task_id, Session.task_pk, Session.s
                    Session.state)  # fmt: skip
 _TRAJECTORIES = Trajectory.__table__
 # On Postgres, a trajectory's part of its item (``serialization.stored_trajectory_json``: its row, no expert
-# routing) is JSON text the database wrote when the row was (``trajectories.feed_json``, a trigger of migration 0019):
-# a page of 10 groups holds ~600,000 array elements, which psycopg parsed into Python lists and the API serialised
-# back (~100 ms a page), and which ``json_build_object`` writes in ~65 ms. Rows stored before 0019 have none: the same
-# object is built for them here. A float4 logprob prints as its shortest decimal, the text psycopg parses into the
-# float the Python path writes (0.0 prints as 0: a number either way).
-# A logprob that is no number (-Infinity, NaN) goes out null, as orjson writes it (Postgres would write a string).
-_LOGPROBS = sa.literal_column(
-    "CASE WHEN trajectories.logprobs && '{Infinity,-Infinity,NaN}'::real[] THEN ARRAY("
-    "SELECT CASE WHEN v IN ('Infinity', '-Infinity', 'NaN') THEN NULL ELSE v END "
-    "FROM unnest(trajectories.logprobs) WITH ORDINALITY AS u(v, n) ORDER BY n) ELSE trajectories.logprobs END"
-)
-_BUILT_JSON = sa.func.json_build_object(
-    "trajectory_id", _TRAJECTORIES.c.id, "session_id", _TRAJECTORIES.c.session_id, "agent", _TRAJECTORIES.c.agent,
-    "reconstruction", _TRAJECTORIES.c.reconstruction, "token_ids", _TRAJECTORIES.c.token_ids,
-    "loss_mask", _TRAJECTORIES.c.loss_mask, "logprobs", _LOGPROBS, "call_ids", _TRAJECTORIES.c.call_ids,
-    "reward", _TRAJECTORIES.c.reward, "stats", _TRAJECTORIES.c.stats,
-)  # fmt: skip
-_TRAJECTORY_JSON = sa.func.coalesce(_TRAJECTORIES.c.feed_json, sa.cast(_BUILT_JSON, sa.Text())).label("trajectory_json")
+# routing) is JSON text the database wrote when the row was (``trajectories.feed_json``, by ``polar_trajectory_json``
+# in a trigger of migration 0019): a page of 10 groups holds ~600,000 array elements, which psycopg parsed into Python
+# lists and the API serialised back (~100 ms a page), and which ``json_build_object`` writes in ~65 ms. Rows stored
+# before 0019 have none: the same function builds it for them here. A float4 logprob prints as its shortest decimal,
+# the text psycopg parses into the float the Python path writes (0.0 prints as 0: a number either way); one that is no
+# number (-Infinity, NaN) prints null, as orjson writes it.
+_TRAJECTORY_JSON = sa.func.coalesce(
+    _TRAJECTORIES.c.feed_json, sa.func.polar_trajectory_json(sa.literal_column("trajectories"))
+).label("trajectory_json")
 
 
 def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit: int, groups: bool = False) -> FeedPage:

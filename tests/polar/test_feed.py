@@ -18,7 +18,6 @@ from polar.serialization import trajectory_json
 from polar.services import Services
 from polar.storage.captured import routed_experts_of_sessions
 from polar.storage.models import ModelCall, Trajectory
-from polar.training import feed
 from polar.training.feed import FeedPage, read_feed, wait_for_feed
 from tests.support import command_task, domain_services, stage_functions, submit_tasks
 
@@ -151,8 +150,8 @@ def test_items_written_by_postgres_are_the_trajectories_json(services: Services)
             for row in db.execute(sa.select(Trajectory.__table__).where(Trajectory.session_id.in_([first, second])))
         }
         routed = routed_experts_of_sessions(db, [first, second])
-        # The trigger's JSON (migration 0019) is the feed's own for rows stored before it, to the byte.
-        built = sa.cast(feed._BUILT_JSON, sa.Text())
+        # The trigger wrote the JSON the feed builds for rows stored before it (migration 0019), to the byte.
+        built = sa.func.polar_trajectory_json(sa.literal_column("trajectories"))
         assert db.scalars(sa.select(Trajectory.feed_json == built).where(Trajectory.session_id == first)).all() == [
             True
         ]
