@@ -21,12 +21,12 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from polar.proxy.engines import EnginePool
+from polar.reconstruction.prefix_merging import common_prefix
 
 if TYPE_CHECKING:
     from polar.proxy.tito import ChainLink
@@ -161,7 +161,7 @@ def _tail(
     tokens = _tokenize(engines, session_id, render, model)
     if tokens is None:
         return None
-    start = 0 if prompt_before is None else max(0, _shared_prefix(tokens, prompt_before) - 1)
+    start = 0 if prompt_before is None else max(0, common_prefix(tokens, prompt_before) - 1)
     text = _detokenize(engines, session_id, tokens[start:], model)
     if (text is None or SENTINEL not in text) and start:
         text = _detokenize(engines, session_id, tokens, model)
@@ -197,16 +197,3 @@ def _detokenize(engines: EnginePool, session_id: uuid.UUID, tokens: Sequence[int
         log.warning("TITO: the engine's /detokenize refused %d ids (%s)", len(tokens), reply.status_code)
         return None
     return text
-
-
-def _shared_prefix(first: Sequence[int], second: Sequence[int]) -> int:
-    """How many leading ids the two sequences share (a binary search over byte slices: memcmp, not a loop)."""
-    a, b = array("i", first).tobytes(), array("i", second).tobytes()
-    low, high = 0, min(len(first), len(second))
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[: middle * 4] == b[: middle * 4]:
-            low = middle
-        else:
-            high = middle - 1
-    return low

@@ -162,7 +162,9 @@ def _longest_extending(chains: list[_Chain], indices: list[int], prompt: list[in
     return best
 
 
-def _common_prefix(left: list[int], right: list[int]) -> int:
+def common_prefix(left: Sequence[int], right: Sequence[int]) -> int:
+    """How many leading ids the two share (compared a block at a time, then id by id within the first block that
+    differs)."""
     limit = min(len(left), len(right))
     start = 0
     while start < limit and left[start : start + _BLOCK] == right[start : start + _BLOCK]:
@@ -189,7 +191,7 @@ def _break(
     trajectory differ), ``expected_token`` (the trajectory's token there), ``actual_token`` (the prompt's, or
     ``None`` when the prompt ended), ``trajectory_index`` (the nearest trajectory's index in the result).
     """
-    shared = [(_common_prefix(chains[index].token_ids, prompt), index) for index in indices]
+    shared = [(common_prefix(chains[index].token_ids, prompt), index) for index in indices]
     related = [(length, index) for length, index in shared if length >= chains[index].opening]
     position, index = max(related or shared, key=lambda pair: (pair[0], -pair[1]))
     nearest = chains[index].token_ids
