@@ -175,7 +175,8 @@ def parse_completion_request(raw: Any) -> CompletionRequest:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
-    if isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+    # One C-level pass over the ids' types (a bool's type is bool, not int): a loop costs ms at agent size.
+    if isinstance(prompt, list) and prompt and set(map(type, prompt)) == {int}:
         parsed_prompt: str | tuple[int, ...] = tuple(prompt)
     elif isinstance(prompt, str) and prompt:
         parsed_prompt = prompt

@@ -74,7 +74,9 @@ def test_completion_prompts() -> None:
     assert parse_completion_request({"prompt": ["text"]}).prompt == "text"
     request = parse_completion_request({"prompt": "x", "logprobs": 1})
     assert request.sampling.max_tokens == 16 and request.output.logprobs and request.output.top_logprobs == 1
-    for bad in ({"prompt": []}, {"prompt": [[1], [2]]}, {"prompt": 5}, {"prompt": "x", "logprobs": 50}):
+    # A token prompt holds ints only: a bool, a float or a string among them is refused.
+    mixed = ({"prompt": [1, True]}, {"prompt": [1, 2.0]}, {"prompt": [1, "2"]})
+    for bad in ({"prompt": []}, {"prompt": [[1], [2]]}, {"prompt": 5}, {"prompt": "x", "logprobs": 50}, *mixed):
         with pytest.raises(EngineRequestError):
             parse_completion_request(bad)
 
