@@ -120,6 +120,9 @@ def _session_times(database_url: str) -> dict[str, Any]:
         rows = connection.execute(query).fetchall()
     started: dict[Any, float] = {}
     ended: dict[Any, float] = {}
+    admitted: dict[Any, float] = {}
+    ready: dict[Any, float] = {}
+    left: dict[Any, float] = {}  # left the run slot: entered postrun
     tasks: dict[Any, str] = {}
     for session_id, task_id, to_state, at in rows:
         tasks[session_id] = task_id
@@ -127,10 +130,41 @@ def _session_times(database_url: str) -> dict[str, Any]:
             started.setdefault(session_id, float(at))
         if to_state in ("completed", "failed", "timed_out", "cancelled"):
             ended[session_id] = float(at)
+        if to_state == "init":
+            admitted.setdefault(session_id, float(at))
+        if to_state == "ready":
+            ready.setdefault(session_id, float(at))
+        if to_state == "postrun":
+            left.setdefault(session_id, float(at))
     groups: dict[str, float] = {}
     for session_id, at in ended.items():
         groups[tasks[session_id]] = max(groups.get(tasks[session_id], 0.0), at)
-    return {"started": sorted(started.values()), "groups": sorted(groups.values())}
+    with psycopg.connect(database_url.replace("+psycopg", "")) as connection:
+        calls = connection.execute(
+            "SELECT session_id, min(extract(epoch FROM created_at) - latency_ms / 1000),"
+            " max(extract(epoch FROM created_at)) FROM model_calls GROUP BY session_id"
+        ).fetchall()
+    first_call = {row[0]: (float(row[1]), float(row[2])) for row in calls}
+    slot = _slot_time(started, left, ready, first_call)
+    running = [(started[s], left[s]) for s in started if s in left]
+    # The ramp: the sessions that started first, each as (admitted, ready, running, its first call).
+    ramp = [(admitted.get(s, t), ready.get(s, t), t, first_call[s][0] if s in first_call else t)
+            for s, t in sorted(started.items(), key=lambda item: item[1])]  # fmt: skip
+    return {"started": sorted(started.values()), "groups": sorted(groups.values()), "slot": slot, "running": running,
+            "ramp": ramp}  # fmt: skip
+
+
+def _slot_time(started: dict[Any, float], left: dict[Any, float], ready: dict[Any, float],
+               calls: dict[Any, tuple[float, float]]) -> dict[str, float]:  # fmt: skip
+    """Where a run slot's time went, per session (means, seconds): waiting in ``ready`` for a slot, from
+    ``running`` to the first call's start (the harness starting), and from the last call's end to ``postrun``."""
+    sessions = [s for s in started if s in left and s in calls]
+    return {
+        "ready_wait_s": statistics.fmean(started[s] - ready[s] for s in sessions if s in ready),
+        "to_first_call_s": statistics.fmean(calls[s][0] - started[s] for s in sessions),
+        "after_last_call_s": statistics.fmean(left[s] - calls[s][1] for s in sessions),
+        "in_run_slot_s": statistics.fmean(left[s] - started[s] for s in sessions),
+    }
 
 
 def run_configuration(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
@@ -197,7 +231,24 @@ def _figures(args: argparse.Namespace, final: dict[str, Any], submitted_at: floa
         "groups_p50_s": statistics.median(groups),
         "groups_max_s": max(groups),
         "busy_slot_s": busy,
+        **sessions["slot"],
+        **_ramp(sessions["ramp"][: args.run_concurrency], submitted_at),
+        "run_slots_filled": _filled(sessions["running"], full, last_start, args.run_concurrency)
+        if full
+        else float("nan"),
     }
+
+
+def _ramp(first: list[tuple[float, float, float, float]], submitted_at: float) -> dict[str, float]:
+    """When the first sessions to run (as many as run slots) reached each step, from submission (medians, s)."""
+    steps = ("ramp_admitted_s", "ramp_ready_s", "ramp_running_s", "ramp_first_call_s")
+    return {name: statistics.median(times[i] - submitted_at for times in first) for i, name in enumerate(steps)}
+
+
+def _filled(running: list[tuple[float, float]], start: float, end: float, slots: int) -> float:
+    """The share of ``slots`` run slots holding a running session between ``start`` and ``end``."""
+    held = sum(max(0.0, min(b, end) - max(a, start)) for a, b in running)
+    return held / (slots * (end - start))
 
 
 ROWS = [
@@ -215,6 +266,15 @@ ROWS = [
     ("groups finished, p50, s", "groups_p50_s", "{:.1f}"),
     ("groups finished, max, s", "groups_max_s", "{:.1f}"),
     ("engine busy slot-seconds", "busy_slot_s", "{:.1f}"),
+    ("ramp, the first sessions to run: admitted, s", "ramp_admitted_s", "{:.2f}"),
+    ("  ready, s", "ramp_ready_s", "{:.2f}"),
+    ("  running, s", "ramp_running_s", "{:.2f}"),
+    ("  first call, s", "ramp_first_call_s", "{:.2f}"),
+    ("run slots filled in the steady state", "run_slots_filled", "{:.1%}"),
+    ("per session: in a run slot, s", "in_run_slot_s", "{:.2f}"),
+    ("  running to its first call, s", "to_first_call_s", "{:.2f}"),
+    ("  its last call to postrun, s", "after_last_call_s", "{:.2f}"),
+    ("  waited in ready for a slot, s", "ready_wait_s", "{:.2f}"),
 ]
 
 
