@@ -123,7 +123,7 @@ class Generator:
             prompt, ids = request.prompt, tuple(self._tokenizer.encode(request.prompt))
         else:
             ids = request.prompt
-            prompt = self._tokenizer.decode(ids)
+            prompt = self._tokenizer.decode_prompt(ids)
         parsed = parse_prompt(prompt)
         return GenerationInput(
             prompt_text=prompt,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from importlib import resources
 
@@ -42,6 +44,7 @@ MARKUP_TOKENS = (
 )
 VOCAB_SIZE = 8192
 _ENCODE_CACHE_SIZE = 4096
+_DECODED_PROMPTS = 32  # recent token prompts kept as bytes (one per agent in flight is what pays)
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -77,6 +80,7 @@ class Tokenizer:
         self._tokens = tuple(backend.id_to_token(i) or "" for i in range(self._vocab_size))
         self._eos_token_id = self.token_to_id(IM_END)
         self._encode_cached = functools.lru_cache(maxsize=_ENCODE_CACHE_SIZE)(self._encode_uncached)
+        self._prompts = _DecodedPrompts(_DECODED_PROMPTS)
 
     @property
     def vocab_size(self) -> int:
@@ -110,6 +114,17 @@ class Tokenizer:
         if skip_special_tokens:
             ids = [i for i in ids if i not in self._special_ids]
         return b"".join(map(self._bytes.__getitem__, ids)).decode("utf-8", errors="replace")
+
+    def decode_prompt(self, ids: Sequence[int]) -> str:
+        """``decode(ids)`` for a token prompt: an agent's next prompt extends its last one, so only the ids after
+        the longest recently decoded prefix are checked and joined (the rest is the bytes kept from then)."""
+        ids = tuple(ids)
+        known, data = self._prompts.longest_prefix(ids)
+        tail = ids[known:]
+        self.check_ids(tail)
+        data += b"".join(map(self._bytes.__getitem__, tail))
+        self._prompts.add(ids, data)
+        return data.decode("utf-8", errors="replace")
 
     def check_ids(self, ids: Sequence[int]) -> None:
         """Raise EngineRequestError unless every id is an int inside the vocabulary (checked in C-level passes; the
@@ -171,3 +186,36 @@ def train_tokenizer(corpus: str, vocab_size: int = VOCAB_SIZE) -> Tokenizer:
 def load_tokenizer() -> Tokenizer:
     """The engine's tokenizer, trained once per process from the shipped corpus."""
     return train_tokenizer(corpus_text())
+
+
+class _DecodedPrompts:
+    """The bytes of the last few token prompts decoded, most recent last, shared by the engine's threads."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._entries: OrderedDict[int, tuple[tuple[int, ...], bytes]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def longest_prefix(self, ids: tuple[int, ...]) -> tuple[int, bytes]:
+        """How many leading ids of ``ids`` a kept prompt covers, and that prompt's bytes (0 and b"" if none)."""
+        with self._lock:
+            entries = list(self._entries.values())
+        best: tuple[int, bytes] = (0, b"")
+        for kept, data in entries:
+            if best[0] < len(kept) and _starts_with(ids, kept):
+                best = (len(kept), data)
+        return best
+
+    def add(self, ids: tuple[int, ...], data: bytes) -> None:
+        with self._lock:
+            self._entries[id(ids)] = (ids, data)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+
+def _starts_with(ids: tuple[int, ...], kept: tuple[int, ...]) -> bool:
+    """Whether ``ids`` begins with ``kept``. Its last 64 ids and every 512th are compared first: the whole comparison
+    copies the ids, and a kept prompt that differs (another agent's, or the conversation rendered afresh) mostly
+    differs there."""
+    n = len(kept)
+    return n <= len(ids) and kept[-64:] == ids[max(0, n - 64) : n] and kept[::512] == ids[:n:512] and ids[:n] == kept

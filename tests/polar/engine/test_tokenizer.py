@@ -71,3 +71,51 @@ def test_out_of_vocabulary_ids_are_rejected(tok: Tokenizer) -> None:
         tok.decode([tok.vocab_size])
     with pytest.raises(KeyError):
         tok.token_to_id("definitely not a token")
+
+
+def _fresh(tok: Tokenizer) -> Tokenizer:
+    """A tokenizer of its own: nothing decoded yet."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    return Tokenizer(HFTokenizer.from_str(tok.to_json()))
+
+
+def test_a_prompt_that_extends_a_decoded_one_joins_only_its_new_ids(
+    tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fresh = _fresh(tok)
+    checked: list[int] = []
+    check = fresh.check_ids
+    monkeypatch.setattr(fresh, "check_ids", lambda ids: (checked.append(len(ids)), check(ids)))
+    first = tok.encode("<|im_start|>system\nBe brief. 🚀<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n" * 40)
+    turn = tok.encode("<|im_start|>assistant\nhello 你好<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n")
+    assert fresh.decode_prompt(first) == tok.decode(first)
+    assert fresh.decode_prompt(first + turn) == tok.decode(first + turn)
+    assert checked == [len(first), len(turn)]  # the second prompt's first ids were not checked or joined again
+    assert fresh.decode_prompt(first + turn) == tok.decode(first + turn) and checked[-1] == 0
+
+
+def test_decoded_prompts_that_differ_are_decoded_whole(tok: Tokenizer) -> None:
+    fresh = _fresh(tok)
+    base = tok.encode("word " * 3000)
+    fresh.decode_prompt(base)
+    # Differing within the last ids, in the middle (between the sampled ids), and a shorter prompt.
+    for ids in (base[:-3] + tok.encode("other"), base[:1001] + tok.encode("x") + base[1002:], base[:500]):
+        assert fresh.decode_prompt(ids) == tok.decode(ids)
+
+
+def test_a_character_split_across_the_kept_prefix_decodes_whole(tok: Tokenizer) -> None:
+    fresh = _fresh(tok)
+    ids = tok.encode("ab 🚀🚀🚀 cd")
+    for cut in range(1, len(ids)):
+        fresh.decode_prompt(ids[:cut])
+        assert fresh.decode_prompt(ids) == "ab 🚀🚀🚀 cd"
+
+
+def test_a_bad_id_after_a_decoded_prefix_is_refused(tok: Tokenizer) -> None:
+    fresh = _fresh(tok)
+    ids = tok.encode("hello there")
+    fresh.decode_prompt(ids)
+    for bad in (tok.vocab_size, -1):
+        with pytest.raises(EngineRequestError):
+            fresh.decode_prompt([*ids, bad])
