@@ -12,7 +12,6 @@ error bodies. vLLM serves ``/pause``, ``/resume``, ``/is_paused`` and the weight
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -26,6 +25,7 @@ from polar.engine.completion_parser import parse_completion
 from polar.engine.engine_log import EngineLog
 from polar.engine.errors import EngineRequestError
 from polar.engine.generation import Generation, GenerationInput, Generator
+from polar.engine.json_codec import dumps, loads
 from polar.engine.pause import MODES, PauseGate
 from polar.engine.policies import load_policy
 from polar.engine.protocol import (
@@ -45,7 +45,7 @@ from polar.engine.responses import (
     error_of,
     models_response,
 )
-from polar.engine.serving import ENGINE, Engine, dumps, run
+from polar.engine.serving import ENGINE, Engine, run
 from polar.engine.settings import EngineSettings
 from polar.engine.streaming import chat_chunks, completion_chunks
 from polar.engine.tokenizer import load_tokenizer
@@ -130,7 +130,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 async def _body(request: web.Request) -> Any:
     try:
-        return json.loads(await request.read())
+        return loads(await request.read())
     except (ValueError, UnicodeDecodeError) as exc:
         raise EngineRequestError(f"The request body is not valid JSON: {exc}") from exc
 

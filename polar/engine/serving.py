@@ -11,7 +11,6 @@ with the tokens decoded so far when a ``pause(mode="abort")`` cuts the sequence 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -22,6 +21,7 @@ from aiohttp import web
 from polar.engine.capacity import Capacity
 from polar.engine.engine_log import EngineLog
 from polar.engine.generation import Generation, Generator
+from polar.engine.json_codec import dumps
 from polar.engine.pause import Aborted
 from polar.engine.settings import EngineSettings
 
@@ -39,10 +39,6 @@ class Engine:
 
 
 ENGINE = web.AppKey("engine", Engine)
-
-
-def dumps(payload: Any) -> str:
-    return json.dumps(payload, ensure_ascii=False)
 
 
 def aborted(gen: Generation, elapsed_s: float, decode_rate: float) -> Generation:

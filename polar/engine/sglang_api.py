@@ -21,7 +21,6 @@ is not served by the reference engine (Polar never streams from an engine); it a
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -32,9 +31,10 @@ from aiohttp import web
 
 from polar.engine.errors import EngineRequestError
 from polar.engine.generation import Generation
+from polar.engine.json_codec import dumps, loads
 from polar.engine.policies import SamplingParams
 from polar.engine.protocol import CompletionRequest, OutputOptions
-from polar.engine.serving import ENGINE, Engine, dumps, run
+from polar.engine.serving import ENGINE, Engine, run
 from polar.instance import instance_headers
 
 SGLANG_VERSION = "0.5.6"
@@ -93,7 +93,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 async def _body(request: web.Request) -> dict[str, Any]:
     try:
-        body = json.loads(await request.read())
+        body = loads(await request.read())
     except (ValueError, UnicodeDecodeError) as exc:
         raise EngineRequestError(f"The request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):

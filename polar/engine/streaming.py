@@ -8,12 +8,12 @@ chunks' `token_ids` always add up to the non-streamed `token_ids` (vLLM may drop
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 from polar.engine.completion_parser import PartialCompletion, parse_completion, parse_partial
 from polar.engine.generation import Generation
+from polar.engine.json_codec import encode
 from polar.engine.protocol import OutputOptions
 from polar.engine.responses import (
     ResponseContext,
@@ -30,7 +30,7 @@ DONE = b"data: [DONE]\n\n"
 
 def sse(payload: dict[str, Any]) -> bytes:
     """One `data: {json}` event."""
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + encode(payload) + b"\n\n"
 
 
 def _delta(prev: PartialCompletion, cur: PartialCompletion, ids: tuple[str, ...]) -> dict[str, Any]:
