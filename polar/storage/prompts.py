@@ -188,8 +188,9 @@ class PromptView(Sequence[int]):
         return pieces
 
     def __iter__(self) -> Iterator[int]:
-        for ids, count in self._pieces():
-            yield from itertools.islice(ids, count)
+        # Chained in C: ``list(view)`` of a 200-call session's prompts is millions of ids, and a generator that
+        # yields each one cost postrun ~0.5 s there.
+        return itertools.chain.from_iterable(itertools.islice(ids, count) for ids, count in self._pieces())
 
     @overload
     def __getitem__(self, index: int) -> int: ...
