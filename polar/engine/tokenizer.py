@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import threading
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Sequence
 from importlib import resources
 
@@ -122,8 +122,9 @@ class Tokenizer:
         known, data = self._prompts.longest_prefix(ids)
         tail = ids[known:]
         self.check_ids(tail)
-        data += b"".join(map(self._bytes.__getitem__, tail))
-        self._prompts.add(ids, data)
+        if tail:  # a prompt kept whole already is not kept twice
+            data += b"".join(map(self._bytes.__getitem__, tail))
+            self._prompts.add(ids, data)
         return data.decode("utf-8", errors="replace")
 
     def check_ids(self, ids: Sequence[int]) -> None:
@@ -192,14 +193,13 @@ class _DecodedPrompts:
     """The bytes of the last few token prompts decoded, most recent last, shared by the engine's threads."""
 
     def __init__(self, size: int) -> None:
-        self._size = size
-        self._entries: OrderedDict[int, tuple[tuple[int, ...], bytes]] = OrderedDict()
+        self._entries: deque[tuple[tuple[int, ...], bytes]] = deque(maxlen=size)  # the oldest drops out
         self._lock = threading.Lock()
 
     def longest_prefix(self, ids: tuple[int, ...]) -> tuple[int, bytes]:
         """How many leading ids of ``ids`` a kept prompt covers, and that prompt's bytes (0 and b"" if none)."""
         with self._lock:
-            entries = list(self._entries.values())
+            entries = list(self._entries)
         best: tuple[int, bytes] = (0, b"")
         for kept, data in entries:
             if best[0] < len(kept) and _starts_with(ids, kept):
@@ -208,9 +208,7 @@ class _DecodedPrompts:
 
     def add(self, ids: tuple[int, ...], data: bytes) -> None:
         with self._lock:
-            self._entries[id(ids)] = (ids, data)
-            while len(self._entries) > self._size:
-                self._entries.popitem(last=False)
+            self._entries.append((ids, data))
 
 
 def _starts_with(ids: tuple[int, ...], kept: tuple[int, ...]) -> bool:
