@@ -118,6 +118,10 @@ def _session_times(database_url: str) -> dict[str, Any]:
         FROM session_events e JOIN sessions s ON s.id = e.session_id ORDER BY e.at, e.id"""
     with psycopg.connect(database_url.replace("+psycopg", "")) as connection:
         rows = connection.execute(query).fetchall()
+        calls = connection.execute(
+            "SELECT session_id, min(extract(epoch FROM created_at) - latency_ms / 1000),"
+            " max(extract(epoch FROM created_at)) FROM model_calls GROUP BY session_id"
+        ).fetchall()
     started: dict[Any, float] = {}
     ended: dict[Any, float] = {}
     admitted: dict[Any, float] = {}
@@ -139,11 +143,6 @@ def _session_times(database_url: str) -> dict[str, Any]:
     groups: dict[str, float] = {}
     for session_id, at in ended.items():
         groups[tasks[session_id]] = max(groups.get(tasks[session_id], 0.0), at)
-    with psycopg.connect(database_url.replace("+psycopg", "")) as connection:
-        calls = connection.execute(
-            "SELECT session_id, min(extract(epoch FROM created_at) - latency_ms / 1000),"
-            " max(extract(epoch FROM created_at)) FROM model_calls GROUP BY session_id"
-        ).fetchall()
     first_call = {row[0]: (float(row[1]), float(row[2])) for row in calls}
     slot = _slot_time(started, left, ready, first_call)
     running = [(started[s], left[s]) for s in started if s in left]
