@@ -11,6 +11,10 @@ request, normalised request and response are stored as deltas too (``polar.stora
 when the prompt extends none, on the agent's latest call: a second indexed SELECT reads the parent's
 ``payload_index`` (a few hashes), never its payloads. Both keep a session's bytes linear in its length.
 
+Those parents depend only on the calls already stored, not on the new call's answer, so the proxy reads them
+(``read_parents``) while the engine generates and hands them to ``record_call``: after the answer, one round trip
+(the insert) is left on the path to the client.
+
 The policy version a call ended under is read by the insert itself from ``engine_control`` (no extra round trip):
 ``policy_version_end``, and ``spans_policy_update`` when it differs from the version the call started under (the
 engines held the call across a weight update). A trainer changing the version between the engine's answer and
@@ -25,6 +29,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import sqlalchemy as sa
+from psycopg.types.numeric import Int4
 
 from polar.errors import SessionNotRunning
 from polar.lifecycle.states import State
@@ -64,13 +69,31 @@ _NEXT_SEQ_CTE = _NEXT_SEQ.cte("next_seq")
 _DERIVED = ("seq", "created_at", "delivered", "policy_version_end", "spans_policy_update")
 _VALUE_COLUMNS = [column for column in _calls.c if column.name not in _DERIVED]
 _STARTED_UNDER = sa.bindparam("v_policy_version", type_=sa.Text())
+
+
+class _Int4(sa.types.TypeDecorator[int]):
+    """An integer sent as int4 whatever its value. psycopg sends an int as int2, int4 or int8 by its size, and its
+    prepared-statement cache keys a statement by those types: an insert whose prompt lengths crossed 32,767 was a
+    new statement each time and was almost never prepared (0.5 ms of parsing and planning a call)."""
+
+    impl = sa.Integer
+    cache_ok = True
+
+    def process_bind_param(self, value: int | None, dialect: sa.Dialect) -> Any:
+        return None if value is None else Int4(value)
+
+
+def _bound_type(column: sa.Column[Any]) -> sa.types.TypeEngine[Any]:
+    return _Int4() if type(column.type) is sa.Integer else column.type
+
+
 _INSERT_CLAIMING_SEQ = (
     sa.insert(_calls)
     .from_select(
         [column.name for column in _VALUE_COLUMNS] + ["policy_version_end", "spans_policy_update", "seq"],
         # Prefixed names: a parameter named like a ``sessions`` column would become a SET in the CTE's UPDATE.
         sa.select(
-            *[sa.bindparam(f"v_{c.name}", type_=c.type) for c in _VALUE_COLUMNS],
+            *[sa.bindparam(f"v_{c.name}", type_=_bound_type(c)) for c in _VALUE_COLUMNS],
             _VERSION_NOW,
             _STARTED_UNDER.is_distinct_from(_VERSION_NOW),
             _NEXT_SEQ_CTE.c.num_calls,
@@ -168,9 +191,32 @@ class CallRecord:
     synthesized: bool = False  # Polar's own answer, no model tokens (polar.proxy.budget)
 
 
-def record_call(db: Database, record: CallRecord, call_id: uuid.UUID | None = None) -> uuid.UUID:
+@dataclass(frozen=True)
+class Parents:
+    """What a call's deltas may be taken against, as ``_CANDIDATES_POSTGRES`` reads it: the session's recent chains
+    (oldest first) and the agent's latest call with its ``payload_index`` (None: the agent has none)."""
+
+    chains: list[Chain]
+    latest: Any
+
+
+# Read before the answer is known, so no prompt length bounds it: ``encode_prompt`` skips chains longer than the
+# prompt it gets.
+_ANY_LENGTH = 2**31 - 1
+
+
+def read_parents(db: Database, session_id: uuid.UUID, agent: str | None) -> Parents:
+    """The parents a call of ``session_id``'s ``agent`` may have among the calls stored now (Postgres)."""
+    with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        return _parents(connection, _CANDIDATES_POSTGRES, session_id, agent, _ANY_LENGTH)
+
+
+def record_call(
+    db: Database, record: CallRecord, call_id: uuid.UUID | None = None, parents: Parents | None = None
+) -> uuid.UUID:
     """Store ``record`` as ``call_id`` (new if not given; storing the same id again stores nothing); raises
-    ``SessionNotRunning`` (and stores nothing) once the session has moved on."""
+    ``SessionNotRunning`` (and stores nothing) once the session has moved on. ``parents``, read by
+    ``read_parents`` for this call's session and agent, saves reading them here."""
     call_id = call_id or uuid.uuid4()
     # Shallow on purpose: dataclasses.asdict deep-copies every token list and payload (~1 ms a call).
     values = {"id": call_id, **{field.name: getattr(record, field.name) for field in fields(record)}}
@@ -178,7 +224,10 @@ def record_call(db: Database, record: CallRecord, call_id: uuid.UUID | None = No
         with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
             # A parent read outside the insert is still a committed, immutable row: at worst a concurrent
             # call's prompt is stored against an older parent (or in full).
-            values.update(_stored_forms(connection, _CANDIDATES_POSTGRES, record))
+            if parents is None:
+                parents = _parents(connection, _CANDIDATES_POSTGRES, record.session_id, record.agent,
+                                   len(record.prompt_token_ids))  # fmt: skip
+            values.update(_stored_forms(connection, parents, record))
             prefixed = {f"v_{name}": value for name, value in values.items()}
             bound = {"session_id": record.session_id, "call_id": call_id, **prefixed}
             seq = connection.execute(_INSERT_CLAIMING_SEQ, bound).scalar()
@@ -187,7 +236,9 @@ def record_call(db: Database, record: CallRecord, call_id: uuid.UUID | None = No
         with db.engine.begin() as connection:
             seq = connection.execute(_NEXT_SEQ, {"session_id": record.session_id, "call_id": call_id}).scalar()
             if seq is not None:
-                values.update(_stored_forms(connection, _CANDIDATES_SQLITE, record))
+                found = _parents(connection, _CANDIDATES_SQLITE, record.session_id, record.agent,
+                                 len(record.prompt_token_ids))  # fmt: skip
+                values.update(_stored_forms(connection, found, record))
                 ended_under = connection.execute(sa.select(_VERSION_NOW)).scalar()
                 values.update(policy_version_end=ended_under, spans_policy_update=ended_under != record.policy_version)
                 connection.execute(_INSERT, {"seq": seq, **values})
@@ -203,21 +254,30 @@ def mark_undelivered(db: Database, call_id: uuid.UUID) -> None:
         connection.execute(sa.update(_calls).where(_calls.c.id == call_id).values(delivered=False))
 
 
-def _stored_forms(connection: sa.Connection, candidates: sa.CompoundSelect[Any], record: CallRecord) -> dict[str, Any]:
-    """The prompt and payload columns of ``record``: deltas on the earlier calls it extends."""
-    bounds = {"session_id": record.session_id, "max_length": len(record.prompt_token_ids), "agent": record.agent}
+def _parents(
+    connection: sa.Connection,
+    candidates: sa.CompoundSelect[Any],
+    session_id: uuid.UUID,
+    agent: str | None,
+    max_length: int,
+) -> Parents:
+    bounds = {"session_id": session_id, "max_length": max_length, "agent": agent}
     rows = connection.execute(candidates, bounds).all()
     chains = [Chain(row.id, row.length, row.chain_hash) for row in sorted(rows, key=lambda row: row.seq)
               if row.is_chain]  # fmt: skip
-    latest = next((row for row in rows if not row.is_chain), None)
-    delta = encode_prompt(record.prompt_token_ids, record.completion_token_ids, chains)
+    return Parents(chains, next((row for row in rows if not row.is_chain), None))
+
+
+def _stored_forms(connection: sa.Connection, parents: Parents, record: CallRecord) -> dict[str, Any]:
+    """The prompt and payload columns of ``record``: deltas on the earlier calls it extends."""
+    delta = encode_prompt(record.prompt_token_ids, record.completion_token_ids, parents.chains)
     return {
         "prompt_token_ids": delta.token_ids,
         "prompt_parent_id": delta.parent_id,
         "prompt_prefix_len": delta.prefix_len,
         "prompt_len": delta.prompt_len,
         "chain_hash": delta.chain_hash,
-        **_payloads(connection, record, delta, latest),
+        **_payloads(connection, record, delta, parents.latest),
     }
 
 

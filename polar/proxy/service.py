@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
@@ -57,7 +59,7 @@ from polar.protocols import (
 )
 from polar.proxy import budget, sglang, tito, tito_tails
 from polar.proxy.body_limits import check_values
-from polar.proxy.capture import CallRecord, mark_undelivered, record_call, session_state_for_key
+from polar.proxy.capture import CallRecord, Parents, mark_undelivered, read_parents, record_call, session_state_for_key
 from polar.proxy.engines import EngineAddress, EnginePool, EngineReply
 from polar.proxy.key_misses import STALE_S, KeyMisses
 from polar.proxy.keys import hash_key
@@ -79,6 +81,7 @@ T = TypeVar("T")
 KEY_CACHE_S = 5.0
 KEY_CACHE_SIZE = 100_000
 TITO_FLAGS_SIZE = 100_000  # sessions whose TITO switch a process remembers (a session's never changes)
+PARENT_READERS = 4  # threads per process reading a call's parents while the engine generates
 
 STATUS: dict[type[PolarError], int] = {
     ValidationError: 400,
@@ -158,6 +161,14 @@ class _Call:
     keep_s: int = 3600  # how long the session's call state is kept after a call (CallLimits.keep_s)
 
 
+def _done(parents: Future[Parents] | None) -> Parents | None:
+    """The parents read while the engine worked, if that read has finished and succeeded; otherwise None, and
+    ``record_call`` reads them itself (riding out a database outage as it does)."""
+    if parents is None or not parents.done() or parents.exception() is not None:
+        return None
+    return parents.result()
+
+
 def _guarded(protocol: ModuleType, events: Iterator[bytes]) -> Iterator[bytes]:
     """Render a stream; if rendering fails after the first byte, end with the protocol's own error event."""
     try:
@@ -203,6 +214,8 @@ class ProxyService:
         self.tips: TipStore = tip_store(config.redis_url)
         self.tails = tito_tails.TailRenders()
         self._renderer: ChatRenderer | None = None
+        self._parent_readers = ThreadPoolExecutor(PARENT_READERS, thread_name_prefix="proxy-parents")
+        self._parent_slots = threading.BoundedSemaphore(PARENT_READERS)
 
     def renderer(self) -> ChatRenderer:
         """The chat template prompts for SGLang engines are rendered with (``POLAR_ENGINE_TOKENIZER``)."""
@@ -470,6 +483,7 @@ class ProxyService:
         served = self.config.served_model
         chat_body, sampling = engine_sampling(request.engine_body, self.config.sampling_overrides, call.sampling_mode)
         kind = self._route(session_id).kind
+        parents = self._parents_soon(session_id, agent)
         link = self._tito_link(session_id, agent, chat_body) if kind == "vllm" else None
         engine_body = _capture_fields(chat_body)
         try:
@@ -492,7 +506,7 @@ class ProxyService:
             self._capture_failure(call, engine_body, exc, sampling)
             raise
         captured = time.perf_counter()
-        call_id = self._capture(call, engine_body, reply, sampling)
+        call_id = self._capture(call, engine_body, reply, sampling, parents=_done(parents))
         capture_s, total_s = time.perf_counter() - captured, time.perf_counter() - started
         self.metrics.timed(protocol.PROVIDER, reply.latency_ms / 1000, capture_s, total_s)
         # Where the proxy's time went, for clients and benchmarks (W3C Server-Timing).
@@ -547,6 +561,7 @@ class ProxyService:
         reply: EngineReply,
         sampling: dict[str, Any],
         synthesized: bool = False,
+        parents: Parents | None = None,
     ) -> uuid.UUID:
         answer = EngineAnswer(reply.body) if reply.status_code == 200 else None
         record = CallRecord(
@@ -574,5 +589,15 @@ class ProxyService:
         )
         # The same call id on every try: a commit whose acknowledgement was lost is not stored twice.
         call_id = uuid.uuid4()
-        self._recorded(lambda: record_call(self.db, record, call_id))
+        self._recorded(lambda: record_call(self.db, record, call_id, parents))
         return call_id
+
+    def _parents_soon(self, session_id: uuid.UUID, agent: str | None) -> Future[Parents] | None:
+        """Start reading the parents of this session's next call (``polar.proxy.capture.read_parents``), so the
+        read overlaps the engine's work instead of following it (Postgres; SQLite reads them in its insert)."""
+        # Bounded: while the database is slow or away, reads are not queued behind each other; the insert reads.
+        if not self.db.is_postgres or not self._parent_slots.acquire(blocking=False):
+            return None
+        future = self._parent_readers.submit(read_parents, self.db, session_id, agent)
+        future.add_done_callback(lambda _: self._parent_slots.release())
+        return future

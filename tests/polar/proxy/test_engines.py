@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 import uuid
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -82,6 +85,76 @@ def test_max_tokens_beyond_the_context_is_fitted_to_the_room_left(engines: dict[
     assert fitted is not None and 0 < fitted["max_tokens"] < 32768
     assert pool.post(uuid.uuid4(), "/v1/chat/completions", fitted, None).status_code == 200
     assert fit_max_tokens(fitted, refused) is None  # nothing left to cut: no second retry
+
+
+@pytest.fixture
+def recording_engine() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """A stand-in engine that answers every request with a fixed chat completion and keeps each one's headers."""
+    seen: list[dict[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self, body: bytes) -> None:
+            seen.append({name.lower(): value for name, value in self.headers.items()})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # /v1/models
+            self._answer(b'{"data": [{"id": "m"}]}')
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._answer(b'{"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_engine_urls_credentials_are_sent_as_basic_auth(recording_engine: tuple[str, list[dict[str, str]]]) -> None:
+    host, seen = recording_engine
+    pool = EnginePool([f"http://polar:s%40cret@{host}"], timeout_s=HANG_GUARD_S)
+    assert pool.post(uuid.uuid4(), "/v1/chat/completions", dict(CHAT), None).status_code == 200
+    # base64("polar:s@cret"), on the model lookup and on the call itself
+    assert [headers.get("authorization") for headers in seen] == ["Basic cG9sYXI6c0BjcmV0"] * 2
+    pool.close()
+
+
+def test_an_engine_that_drops_the_connection_before_answering_is_skipped(engines: dict[str, str]) -> None:
+    dropping = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def drop() -> None:  # accept, read what arrives, close without a byte back: an engine dying mid-call
+        dropping.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                connection, _ = dropping.accept()
+            except TimeoutError:
+                continue
+            connection.recv(65536)
+            connection.close()
+
+    thread = threading.Thread(target=drop, daemon=True)
+    thread.start()
+    try:
+        pool = EnginePool([f"http://127.0.0.1:{dropping.getsockname()[1]}", engines["a"]], timeout_s=HANG_GUARD_S)
+        reply = pool.post(uuid.uuid4(), "/v1/chat/completions", dict(CHAT), "polar-reference")
+        assert reply.url == engines["a"] and reply.status_code == 200
+        assert pool.order(uuid.uuid4())[-1] != engines["a"]  # the dropping engine is down and goes last
+    finally:
+        stop.set()
+        thread.join()
+        dropping.close()
 
 
 def test_failures_never_show_an_engine_urls_credentials() -> None:
