@@ -97,7 +97,9 @@ class EngineAnswer:
 
     @property
     def prompt_token_ids(self) -> list[int]:
-        return list(self.body.get("prompt_token_ids") or [])
+        # Not copied: tens of thousands of ids, read several times a call (callers never change them).
+        ids = self.body.get("prompt_token_ids")
+        return ids if isinstance(ids, list) else list(ids or [])
 
     @property
     def completion_token_ids(self) -> list[int]:

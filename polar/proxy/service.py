@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
 
+import orjson
 import sqlalchemy as sa
 
 from polar.config import Config
@@ -64,6 +65,7 @@ from polar.proxy.engines import EngineAddress, EnginePool, EngineReply
 from polar.proxy.key_misses import STALE_S, KeyMisses
 from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimiter, CallLimits, call_limiter
+from polar.proxy.prompt_ids import KnownPrompts
 from polar.proxy.refusals import DATABASE_OUTAGE, RefusalCounter
 from polar.proxy.renderers import ChatRenderer
 from polar.proxy.sampling import engine_sampling
@@ -213,6 +215,7 @@ class ProxyService:
         self._tito: dict[uuid.UUID, bool] = {}
         self.tips: TipStore = tip_store(config.redis_url)
         self.tails = tito_tails.TailRenders()
+        self.prompts = KnownPrompts()
         self._renderer: ChatRenderer | None = None
         self._parent_readers = ThreadPoolExecutor(PARENT_READERS, thread_name_prefix="proxy-parents")
         self._parent_slots = threading.BoundedSemaphore(PARENT_READERS)
@@ -365,12 +368,21 @@ class ProxyService:
             return [self.config.served_model]
         return [m["id"] for m in self.engines.get("/v1/models").get("data", [])]
 
-    def _ask(self, session_id: uuid.UUID, path: str, engine_body: dict[str, Any]) -> EngineReply:
-        """One engine request, retried once with ``max_tokens`` fitted when it asked past the context."""
-        reply = self.engines.post(session_id, path, engine_body, self.config.served_model, kind="vllm")
+    def _ask(
+        self, session_id: uuid.UUID, path: str, engine_body: dict[str, Any], agent: str | None = None
+    ) -> EngineReply:
+        """One engine request, retried once with ``max_tokens`` fitted when it asked past the context. A chat
+        completion's prompt ids are read past what the agent's last prompt repeats (``polar.proxy.prompt_ids``)."""
+        served = self.config.served_model
+
+        def parse(content: bytes) -> Any:
+            return self.prompts.parse(session_id, agent, content)
+
+        reader = parse if path in ("/v1/chat/completions", "/v1/completions") else orjson.loads
+        reply = self.engines.post(session_id, path, engine_body, served, kind="vllm", parse=reader)
         if (fitted := fit_max_tokens(engine_body, reply)) is not None:
             engine_body.update(fitted)
-            reply = self.engines.post(session_id, path, engine_body, self.config.served_model, kind="vllm")
+            reply = self.engines.post(session_id, path, engine_body, served, kind="vllm", parse=reader)
         return reply
 
     def _route(self, session_id: uuid.UUID) -> EngineAddress:
@@ -403,12 +415,17 @@ class ProxyService:
             self.tips.remember(call.session_id, call.agent, found, call.keep_s)
 
     def _ask_with_tokens(
-        self, session_id: uuid.UUID, link: tito.ChainLink, chat_body: dict[str, Any], prompt: list[int]
+        self,
+        session_id: uuid.UUID,
+        agent: str | None,
+        link: tito.ChainLink,
+        chat_body: dict[str, Any],
+        prompt: list[int],
     ) -> tuple[dict[str, Any], EngineReply]:
         """TITO: continue the chain's exact tokens (``prompt``) through ``/v1/completions``; the stored request is
         exactly what the engine got, annotated (under ``polar_tito``, never sent) with the chat form it stands for."""
         body = tito.completion_body(chat_body, prompt)
-        reply = self._ask(session_id, "/v1/completions", body)
+        reply = self._ask(session_id, "/v1/completions", body, agent)
         stored = {**body, "polar_tito": {"chain_call_id": str(link.call_id), "messages": chat_body.get("messages"),
                                          "tools": chat_body.get("tools")}}  # fmt: skip
         if reply.status_code == 200:
@@ -494,9 +511,9 @@ class ProxyService:
             if kind == "sglang":
                 engine_body, reply = self._ask_sglang(session_id, chat_body)
             elif link is not None and prompt is not None:
-                engine_body, reply = self._ask_with_tokens(session_id, link, chat_body, prompt)
+                engine_body, reply = self._ask_with_tokens(session_id, agent, link, chat_body, prompt)
             else:
-                reply = self._ask(session_id, "/v1/chat/completions", engine_body)
+                reply = self._ask(session_id, "/v1/chat/completions", engine_body, agent)
             if reply.status_code == 200 and EngineAnswer(reply.body).finish_reason == "abort":
                 # vLLM's /pause?mode=abort ends calls in flight with what they sampled so far: not an answer.
                 raise EngineError("the engine aborted the call (paused with mode=abort); retry", status_code=502)

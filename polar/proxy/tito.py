@@ -185,6 +185,7 @@ def as_chat_answer(reply: EngineReply, prompt: list[int], tools_offered: bool) -
     finish = choice.get("finish_reason")
     logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
     tokens = (choice.get("logprobs") or {}).get("tokens") or [""] * len(logprobs)
+    ids = choice.get("prompt_token_ids") or prompt  # the engine's own reading, kept as read (TokenIds: checked)
     return {
         "id": str(body.get("id") or f"cmpl-{uuid.uuid4().hex}"),  # the engine's own id, as its log has it
         "object": "chat.completion",
@@ -201,5 +202,5 @@ def as_chat_answer(reply: EngineReply, prompt: list[int], tools_offered: bool) -
             }
         ],
         "usage": body.get("usage"),
-        "prompt_token_ids": list(choice.get("prompt_token_ids") or prompt),
+        "prompt_token_ids": ids if isinstance(ids, list) else list(ids),
     }

@@ -66,6 +66,8 @@ def _prefix_hashes(items: Sequence[Any], positions: Iterable[int]) -> dict[int, 
 
 
 def _is_prompt(value: Any, prompt: Sequence[int] | None) -> bool:
+    if value is prompt:  # the answer's own ids (not copied): no element-by-element comparison
+        return bool(prompt)
     return prompt is not None and isinstance(value, list) and len(value) == len(prompt) > 0 and value == prompt
 
 

@@ -62,9 +62,23 @@ class PromptDelta:
     chain_hash: str
 
 
+class TokenIds(list[int]):
+    """Token ids already known to be plain ints in int32 range, with their little-endian int32 bytes
+    (``polar.proxy.prompt_ids`` reads an engine's answer so): neither is worked out again for them. Never changed
+    in place (a changed copy is a plain list)."""
+
+    __slots__ = ("int32",)
+
+    def __init__(self, ids: Iterable[int], int32: bytes) -> None:
+        super().__init__(ids)
+        self.int32 = int32
+
+
 def _token_bytes(token_ids: Sequence[int]) -> bytes:
     """The ids as little-endian int32, so a hash means the same on every machine (``struct`` packs a list in one
     call, ~1.5x faster than building an ``array`` from it)."""
+    if type(token_ids) is TokenIds:
+        return token_ids.int32
     return struct.pack(f"<{len(token_ids)}i", *token_ids)
 
 
