@@ -200,11 +200,12 @@ class _DecodedPrompts:
         """How many leading ids of ``ids`` a kept prompt covers, and that prompt's bytes (0 and b"" if none)."""
         with self._lock:
             entries = list(self._entries)
-        best: tuple[int, bytes] = (0, b"")
-        for kept, data in entries:
-            if best[0] < len(kept) and _starts_with(ids, kept):
-                best = (len(kept), data)
-        return best
+        # Longest first, stopping at the first that fits: a session's earlier prompts are all prefixes of its next
+        # one, and comparing each in full cost a TITO call at 40k ids ~15 whole comparisons.
+        for kept, data in sorted(entries, key=lambda entry: len(entry[0]), reverse=True):
+            if _starts_with(ids, kept):
+                return len(kept), data
+        return 0, b""
 
     def add(self, ids: tuple[int, ...], data: bytes) -> None:
         with self._lock:
