@@ -84,6 +84,10 @@ KEY_CACHE_S = 5.0
 KEY_CACHE_SIZE = 100_000
 TITO_FLAGS_SIZE = 100_000  # sessions whose TITO switch a process remembers (a session's never changes)
 PARENT_READERS = 4  # threads per process reading a call's parents while the engine generates
+PARENTS_WAIT_S = 1.0  # how long an answered call waits for that read before reading them itself
+# Only for calls this big (~16k tokens and up): a small call's engine answers before the read would, and handing it
+# to a thread cost a small call ~1.4 ms of CPU here (bench/proxy_overhead.py), more than the read it overlaps.
+PREFETCH_FROM_BYTES = 64 * 1024
 
 STATUS: dict[type[PolarError], int] = {
     ValidationError: 400,
@@ -161,14 +165,19 @@ class _Call:
     policy_version: str | None
     sampling_mode: str = "record"  # the task's ``sampling`` (polar.proxy.sampling)
     keep_s: int = 3600  # how long the session's call state is kept after a call (CallLimits.keep_s)
+    size: int = 0  # the request body's bytes
 
 
 def _done(parents: Future[Parents] | None) -> Parents | None:
-    """The parents read while the engine worked, if that read has finished and succeeded; otherwise None, and
-    ``record_call`` reads them itself (riding out a database outage as it does)."""
-    if parents is None or not parents.done() or parents.exception() is not None:
+    """The parents read while the engine worked, waiting for the read if it is still going (reading them again would
+    cost the same, twice); None if it failed or is stuck, and ``record_call`` reads them itself (riding out a
+    database outage as it does)."""
+    if parents is None:
         return None
-    return parents.result()
+    try:
+        return parents.result(timeout=PARENTS_WAIT_S)
+    except Exception:  # an outage, a timeout: the insert's own read deals with it
+        return None
 
 
 def _guarded(protocol: ModuleType, events: Iterator[bytes]) -> Iterator[bytes]:
@@ -317,13 +326,14 @@ class ProxyService:
             # Read and parsed under one of the session's slots: a sandbox holds at most max_concurrent_calls bodies
             # in the proxy's memory however many it sends (polar.proxy.body_limits).
             with self.limiter.slot(session_id, limits, counted=False):
-                body = self.parsed(raw)
+                data = raw if isinstance(raw, bytes) else raw()
+                body = self.parsed(data)
                 if detected.operation == "count_tokens":
                     return self._count_tokens(protocol, context, session_id, body)
                 request = protocol.normalize(body, context)
                 _check_label(request.model, "model")
                 check_template_kwargs(request.engine_body, self.config.chat_template_kwargs)
-            return self._generate(protocol, session_id, limits, sampling_mode, agent, body, request)
+            return self._generate(protocol, session_id, limits, sampling_mode, agent, body, request, len(data))
         except PolarError as exc:
             return self._refuse(protocol, key, session_id, exc)
         except sa.exc.DBAPIError as exc:
@@ -472,10 +482,13 @@ class ProxyService:
         agent: str | None,
         body: Any,
         request: ClientRequest,
+        size: int = 0,
     ) -> ProxyAnswer:
         started = time.perf_counter()
         control = self._admitted()
-        call = _Call(session_id, agent, request, body, started, control.policy_version, sampling_mode, limits.keep_s)
+        call = _Call(
+            session_id, agent, request, body, started, control.policy_version, sampling_mode, limits.keep_s, size
+        )
         try:
             # The slot is held until the answer is recorded; a stream is rendered afterwards from memory.
             with self.limiter.slot(session_id, limits):
@@ -500,7 +513,7 @@ class ProxyService:
         served = self.config.served_model
         chat_body, sampling = engine_sampling(request.engine_body, self.config.sampling_overrides, call.sampling_mode)
         kind = self._route(session_id).kind
-        parents = self._parents_soon(session_id, agent)
+        parents = self._parents_soon(session_id, agent) if call.size >= PREFETCH_FROM_BYTES else None
         link = self._tito_link(session_id, agent, chat_body) if kind == "vllm" else None
         engine_body = _capture_fields(chat_body)
         try:
