@@ -169,15 +169,25 @@ def parse_chat_request(raw: Any) -> ChatRequest:
     )
 
 
+class CheckedPrompt(tuple[int, ...]):
+    """Token ids read from digits-and-commas text (``polar.engine.token_prompts``): plain non-negative ints, no
+    check of their types needed."""
+
+    __slots__ = ()
+
+
 def parse_completion_request(raw: Any) -> CompletionRequest:
     """Validate a completion body; `prompt` is a string or a list of token ids (a batch of one is accepted)."""
     body = _object(raw)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
-    # One C-level pass over the ids' types (a bool's type is bool, not int): a loop costs ms at agent size.
-    if isinstance(prompt, list) and prompt and set(map(type, prompt)) == {int}:
-        parsed_prompt: str | tuple[int, ...] = tuple(prompt)
+    # One C-level pass over the ids' types (a bool's type is bool, not int): a loop costs ms at agent size. Ids
+    # read from their text (``polar.engine.token_prompts``) are plain ints already.
+    if type(prompt) is CheckedPrompt and prompt:
+        parsed_prompt: str | tuple[int, ...] = prompt
+    elif isinstance(prompt, list) and prompt and set(map(type, prompt)) == {int}:
+        parsed_prompt = tuple(prompt)
     elif isinstance(prompt, str) and prompt:
         parsed_prompt = prompt
     elif isinstance(prompt, list) and prompt:

@@ -48,6 +48,7 @@ from polar.engine.responses import (
 from polar.engine.serving import ENGINE, Engine, run
 from polar.engine.settings import EngineSettings
 from polar.engine.streaming import chat_chunks, completion_chunks
+from polar.engine.token_prompts import PromptTexts
 from polar.engine.tokenizer import load_tokenizer
 from polar.instance import instance_headers
 
@@ -55,6 +56,7 @@ from polar.instance import instance_headers
 # ``/pause?mode=keep`` besides ``return_token_ids``, ``reasoning`` and nested error bodies.
 VLLM_VERSION = "0.16.0"
 _MAX_BODY_BYTES = 256 * 1024 * 1024
+PROMPTS = web.AppKey("prompt_texts", PromptTexts)  # completions' token prompts, read past the last ones
 _logger = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -71,6 +73,7 @@ def create_app(settings: EngineSettings) -> web.Application:
         return create_sglang_app(Engine(settings, generator, capacity, log, int(time.time())), _MAX_BODY_BYTES)
     app = web.Application(middlewares=[_errors], client_max_size=_MAX_BODY_BYTES)
     app[ENGINE] = Engine(settings, generator, capacity, log, int(time.time()))
+    app[PROMPTS] = PromptTexts()
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/tokenize", _tokenize)
@@ -128,9 +131,9 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return web.json_response(error_body("Internal server error", "InternalServerError", 500), status=500)
 
 
-async def _body(request: web.Request) -> Any:
+async def _body(request: web.Request, parse: Callable[[bytes], Any] = loads) -> Any:
     try:
-        return loads(await request.read())
+        return parse(await request.read())
     except (ValueError, UnicodeDecodeError) as exc:
         raise EngineRequestError(f"The request body is not valid JSON: {exc}") from exc
 
@@ -164,7 +167,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 
 async def _completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
-    body = await _body(request)
+    body = await _body(request, request.app[PROMPTS].read)
     completion = parse_completion_request(body)
     check_model(completion.model, engine.settings.model)
     job: GenerationInput = engine.generator.completion_input(completion)

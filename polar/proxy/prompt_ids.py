@@ -7,12 +7,12 @@ next prompt is nearly always its previous prompt plus the answer and a tool resu
 begins with the text it sent last time.
 
 ``KnownPrompts`` keeps, per (session, agent), the last prompt's ids as the engine wrote them and as checked
-``TokenIds`` (with their int32 bytes). The next answer's ids are compared as bytes (a memcmp), and only the ids past
-the repeated text are parsed and packed. Ids read here are checked by their text: digits and commas only, which
-JSON can only read as non-negative ints, so ``token_check`` trusts them without a pass over their types.
+``TokenIds`` (with their int32 bytes). The next answer's ids are compared as bytes, and only the ids past the
+repeated text are parsed and packed (``polar.engine.id_text``). Ids read so are digits and commas only, which JSON
+can only read as non-negative ints, so ``token_check`` trusts them without a pass over their types.
 
-Anything unexpected (the key found twice or not at top level, other characters, a prompt that does not extend the
-last one) is read the ordinary way: the cache saves work and decides nothing.
+Anything unexpected (the key found twice, or not where an answer keeps it, other characters, a prompt that does not
+extend the last one) is read the ordinary way: the cache saves work and decides nothing.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from typing import Any
 
 import orjson
 
+from polar.engine.id_text import array_span, past, read_ids, with_null
 from polar.storage.prompts import TokenIds
 
 _KEY = b'"prompt_token_ids":['
-_ID_TEXT = b"0123456789,"
 KEPT_BYTES = 32 * 1024 * 1024  # the ids' text a process keeps (their ids cost ~6x that in memory)
 KEPT_PROMPTS = 1024
 
@@ -36,15 +36,13 @@ Known = tuple[bytes, TokenIds]
 
 
 def _ids(text: bytes, known: TokenIds | None = None) -> TokenIds | None:
-    """``text`` (``1,2,3``) as ids after ``known``'s; None unless it is digits and single commas only."""
-    if not text:
-        return TokenIds(known or [], (known.int32 if known is not None else b""))
-    if text.translate(None, _ID_TEXT) or text[0] == 44 or text[-1] == 44 or b",," in text:  # 44: ","
+    """``text`` as ids after ``known``'s (packed as int32 as they are read); None unless plain int32 ids."""
+    tail = read_ids(text)
+    if tail is None:
         return None
     try:
-        tail = orjson.loads(b"[" + text + b"]")  # a leading zero ("01") is refused here
-        packed = struct.pack(f"<{len(tail)}i", *tail)  # past int32: refused here
-    except (ValueError, struct.error):
+        packed = struct.pack(f"<{len(tail)}i", *tail)
+    except struct.error:  # past int32
         return None
     if known is None:
         return TokenIds(tail, packed)
@@ -72,31 +70,24 @@ class KnownPrompts:
         self._lock = threading.Lock()
 
     def parse(self, session_id: uuid.UUID, agent: str | None, content: bytes) -> Any:
-        """The engine's answer ``content`` parsed, its ``prompt_token_ids`` as ``TokenIds``, read only
-        past the text the last prompt of (``session_id``, ``agent``) shares with it. Raises ``ValueError`` for
-        content that is not JSON, as ``orjson.loads`` does."""
-        start = content.find(_KEY)
-        if start < 0 or content.find(_KEY, start + 1) >= 0:
+        """The engine's answer ``content`` parsed, its ``prompt_token_ids`` as ``TokenIds``, read only past the text
+        the last prompt of (``session_id``, ``agent``) shares with it. Raises ``ValueError`` for content that is not
+        JSON, as ``orjson.loads`` does."""
+        span = array_span(content, _KEY)
+        if span is None:
             return orjson.loads(content)
-        begin = start + len(_KEY)
-        end = content.find(b"]", begin)
-        if end < 0:
-            return orjson.loads(content)
-        body = orjson.loads(b"%snull%s" % (content[: begin - 1], content[end + 1 :]))
+        body = orjson.loads(with_null(content, span))
         holders = [
             place for place in _places(body) if "prompt_token_ids" in place and place["prompt_token_ids"] is None
         ]
         if len(holders) != 1:
             return orjson.loads(content)  # the key was not the answer's own, or not where it seemed
-        text = content[begin:end]
+        text = content[span[0] : span[1]]
         key = (session_id, agent)
         with self._lock:
             known = self._known.get(key)
-        ids = None
-        if known is not None and text.startswith(known[0]):
-            rest = text[len(known[0]) :]
-            if not rest or (rest[0] == 44 and known[0]):  # the last prompt's ids, then more ids
-                ids = _ids(rest[1:], known[1])
+        rest = None if known is None else past(text, known[0])
+        ids = _ids(rest, known[1]) if known is not None and rest is not None else None
         if ids is None:
             ids = _ids(text)
         if ids is None:

@@ -44,16 +44,10 @@ def test_a_growing_prompt_is_read_past_the_last_one_and_packed_as_it_grows() -> 
 
 
 def test_prompts_that_do_not_extend_the_last_one_are_read_whole() -> None:
-    known = KnownPrompts()
-    _read(known, _answer([12, 345, 6]))
-    for prompt in (
-        [12, 3456],
-        [12, 345],
-        [1, 2, 3],
-        [12, 345, 6],
-        [12, 345, 67],
-        [12, 345, 60, 1],
-    ):  # "12,345,6" is a prefix
+    # Each after "12,345,6", whose text some of them begin with.
+    for prompt in ([12, 3456], [12, 345], [1, 2, 3], [12, 345, 6], [12, 345, 67], [12, 345, 678], [12, 345, 60, 1]):
+        known = KnownPrompts()
+        _read(known, _answer([12, 345, 6]))
         assert _read(known, _answer(prompt))["prompt_token_ids"] == prompt
 
 
