@@ -35,7 +35,7 @@ from polar.errors import SessionNotRunning
 from polar.lifecycle.states import State
 from polar.storage.database import Database
 from polar.storage.models import EngineControl, ModelCall, Session, Task
-from polar.storage.payloads import PARTS, capture_payload
+from polar.storage.payloads import PARTS, Written, capture_payload
 from polar.storage.prompts import Chain, PromptDelta, encode_prompt
 
 _sessions = Session.__table__
@@ -289,9 +289,10 @@ def _payloads(connection: sa.Connection, record: CallRecord, delta: PromptDelta,
     parent_index = parent.payload_index if parent is not None else None
     columns: dict[str, Any] = {"payload_parent_id": parent.id if parent is not None else None}
     index: dict[str, Any] = {}
+    written = Written()  # the request and the normalised request share their messages and tools
     for part in PARTS:
         against = None if parent_index is None else (parent_index.get(part) or {})
-        columns[part], index[part] = capture_payload(getattr(record, part), against, record.prompt_token_ids)
+        columns[part], index[part] = capture_payload(getattr(record, part), against, record.prompt_token_ids, written)
     columns["payload_index"] = index
     return columns
 

@@ -51,17 +51,42 @@ def _positions(length: int) -> list[int]:
     return sorted(kept)
 
 
-def _prefix_hashes(items: Sequence[Any], positions: Iterable[int]) -> dict[int, str]:
+class Written:
+    """What one capture has serialised and hashed, by object identity (its objects stay alive while it runs): a
+    call's request and normalised request share their messages and tools (``normalize`` builds new dicts around the
+    client's objects), ~100 items at agent size, so the second is read from here."""
+
+    def __init__(self) -> None:
+        self.dumps: dict[int, bytes] = {}
+        self.prefixes: dict[tuple[tuple[int, ...], tuple[int, ...]], dict[int, str]] = {}
+
+
+def _written(item: Any, written: Written | None) -> bytes:
+    """``dump_json(item)``, once per object in a capture."""
+    if written is None:
+        return dump_json(item)
+    data = written.dumps.get(id(item))
+    if data is None:
+        data = written.dumps[id(item)] = dump_json(item)
+    return data
+
+
+def _prefix_hashes(items: Sequence[Any], positions: Iterable[int], written: Written | None = None) -> dict[int, str]:
     """Hashes of ``items[:n]`` for each wanted ``n`` (one pass: each item is serialised once)."""
     wanted = sorted(n for n in set(positions) if 0 < n <= len(items))
+    key = (tuple(map(id, items)), tuple(wanted)) if written is not None else None
+    if written is not None and key in written.prefixes:
+        return written.prefixes[key]
     digest, done, found = hashlib.blake2b(digest_size=_DIGEST_SIZE), 0, {}
     for n in wanted:
         for item in items[done:n]:
-            data = dump_json(item)
+            data = _written(item, written)
             digest.update(len(data).to_bytes(8, "little"))
             digest.update(data)
         done = n
         found[n] = digest.copy().hexdigest()
+    if written is not None and key is not None:
+        written.prefixes[key] = found
     return found
 
 
@@ -72,7 +97,11 @@ def _is_prompt(value: Any, prompt: Sequence[int] | None) -> bool:
 
 
 def _walk(
-    payload: dict[str, Any], parent: Mapping[str, Any] | None, prompt: Sequence[int] | None, depth: int
+    payload: dict[str, Any],
+    parent: Mapping[str, Any] | None,
+    prompt: Sequence[int] | None,
+    depth: int,
+    written: Written | None = None,
 ) -> tuple[dict[str, Any], list[list[Any]]]:
     """This object's index and its delta ops against the parent's index (``parent`` None: no ops wanted), in one
     pass: each list item and each other value is serialised once."""
@@ -84,7 +113,7 @@ def _walk(
             index[key], op = {"t": 1}, [key, "t"]
         elif isinstance(value, list) and value and depth < _MAX_DEPTH:
             recorded = {int(n): h for n, h in entry.get("l", {}).items()}
-            hashes = _prefix_hashes(value, {*_positions(len(value)), *recorded})
+            hashes = _prefix_hashes(value, {*_positions(len(value)), *recorded}, written)
             index[key] = {"l": {str(n): hashes[n] for n in _positions(len(value))}, "n": len(value)}
             shared = max((n for n, h in recorded.items() if hashes.get(n) == h), default=0)
             if shared == len(value) == entry.get("n"):
@@ -92,27 +121,33 @@ def _walk(
             else:
                 op = [key, "+", shared, value[shared:]] if shared else [key, "v", value]
         elif isinstance(value, dict) and value and depth < _MAX_DEPTH:
-            nested_index, nested_ops = _walk(value, entry.get("o") if "o" in entry else None, prompt, depth + 1)
+            nested_index, nested_ops = _walk(
+                value, entry.get("o") if "o" in entry else None, prompt, depth + 1, written
+            )
             index[key] = {"o": nested_index}
             same = "o" in entry and list(value) == list(entry["o"]) and all(o[1] == "=" for o in nested_ops)
             op = [key, "="] if same else [key, "{", nested_ops] if "o" in entry else [key, "v", value]
         else:
-            index[key] = {"h": _hash(dump_json(value))}
+            index[key] = {"h": _hash(_written(value, written))}
             op = [key, "="] if entry.get("h") == index[key]["h"] else [key, "v", value]
         ops.append(op)
     return index, ops
 
 
 def capture_payload(
-    payload: Any, parent_index: Mapping[str, Any] | None, prompt: Sequence[int] | None = None
+    payload: Any,
+    parent_index: Mapping[str, Any] | None,
+    prompt: Sequence[int] | None = None,
+    written: Written | None = None,
 ) -> tuple[Any, dict[str, Any] | None]:
     """``(stored, index)`` for a payload being captured: ``stored`` is the payload itself when there is no parent
     (``parent_index`` None), else ``{"delta": ops}`` against the parent's index, or ``{"value": payload}`` when
     either is not an object; ``index`` is what a later call diffs against (None for a payload that is not an
-    object). ``prompt`` is the call's full prompt: a value equal to it is stored as a reference."""
+    object). ``prompt`` is the call's full prompt: a value equal to it is stored as a reference. ``written``, shared by
+    the payloads of one call, serialises an object they share once."""
     if not isinstance(payload, dict):
         return (payload if parent_index is None else {"value": payload}), None
-    index, ops = _walk(payload, parent_index or {}, prompt, 0)
+    index, ops = _walk(payload, parent_index or {}, prompt, 0, written)
     if parent_index is None:
         return payload, index
     return {"delta": ops}, index
