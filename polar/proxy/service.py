@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
 
-import orjson
 import sqlalchemy as sa
 
 from polar.config import Config
@@ -378,21 +377,19 @@ class ProxyService:
             return [self.config.served_model]
         return [m["id"] for m in self.engines.get("/v1/models").get("data", [])]
 
-    def _ask(
-        self, session_id: uuid.UUID, path: str, engine_body: dict[str, Any], agent: str | None = None
-    ) -> EngineReply:
-        """One engine request, retried once with ``max_tokens`` fitted when it asked past the context. A chat
-        completion's prompt ids are read past what the agent's last prompt repeats (``polar.proxy.prompt_ids``)."""
+    def _ask(self, session_id: uuid.UUID, agent: str | None, path: str, engine_body: dict[str, Any]) -> EngineReply:
+        """One engine request (a chat completion, or TITO's completion), retried once with ``max_tokens`` fitted when
+        it asked past the context. Its prompt ids are read past what the agent's last prompt repeats
+        (``polar.proxy.prompt_ids``)."""
         served = self.config.served_model
 
         def parse(content: bytes) -> Any:
             return self.prompts.parse(session_id, agent, content)
 
-        reader = parse if path in ("/v1/chat/completions", "/v1/completions") else orjson.loads
-        reply = self.engines.post(session_id, path, engine_body, served, kind="vllm", parse=reader)
+        reply = self.engines.post(session_id, path, engine_body, served, kind="vllm", parse=parse)
         if (fitted := fit_max_tokens(engine_body, reply)) is not None:
             engine_body.update(fitted)
-            reply = self.engines.post(session_id, path, engine_body, served, kind="vllm", parse=reader)
+            reply = self.engines.post(session_id, path, engine_body, served, kind="vllm", parse=parse)
         return reply
 
     def _route(self, session_id: uuid.UUID) -> EngineAddress:
@@ -435,7 +432,7 @@ class ProxyService:
         """TITO: continue the chain's exact tokens (``prompt``) through ``/v1/completions``; the stored request is
         exactly what the engine got, annotated (under ``polar_tito``, never sent) with the chat form it stands for."""
         body = tito.completion_body(chat_body, prompt)
-        reply = self._ask(session_id, "/v1/completions", body, agent)
+        reply = self._ask(session_id, agent, "/v1/completions", body)
         stored = {**body, "polar_tito": {"chain_call_id": str(link.call_id), "messages": chat_body.get("messages"),
                                          "tools": chat_body.get("tools")}}  # fmt: skip
         if reply.status_code == 200:
@@ -526,7 +523,7 @@ class ProxyService:
             elif link is not None and prompt is not None:
                 engine_body, reply = self._ask_with_tokens(session_id, agent, link, chat_body, prompt)
             else:
-                reply = self._ask(session_id, "/v1/chat/completions", engine_body, agent)
+                reply = self._ask(session_id, agent, "/v1/chat/completions", engine_body)
             if reply.status_code == 200 and EngineAnswer(reply.body).finish_reason == "abort":
                 # vLLM's /pause?mode=abort ends calls in flight with what they sampled so far: not an answer.
                 raise EngineError("the engine aborted the call (paused with mode=abort); retry", status_code=502)
