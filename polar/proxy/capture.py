@@ -207,7 +207,7 @@ _ANY_LENGTH = 2**31 - 1
 
 def read_parents(db: Database, session_id: uuid.UUID, agent: str | None) -> Parents:
     """The parents a call of ``session_id``'s ``agent`` may have among the calls stored now (Postgres)."""
-    with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+    with db.autocommit() as connection:
         return _parents(connection, _CANDIDATES_POSTGRES, session_id, agent, _ANY_LENGTH)
 
 
@@ -221,7 +221,7 @@ def record_call(
     # Shallow on purpose: dataclasses.asdict deep-copies every token list and payload (~1 ms a call).
     values = {"id": call_id, **{field.name: getattr(record, field.name) for field in fields(record)}}
     if db.is_postgres:
-        with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        with db.autocommit() as connection:
             # A parent read outside the insert is still a committed, immutable row: at worst a concurrent
             # call's prompt is stored against an older parent (or in full).
             if parents is None:
@@ -312,7 +312,7 @@ class KeyOwner:
 
 def session_state_for_key(db: Database, key_hash: str) -> KeyOwner | None:
     """The session a proxy key belongs to, or None for an unknown key."""
-    with db.engine.connect() as connection:
+    with db.autocommit() as connection:
         row = connection.execute(_SESSION_FOR_KEY, {"key_hash": key_hash}).first()
     if row is None:
         return None

@@ -47,7 +47,7 @@ _PINNED = (
 
 def registered_engines(db: Database) -> list[tuple[str, bool]]:
     """Engines added at run time, as ``(POLAR_ENGINE_URLS entry, drained)``."""
-    with db.engine.connect() as connection:
+    with db.autocommit() as connection:
         rows = connection.execute(sa.select(EngineRecord.url, EngineRecord.kind, EngineRecord.drained_at)).all()
     return [(engine_label(EngineAddress(row.url, row.kind)), row.drained_at is not None) for row in rows]
 
@@ -78,7 +78,7 @@ def drain_engine(db: Database, raw_url: str) -> EngineAddress:
 
 def pinned_engine(db: Database, session_id: uuid.UUID) -> str | None:
     """The engine URL that served the session's latest call, if any."""
-    with db.engine.connect() as connection:
+    with db.autocommit() as connection:
         row = connection.execute(_PINNED, {"session_id": session_id}).first()
     return row.engine_url if row is not None else None
 

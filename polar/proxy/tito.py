@@ -52,7 +52,7 @@ class ChainLink:
 
 def enabled(db: Database, session_id: uuid.UUID) -> bool:
     """Whether the session's task asked for TITO (``token_in_token_out`` in the TaskRequest)."""
-    with db.engine.connect() as connection:
+    with db.autocommit() as connection:
         spec = connection.execute(
             sa.select(Task.spec).join(Session, Session.task_pk == Task.id).where(Session.id == session_id)
         ).scalar()
@@ -134,7 +134,7 @@ def _find_link_in_session(
     wanted: set[tuple[Any, ...]],
 ) -> ChainLink | None:
     """``find_link`` by reading the session's calls back (every call's response; O(calls))."""
-    with db.engine.connect() as connection:
+    with db.autocommit() as connection:
         rows = session_rows(connection, session_id, columns=(ModelCall.agent, ModelCall.status_code,
                                                              ModelCall.finish_reason), parts=["response"])  # fmt: skip
     candidates = [row for row in rows if row.status_code == 200 and row.agent == agent]
@@ -151,7 +151,7 @@ def _find_link_in_session(
 
 def _history_rows(db: Database, session_id: uuid.UUID, up_to_seq: int) -> list[Any]:
     """The rows that rebuild the normalised requests up to ``up_to_seq``."""
-    with db.engine.connect() as connection:
+    with db.autocommit() as connection:
         return session_rows(connection, session_id, up_to_seq=up_to_seq, parts=["normalized_request"])
 
 

@@ -44,7 +44,7 @@ _STATE = sa.select(EngineControl.paused, EngineControl.mode, EngineControl.polic
 def read_state(db: Database) -> ControlState:
     # A Core read: every proxy process makes it twice a second, and the ORM's identity map and unit of work cost
     # ~5% of a proxy's CPU at agent size for one row.
-    with db.engine.connect() as connection:
+    with db.autocommit() as connection:
         row = connection.execute(_STATE).first()
     if row is None:
         return ControlState()
