@@ -14,6 +14,13 @@ for each (session, agent) renders both and compares the tails: equal, that agent
 only; different (a template that reads earlier text into later turns, or refuses the skeleton), they render the
 whole conversation, as before, and a warning says so. Whatever is appended, the trajectory holds the ids the engine
 was actually given.
+
+Finding the tail in a render takes two more round trips: decode the render to find the sentinel, then tokenise the
+text after it alone (on the reference engine, 5 of a TITO call's ~10 ms of tail-finding at 32k tokens). The render's
+own ids already hold the tail, tokenised in context: the ids after the sentinel's (less the sampled end-of-turn id).
+They equal the tail tokenised alone when the template puts a token boundary on both sides of the sentinel, as
+special end-of-turn tokens do; so the same first continuation checks that too, and while it holds, an agent's later
+tails cost one round trip, the skeleton's render.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from polar.proxy.engines import EnginePool
@@ -37,28 +45,50 @@ SENTINEL = "\u2063POLAR-TITO-SENTINEL\u2063"
 VERDICTS_KEPT = 100_000  # (session, agent) pairs a process remembers its check for (least recently used out)
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What the first continuation of a (session, agent) found: whether the skeleton's tail is the whole
+    conversation's, and whether the skeleton render's own ids after the sentinel are that tail."""
+
+    skeleton: bool
+    in_context: bool = False
+
+
 class TailRenders:
-    """What one proxy process learns while rendering tails: per (session, agent), whether the skeleton's tail is
-    the whole conversation's; per (model, token id), an end-of-turn token's text. Thread-safe, bounded."""
+    """What one proxy process learns while rendering tails: per (session, agent), its ``Verdict``; per (model, token
+    id), an end-of-turn token's text; per model, the sentinel's ids. Thread-safe, bounded."""
 
     def __init__(self, kept: int = VERDICTS_KEPT) -> None:
         self._kept = kept
-        self._verdicts: OrderedDict[tuple[uuid.UUID, str | None], bool] = OrderedDict()
+        self._verdicts: OrderedDict[tuple[uuid.UUID, str | None], Verdict] = OrderedDict()
         self._texts: dict[tuple[str | None, int], str] = {}
+        self._sentinels: dict[str | None, list[int] | None] = {}
         self._lock = threading.Lock()
 
-    def verdict(self, session_id: uuid.UUID, agent: str | None) -> bool | None:
+    def verdict(self, session_id: uuid.UUID, agent: str | None) -> Verdict | None:
         with self._lock:
             found = self._verdicts.get((session_id, agent))
             if found is not None:
                 self._verdicts.move_to_end((session_id, agent))
             return found
 
-    def judge(self, session_id: uuid.UUID, agent: str | None, same: bool) -> None:
+    def judge(self, session_id: uuid.UUID, agent: str | None, verdict: Verdict) -> None:
         with self._lock:
-            self._verdicts[(session_id, agent)] = same
+            self._verdicts[(session_id, agent)] = verdict
             while len(self._verdicts) > self._kept:
                 self._verdicts.popitem(last=False)
+
+    def sentinel_ids(self, engines: EnginePool, session_id: uuid.UUID, model: str | None) -> list[int] | None:
+        """The sentinel tokenised alone (once per model; None: the engine would not)."""
+        with self._lock:
+            if model in self._sentinels:
+                return self._sentinels[model]
+        found = _tokenize(engines, session_id, {"prompt": SENTINEL, "add_special_tokens": False}, model)
+        with self._lock:
+            if len(self._sentinels) >= self._kept:
+                self._sentinels.clear()
+            self._sentinels[model] = found or None
+        return found or None
 
     def token_text(self, engines: EnginePool, session_id: uuid.UUID, token: int, model: str | None) -> str | None:
         """The text of one id (the sampled end-of-turn token, the same few ids all session long)."""
@@ -87,20 +117,78 @@ def prompt_ids(
     cannot build the tail (it refuses to render or decode, or the sentinel does not come back): the call is then
     asked from its messages, as when no link is found, and the engine's own 400 reaches the client, never a 500."""
     verdict = renders.verdict(session_id, agent)
-    tail = None
-    if verdict is not False:
-        tail = _tail(engines, renders, session_id, link, _skeleton(engine_body, link.message_index), None, model)
-    if not verdict or tail is None:
-        short = tail
-        conversation = _conversation(engine_body, link.message_index)
-        tail = _tail(engines, renders, session_id, link, conversation, link.prompt_ids, model)
-        if verdict is None and tail is not None:  # a skeleton the template refused (None) is judged too
-            renders.judge(session_id, agent, short == tail)
-            if short != tail:
-                log.warning("TITO: this template renders later turns from earlier text, or refuses their skeleton; "
-                            "session %s (agent %s) renders the whole conversation for every tail", session_id,
-                            agent)  # fmt: skip
+    if verdict is None:
+        tail = _judged_tail(engines, renders, session_id, agent, link, engine_body, model)
+    else:
+        tail = None
+        if verdict.skeleton:
+            tail = _skeleton_tail(engines, renders, session_id, link, engine_body, model, verdict.in_context)
+        if tail is None:  # the whole conversation's, or a skeleton the template refused this once
+            conversation = _conversation(engine_body, link.message_index)
+            tail = _tail(engines, renders, session_id, link, conversation, link.prompt_ids, model)
     return None if tail is None else [*link.prompt_ids, *link.completion_ids, *tail]
+
+
+def _skeleton_tail(
+    engines: EnginePool,
+    renders: TailRenders,
+    session_id: uuid.UUID,
+    link: ChainLink,
+    engine_body: dict[str, Any],
+    model: str | None,
+    in_context: bool,
+) -> list[int] | None:
+    tokens = _tokenize(engines, session_id, _skeleton(engine_body, link.message_index), model)
+    if tokens is None:
+        return None
+    found = _in_context(tokens, renders.sentinel_ids(engines, session_id, model), link) if in_context else None
+    return found if found is not None else _tail_of(engines, renders, session_id, link, tokens, None, model)
+
+
+def _judged_tail(
+    engines: EnginePool,
+    renders: TailRenders,
+    session_id: uuid.UUID,
+    agent: str | None,
+    link: ChainLink,
+    engine_body: dict[str, Any],
+    model: str | None,
+) -> list[int] | None:
+    """The first continuation of (session, agent): the tail after the whole conversation, which decides how later
+    ones are rendered (``Verdict``): by the skeleton when its tail is the same, in one round trip when the
+    skeleton render's own ids give it too. A skeleton the template refused (None) is judged too."""
+    tokens = _tokenize(engines, session_id, _skeleton(engine_body, link.message_index), model)
+    short = None if tokens is None else _tail_of(engines, renders, session_id, link, tokens, None, model)
+    conversation = _conversation(engine_body, link.message_index)
+    tail = _tail(engines, renders, session_id, link, conversation, link.prompt_ids, model)
+    if tail is None:
+        return None
+    in_context = None
+    if tokens is not None and short == tail:
+        in_context = _in_context(tokens, renders.sentinel_ids(engines, session_id, model), link)
+    renders.judge(session_id, agent, Verdict(short == tail, in_context == tail))
+    if short != tail:
+        log.warning("TITO: this template renders later turns from earlier text, or refuses their skeleton; "
+                    "session %s (agent %s) renders the whole conversation for every tail", session_id,
+                    agent)  # fmt: skip
+    return tail
+
+
+def _in_context(tokens: Sequence[int], sentinel: Sequence[int] | None, link: ChainLink) -> list[int] | None:
+    """The ids after the sentinel's in a render, less the end-of-turn id the model sampled itself; None when the
+    sentinel's ids are not there (the template's text merged with its edges)."""
+    if not sentinel:
+        return None
+    width, first = len(sentinel), sentinel[0]
+    at = len(tokens) - width
+    while at >= 0 and not (tokens[at] == first and list(tokens[at : at + width]) == list(sentinel)):
+        at -= 1
+    if at < 0:
+        return None
+    rest = list(tokens[at + width :])
+    if link.finish_reason != "length" and link.completion_ids and rest[:1] == [link.completion_ids[-1]]:
+        del rest[0]
+    return rest
 
 
 def _conversation(engine_body: dict[str, Any], index: int) -> dict[str, Any]:
@@ -155,12 +243,24 @@ def _tail(
     prompt_before: Sequence[int] | None,
     model: str | None,
 ) -> list[int] | None:
-    """The tail's ids from one render. With ``prompt_before`` (the render repeats that prompt), only the text past
-    what the two share is decoded (a few hundred tokens of tens of thousands), from one token earlier in case the
-    cut splits a character, and the whole text if that misses the sentinel."""
+    """The tail's ids from one render (``_tail_of`` its tokens)."""
     tokens = _tokenize(engines, session_id, render, model)
-    if tokens is None:
-        return None
+    return None if tokens is None else _tail_of(engines, renders, session_id, link, tokens, prompt_before, model)
+
+
+def _tail_of(
+    engines: EnginePool,
+    renders: TailRenders,
+    session_id: uuid.UUID,
+    link: ChainLink,
+    tokens: Sequence[int],
+    prompt_before: Sequence[int] | None,
+    model: str | None,
+) -> list[int] | None:
+    """The text after the sentinel in a render's ``tokens``, tokenised alone. With ``prompt_before`` (the render
+    repeats that prompt), only the text past what the two share is decoded (a few hundred tokens of tens of
+    thousands), from one token earlier in case the cut splits a character, and the whole text if that misses the
+    sentinel."""
     start = 0 if prompt_before is None else max(0, common_prefix(tokens, prompt_before) - 1)
     text = _detokenize(engines, session_id, tokens[start:], model)
     if (text is None or SENTINEL not in text) and start:

@@ -1,7 +1,8 @@
 """TITO's tail rendered after a skeleton of the history (``polar.proxy.tito_tails``): the same ids as after the
 whole conversation, on the reference engine's template and on real vLLM's (the tiny model's, with its
 ``strip_earlier_reasoning`` switch on, a template that rewrites earlier turns); checked once per (session, agent),
-then the skeleton alone; a template whose later turns read earlier text keeps the whole conversation."""
+then the skeleton alone, its render's own ids after the sentinel taken as the tail (one round trip); a template
+whose later turns read earlier text keeps the whole conversation, a sentinel its neighbours merge with is decoded."""
 
 from __future__ import annotations
 
@@ -16,7 +17,16 @@ import pytest
 from polar.launcher import Stack, engine_spec
 from polar.proxy.engines import EnginePool, EngineReply
 from polar.proxy.tito import ChainLink
-from polar.proxy.tito_tails import SENTINEL, TailRenders, _conversation, _skeleton, _tail, prompt_ids
+from polar.proxy.tito_tails import (
+    SENTINEL,
+    TailRenders,
+    Verdict,
+    _conversation,
+    _in_context,
+    _skeleton,
+    _tail,
+    prompt_ids,
+)
 from tests.support import free_port
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -36,13 +46,20 @@ class RecordingPool(EnginePool):
     """The real pool, keeping the render requests it sends (and, for the last test, changing skeleton renders as a
     template that reads earlier text into later turns would render them)."""
 
-    def __init__(self, urls: list[str], reads_earlier_text: bool = False) -> None:
+    def __init__(self, urls: list[str], reads_earlier_text: bool = False, splits_sentinel: bool = False) -> None:
         super().__init__(urls, timeout_s=120)
         self.renders: list[dict[str, Any]] = []
+        self.posts: list[str] = []
         self.reads_earlier_text = reads_earlier_text
+        self.splits_sentinel = splits_sentinel
 
     def post(self, session_id: uuid.UUID, path: str, body: dict[str, Any], model: str | None,
              kind: Any = None) -> EngineReply:  # fmt: skip
+        self.posts.append(path)
+        if self.splits_sentinel and path == "/tokenize" and body.get("prompt") == SENTINEL:
+            # As a tokenizer whose merges join the sentinel's edges to the template's text would: its ids alone
+            # are not the ids it has inside a render.
+            return EngineReply(self.urls[0], 200, {"tokens": [0, 0, 0]}, 0.0)
         if path == "/tokenize" and "messages" in body:
             self.renders.append(body)
             if self.reads_earlier_text and _is_skeleton(body):
@@ -99,6 +116,9 @@ def test_the_skeletons_tail_is_the_whole_conversations(engine: tuple[str, dict])
         skeleton = _tail(pool, renders, session, link, _skeleton(body, link.message_index), None, None)
         whole = _tail(pool, renders, session, link, _conversation(body, link.message_index), link.prompt_ids, None)
         assert skeleton is not None and skeleton == whole
+        # The skeleton render's own ids after the sentinel are the same tail, tokenised in context.
+        tokens = pool.post(session, "/tokenize", _skeleton(body, link.message_index), None).body["tokens"]
+        assert _in_context(tokens, renders.sentinel_ids(pool, session, None), link) == whole
         checked += 1
     assert checked == 4
 
@@ -109,13 +129,30 @@ def test_checked_once_then_the_skeleton_alone(engine: tuple[str, dict]) -> None:
     prompts = []
     for link, body in _conversation_links(url, kwargs):
         prompts.append(prompt_ids(pool, renders, session, "main", link, body, None))
-    assert all(prompts) and renders.verdict(session, "main") is True
-    # The first continuation rendered both; every later one the skeleton only, a few hundred tokens at most.
+    assert all(prompts) and renders.verdict(session, "main") == Verdict(skeleton=True, in_context=True)
+    # The first continuation rendered both; every later one the skeleton only, a few hundred tokens at most, in
+    # one round trip: its render's ids after the sentinel are the tail.
     assert [_is_skeleton(r) for r in pool.renders] == [True, False, True, True, True]
+    first = len(pool.posts) - 3
+    assert pool.posts[first:] == ["/tokenize"] * 3
     for render in filter(_is_skeleton, pool.renders):
         assert "tools" not in render and {"role": "assistant", "content": SENTINEL} in render["messages"]
         assert all(m["content"] in ("", SENTINEL) for m in render["messages"][: render["messages"].index(
             {"role": "assistant", "content": SENTINEL})])  # fmt: skip
+
+
+def test_a_sentinel_split_by_its_neighbours_is_found_by_decoding(engine: tuple[str, dict]) -> None:
+    """Where the sentinel's ids alone are not what a render holds, the tail is decoded and tokenised alone, as
+    before: the same prompt, in three round trips."""
+    url, kwargs = engine
+    pool, renders, session = RecordingPool([url], splits_sentinel=True), TailRenders(), uuid.uuid4()
+    plain = EnginePool([url], timeout_s=120)
+    for link, body in _conversation_links(url, kwargs):
+        prompt = prompt_ids(pool, renders, session, None, link, body, None)
+        whole = _tail(plain, renders, session, link, _conversation(body, link.message_index), link.prompt_ids, None)
+        assert whole is not None and prompt == [*link.prompt_ids, *link.completion_ids, *whole]
+    assert renders.verdict(session, None) == Verdict(skeleton=True, in_context=False)
+    assert pool.posts[-3:] == ["/tokenize", "/detokenize", "/tokenize"]
 
 
 def test_a_template_reading_earlier_text_renders_the_whole_conversation(engine: tuple[str, dict]) -> None:
@@ -127,6 +164,6 @@ def test_a_template_reading_earlier_text_renders_the_whole_conversation(engine: 
         whole = _tail(plain, renders, session, link, _conversation(body, link.message_index), link.prompt_ids, None)
         assert whole is not None and prompt == [*link.prompt_ids, *link.completion_ids, *whole]
         if n == 0:
-            assert renders.verdict(session, None) is False
+            assert renders.verdict(session, None) == Verdict(skeleton=False)
     assert [_is_skeleton(r) for r in pool.renders] == [True, False, False, False, False]
     assert renders.verdict(uuid.uuid4(), None) is None  # another session is checked on its own
