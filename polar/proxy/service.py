@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -510,9 +510,14 @@ class ProxyService:
         served = self.config.served_model
         chat_body, sampling = engine_sampling(request.engine_body, self.config.sampling_overrides, call.sampling_mode)
         kind = self._route(session_id).kind
-        parents = self._parents_soon(session_id, agent) if call.size >= PREFETCH_FROM_BYTES else None
         link = self._tito_link(session_id, agent, chat_body) if kind == "vllm" else None
         engine_body = _capture_fields(chat_body)
+        parents = None
+        if call.size >= PREFETCH_FROM_BYTES:
+            # What the engine is sent is known now, unless TITO or SGLang rewrite it: its payloads are stored early.
+            early = {"request": call.body, "normalized_request": engine_body} if kind == "vllm" and not link else {}
+            parents = self._parents_soon(session_id, agent, early)
+        asked = (engine_body.get("max_tokens"), engine_body.get("max_completion_tokens"))
         try:
             # A link without a prompt (the engine would not build it) is asked from its messages: its 400 answers.
             prompt = None
@@ -533,7 +538,10 @@ class ProxyService:
             self._capture_failure(call, engine_body, exc, sampling)
             raise
         captured = time.perf_counter()
-        call_id = self._capture(call, engine_body, reply, sampling, parents=_done(parents))
+        read = _done(parents)
+        if read is not None and asked != (engine_body.get("max_tokens"), engine_body.get("max_completion_tokens")):
+            read = replace(read, payloads={})  # asked again with max_tokens fitted (``_ask``): not what was stored
+        call_id = self._capture(call, engine_body, reply, sampling, parents=read)
         capture_s, total_s = time.perf_counter() - captured, time.perf_counter() - started
         self.metrics.timed(protocol.PROVIDER, reply.latency_ms / 1000, capture_s, total_s)
         # Where the proxy's time went, for clients and benchmarks (W3C Server-Timing).
@@ -619,12 +627,15 @@ class ProxyService:
         self._recorded(lambda: record_call(self.db, record, call_id, parents))
         return call_id
 
-    def _parents_soon(self, session_id: uuid.UUID, agent: str | None) -> Future[Parents] | None:
-        """Start reading the parents of this session's next call (``polar.proxy.capture.read_parents``), so the
-        read overlaps the engine's work instead of following it (Postgres; SQLite reads them in its insert)."""
+    def _parents_soon(
+        self, session_id: uuid.UUID, agent: str | None, payloads: dict[str, Any]
+    ) -> Future[Parents] | None:
+        """Start reading the parents of this session's next call and storing its ``payloads`` against them
+        (``polar.proxy.capture.read_parents``), so both overlap the engine's work instead of following it
+        (Postgres; SQLite reads them in its insert)."""
         # Bounded: while the database is slow or away, reads are not queued behind each other; the insert reads.
         if not self.db.is_postgres or not self._parent_slots.acquire(blocking=False):
             return None
-        future = self._parent_readers.submit(read_parents, self.db, session_id, agent)
+        future = self._parent_readers.submit(read_parents, self.db, session_id, agent, payloads)
         future.add_done_callback(lambda _: self._parent_slots.release())
         return future

@@ -59,6 +59,9 @@ class Written:
     def __init__(self) -> None:
         self.dumps: dict[int, bytes] = {}
         self.prefixes: dict[tuple[tuple[int, ...], tuple[int, ...]], dict[int, str]] = {}
+        # Whether a payload walked without its call's prompt held a list of ints, which the prompt might have
+        # equalled (stored as "t"): a capture computed before the prompt was known is then not the same.
+        self.int_lists = False
 
 
 def _written(item: Any, written: Written | None) -> bytes:
@@ -109,6 +112,8 @@ def _walk(
     ops: list[list[Any]] = []
     for key, value in payload.items():
         entry = (parent or {}).get(key) or {}
+        if written is not None and prompt is None and isinstance(value, list) and value and isinstance(value[0], int):
+            written.int_lists = True
         if _is_prompt(value, prompt):
             index[key], op = {"t": 1}, [key, "t"]
         elif isinstance(value, list) and value and depth < _MAX_DEPTH:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from polar.errors import PolarError
 from polar.lifecycle.sessions import call_page, calls_by_session, session_calls
-from polar.proxy.capture import CallRecord, record_call
+from polar.proxy.capture import CallRecord, read_parents, record_call
 from polar.services import Services
 from polar.stages.postrun import final_message
 from polar.storage.migration import downgrade, upgrade
@@ -240,3 +240,32 @@ def test_downgrading_stores_every_payload_whole(backend: str, database_url: str,
     engine.dispose()
     loaded = [[json.loads(value) if isinstance(value, str) else value for value in row] for row in rows]
     assert loaded == [[record.request, record.response] for record in records]
+
+
+def _stored_payloads(services: Services, session_id: uuid.UUID) -> list[tuple[Any, ...]]:
+    query = sa.text(
+        "SELECT request::text, normalized_request::text, response::text, payload_index::text, seq - 1 = "
+        "(SELECT seq FROM model_calls p WHERE p.id = c.payload_parent_id) FROM model_calls c "
+        "WHERE session_id = :s ORDER BY seq"
+    )
+    with services.db.engine.connect() as connection:
+        return [tuple(row) for row in connection.execute(query, {"s": session_id})]
+
+
+def test_payloads_stored_while_the_engine_generates_are_the_same(services: Services) -> None:
+    """The proxy stores a call's request parts while the engine generates (``read_parents`` with payloads), before
+    the prompt is known: what it stores is what the capture after the answer stores. A request holding a list of
+    ints, which the prompt might equal (stored as a reference to it), is left to that capture."""
+    early, late = running_session(services), running_session(services)
+    for turn in range(12):
+        record = _agent_call(turn)
+        if turn == 7:  # a client body that repeats the prompt: the capture stores it as a reference ("t")
+            record = dataclasses.replace(record, request={**record.request, "ids": record.prompt_token_ids})
+        parts = {part: getattr(record, part) for part in ("request", "normalized_request")}
+        parents = read_parents(services.db, early, None, parts)
+        assert bool(parents.payloads) == (turn != 7)
+        record_call(services.db, dataclasses.replace(record, session_id=early), parents=parents)
+        record_call(services.db, dataclasses.replace(record, session_id=late))
+    stored = _stored_payloads(services, early)
+    assert stored == _stored_payloads(services, late)
+    assert '"t"' in stored[7][0] and all(row[4] for row in stored[1:])  # each a delta on the call before
