@@ -26,7 +26,7 @@ this commit marks the call too: the mark errs towards dropping, never towards mi
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -202,6 +202,7 @@ class Parents:
     chains: list[Chain]
     latest: Any
     payloads: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    prompt: Sequence[int] | None = None  # the prompt those payloads were stored with (None: they hold none)
 
 
 # Read before the answer is known, so no prompt length bounds it: ``encode_prompt`` skips chains longer than the
@@ -210,24 +211,31 @@ _ANY_LENGTH = 2**31 - 1
 
 
 def read_parents(
-    db: Database, session_id: uuid.UUID, agent: str | None, payloads: Mapping[str, Any] | None = None
+    db: Database,
+    session_id: uuid.UUID,
+    agent: str | None,
+    payloads: Mapping[str, Any] | None = None,
+    prompt: Sequence[int] | None = None,
 ) -> Parents:
     """The parents a call of ``session_id``'s ``agent`` may have among the calls stored now (Postgres), with the
-    ``payloads`` given (the call's request parts, by name) stored against the agent's latest call."""
+    ``payloads`` given (the call's request parts, by name) stored against the agent's latest call, for ``prompt``
+    (the token prompt sent, when the proxy built it: TITO)."""
     with db.autocommit() as connection:
         parents = _parents(connection, _CANDIDATES_POSTGRES, session_id, agent, _ANY_LENGTH)
     if not payloads:
         return parents
-    return replace(parents, payloads=_early_payloads(payloads, parents.latest))
+    return replace(parents, payloads=_early_payloads(payloads, parents.latest, prompt), prompt=prompt)
 
 
-def _early_payloads(payloads: Mapping[str, Any], latest: Any) -> dict[str, tuple[Any, Any]]:
-    """``payloads`` as deltas on ``latest``, before the call's prompt is known; none if one holds a list of ints,
-    which that prompt might equal (stored as a reference to it)."""
+def _early_payloads(
+    payloads: Mapping[str, Any], latest: Any, prompt: Sequence[int] | None
+) -> dict[str, tuple[Any, Any]]:
+    """``payloads`` as deltas on ``latest``, before the engine has read the call's prompt; none if, without a
+    ``prompt``, one holds a list of ints, which the prompt might equal (stored as a reference to it)."""
     index, written, found = latest.payload_index if latest is not None else None, Written(), {}
     for part, payload in payloads.items():
         against = None if index is None else (index.get(part) or {})
-        found[part] = capture_payload(payload, against, None, written)
+        found[part] = capture_payload(payload, against, prompt, written)
     return {} if written.int_lists else found
 
 
@@ -297,8 +305,15 @@ def _stored_forms(connection: sa.Connection, parents: Parents, record: CallRecor
         "prompt_prefix_len": delta.prefix_len,
         "prompt_len": delta.prompt_len,
         "chain_hash": delta.chain_hash,
-        **_payloads(connection, record, delta, parents.latest, parents.payloads),
+        **_payloads(connection, record, delta, parents.latest, _early(parents, record)),
     }
+
+
+def _early(parents: Parents, record: CallRecord) -> Mapping[str, tuple[Any, Any]]:
+    """The payloads stored early that still hold: stored with no prompt, or with the one the engine read."""
+    if parents.prompt is None or parents.prompt == record.prompt_token_ids:
+        return parents.payloads
+    return {}
 
 
 def _payloads(

@@ -167,6 +167,11 @@ class _Call:
     size: int = 0  # the request body's bytes
 
 
+def _max_tokens(body: dict[str, Any]) -> tuple[Any, Any]:
+    """What ``fit_max_tokens`` may change in a body sent (in place, by ``ProxyService._ask``)."""
+    return body.get("max_tokens"), body.get("max_completion_tokens")
+
+
 def _done(parents: Future[Parents] | None) -> Parents | None:
     """The parents read while the engine worked, waiting for the read if it is still going (reading them again would
     cost the same, twice); None if it failed or is stuck, and ``record_call`` reads them itself (riding out a
@@ -427,14 +432,13 @@ class ProxyService:
         agent: str | None,
         link: tito.ChainLink,
         chat_body: dict[str, Any],
+        body: dict[str, Any],
         prompt: list[int],
     ) -> tuple[dict[str, Any], EngineReply]:
-        """TITO: continue the chain's exact tokens (``prompt``) through ``/v1/completions``; the stored request is
-        exactly what the engine got, annotated (under ``polar_tito``, never sent) with the chat form it stands for."""
-        body = tito.completion_body(chat_body, prompt)
+        """TITO: continue the chain's exact tokens (``prompt``, in the completions ``body``) through
+        ``/v1/completions``; the stored request is exactly what the engine got (``tito.stored_request``)."""
         reply = self._ask(session_id, agent, "/v1/completions", body)
-        stored = {**body, "polar_tito": {"chain_call_id": str(link.call_id), "messages": chat_body.get("messages"),
-                                         "tools": chat_body.get("tools")}}  # fmt: skip
+        stored = tito.stored_request(body, link, chat_body)
         if reply.status_code == 200:
             answer = tito.as_chat_answer(reply, prompt, bool(chat_body.get("tools")))
             reply = EngineReply(reply.url, 200, answer, reply.latency_ms)
@@ -513,20 +517,26 @@ class ProxyService:
         link = self._tito_link(session_id, agent, chat_body) if kind == "vllm" else None
         engine_body = _capture_fields(chat_body)
         parents = None
-        if call.size >= PREFETCH_FROM_BYTES:
-            # What the engine is sent is known now, unless TITO or SGLang rewrite it: its payloads are stored early.
-            early = {"request": call.body, "normalized_request": engine_body} if kind == "vllm" and not link else {}
-            parents = self._parents_soon(session_id, agent, early)
-        asked = (engine_body.get("max_tokens"), engine_body.get("max_completion_tokens"))
         try:
             # A link without a prompt (the engine would not build it) is asked from its messages: its 400 answers.
             prompt = None
             if link is not None:
                 prompt = tito_tails.prompt_ids(self.engines, self.tails, session_id, agent, link, chat_body, served)
+            tokens_body = tito.completion_body(chat_body, prompt) if link is not None and prompt is not None else None
+            if call.size >= PREFETCH_FROM_BYTES:
+                # What the engine is sent is known now (SGLang's is rendered later): stored early, with the parents.
+                early: dict[str, Any] = {}
+                if kind == "vllm":
+                    sent = engine_body
+                    if link is not None and tokens_body is not None:
+                        sent = tito.stored_request(tokens_body, link, chat_body)
+                    early = {"request": call.body, "normalized_request": sent}
+                parents = self._parents_soon(session_id, agent, early, prompt)
+            asked = _max_tokens(engine_body if tokens_body is None else tokens_body)
             if kind == "sglang":
                 engine_body, reply = self._ask_sglang(session_id, chat_body)
-            elif link is not None and prompt is not None:
-                engine_body, reply = self._ask_with_tokens(session_id, agent, link, chat_body, prompt)
+            elif link is not None and tokens_body is not None:
+                engine_body, reply = self._ask_with_tokens(session_id, agent, link, chat_body, tokens_body, prompt)
             else:
                 reply = self._ask(session_id, agent, "/v1/chat/completions", engine_body)
             if reply.status_code == 200 and EngineAnswer(reply.body).finish_reason == "abort":
@@ -539,7 +549,7 @@ class ProxyService:
             raise
         captured = time.perf_counter()
         read = _done(parents)
-        if read is not None and asked != (engine_body.get("max_tokens"), engine_body.get("max_completion_tokens")):
+        if read is not None and asked != _max_tokens(engine_body):
             read = replace(read, payloads={})  # asked again with max_tokens fitted (``_ask``): not what was stored
         call_id = self._capture(call, engine_body, reply, sampling, parents=read)
         capture_s, total_s = time.perf_counter() - captured, time.perf_counter() - started
@@ -628,14 +638,14 @@ class ProxyService:
         return call_id
 
     def _parents_soon(
-        self, session_id: uuid.UUID, agent: str | None, payloads: dict[str, Any]
+        self, session_id: uuid.UUID, agent: str | None, payloads: dict[str, Any], prompt: list[int] | None
     ) -> Future[Parents] | None:
-        """Start reading the parents of this session's next call and storing its ``payloads`` against them
-        (``polar.proxy.capture.read_parents``), so both overlap the engine's work instead of following it
-        (Postgres; SQLite reads them in its insert)."""
+        """Start reading the parents of this session's next call and storing its ``payloads`` against them, with
+        the ``prompt`` it is sent if known (``polar.proxy.capture.read_parents``), so both overlap the engine's work
+        instead of following it (Postgres; SQLite reads them in its insert)."""
         # Bounded: while the database is slow or away, reads are not queued behind each other; the insert reads.
         if not self.db.is_postgres or not self._parent_slots.acquire(blocking=False):
             return None
-        future = self._parent_readers.submit(read_parents, self.db, session_id, agent, payloads)
+        future = self._parent_readers.submit(read_parents, self.db, session_id, agent, payloads, prompt)
         future.add_done_callback(lambda _: self._parent_slots.release())
         return future

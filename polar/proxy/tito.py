@@ -177,6 +177,13 @@ def completion_body(engine_body: dict[str, Any], prompt: list[int]) -> dict[str,
     }
 
 
+def stored_request(body: dict[str, Any], link: ChainLink, chat_body: dict[str, Any]) -> dict[str, Any]:
+    """What a TITO call stores as its normalised request: exactly the completions ``body`` the engine got,
+    annotated (under ``polar_tito``, never sent) with the chat form it stands for."""
+    chat = {"chain_call_id": str(link.call_id), "messages": chat_body.get("messages"), "tools": chat_body.get("tools")}
+    return {**body, "polar_tito": chat}
+
+
 def as_chat_answer(reply: EngineReply, prompt: list[int], tools_offered: bool) -> dict[str, Any]:
     """A ``/v1/completions`` answer as the vLLM chat completion the protocol modules render."""
     body = reply.body

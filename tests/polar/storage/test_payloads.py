@@ -269,3 +269,21 @@ def test_payloads_stored_while_the_engine_generates_are_the_same(services: Servi
     stored = _stored_payloads(services, early)
     assert stored == _stored_payloads(services, late)
     assert '"t"' in stored[7][0] and all(row[4] for row in stored[1:])  # each a delta on the call before
+
+
+def test_token_prompt_payloads_stored_early_hold_only_for_the_prompt_read(services: Services) -> None:
+    """TITO: the normalised request holds the token prompt the proxy built, stored early as a reference to the
+    call's prompt. That holds when the engine read that prompt; when it read another, the capture stores it anew."""
+    early, late = running_session(services), running_session(services)
+    for turn in range(6):
+        record = _agent_call(turn)
+        sent = list(record.prompt_token_ids)  # the prompt built and sent (a list of its own)
+        record = dataclasses.replace(record, normalized_request={"prompt": sent, "max_tokens": 8})
+        read = sent if turn != 3 else [*sent[:-1], 99_999]  # the engine's reading; once, not what was sent
+        record = dataclasses.replace(record, prompt_token_ids=read)
+        parents = read_parents(services.db, early, None, {"normalized_request": record.normalized_request}, sent)
+        record_call(services.db, dataclasses.replace(record, session_id=early), parents=parents)
+        record_call(services.db, dataclasses.replace(record, session_id=late))
+    stored = _stored_payloads(services, early)
+    assert stored == _stored_payloads(services, late)
+    assert '"t"' in stored[2][1] and '"t"' not in stored[3][1]
