@@ -10,6 +10,7 @@ worker counts once per child process.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -38,6 +39,9 @@ def _begin_immediate(connection: Any) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+# A pooled connection idle this long is pinged before it is handed out (a Postgres restart takes longer than
+# this); one used more recently is not: the ping was a round trip on every checkout, one per model call.
+PING_IDLE_S = 1.0
 DEFAULT_POOL_SIZE = 8
 DEFAULT_MAX_OVERFLOW = 4
 DEFAULT_POOL_TIMEOUT_S = 30.0  # SQLAlchemy's own default
@@ -50,7 +54,7 @@ def create_db_engine(
     role: str = "polar",
     pool_timeout_s: float = DEFAULT_POOL_TIMEOUT_S,
 ) -> Engine:
-    """An engine for ``url``; SQLite gets WAL and a busy timeout, Postgres a pre-pinged pool of at most
+    """An engine for ``url``; SQLite gets WAL and a busy timeout, Postgres a pool (pinged after idling) of at most
     ``pool_size + max_overflow`` connections, named ``polar-<role>``, where a thread waits up to
     ``pool_timeout_s`` for a free connection (then ``sqlalchemy.exc.TimeoutError``)."""
     if url.startswith("sqlite"):
@@ -60,18 +64,40 @@ def create_db_engine(
         sa.event.listen(engine, "connect", _sqlite_pragmas)
         sa.event.listen(engine, "begin", _begin_immediate)
         return engine
-    return sa.create_engine(
+    engine = sa.create_engine(
         url,
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_timeout=pool_timeout_s,
-        pool_pre_ping=True,
         # The most recently used connection first: a proxy's calls keep reusing the few connections whose
         # statements psycopg has already prepared (after 5 uses each), instead of cycling through the pool.
         pool_use_lifo=True,
         json_serializer=dump_json_text,  # captured payloads are most of what the proxy writes
         connect_args={"application_name": role if role.startswith("polar") else f"polar-{role}"},
     )
+    sa.event.listen(engine, "checkout", _ping_if_idle(engine))
+    sa.event.listen(engine, "connect", _mark_used)  # a new connection needs no ping
+    sa.event.listen(engine, "checkin", _mark_used)
+    return engine
+
+
+def _ping_if_idle(engine: Engine) -> Any:
+    """SQLAlchemy's ``pool_pre_ping`` for connections idle ``PING_IDLE_S`` or more: a dead one is replaced (the pool
+    tries again on ``DisconnectionError``) before anyone uses it."""
+
+    def checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if time.monotonic() - record.info.get("used_at", float("-inf")) < PING_IDLE_S:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:  # any failure: this connection is not to be used
+            raise sa.exc.DisconnectionError(f"a pooled connection failed its ping: {exc}") from exc
+
+    return checkout
+
+
+def _mark_used(_dbapi_connection: Any, record: Any) -> None:
+    record.info["used_at"] = time.monotonic()
 
 
 class Database:

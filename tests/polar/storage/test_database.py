@@ -1,5 +1,6 @@
 """Connection pools sized from configuration: a process holds at most ``POLAR_DB_POOL_SIZE +
-POLAR_DB_MAX_OVERFLOW`` connections, named for its role, even with many more threads wanting one."""
+POLAR_DB_MAX_OVERFLOW`` connections, named for its role, even with many more threads wanting one; a connection idle
+for a while is pinged before use, and replaced if dead."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import psycopg
+import pytest
 import sqlalchemy as sa
 
 from polar.config import load_config
+from polar.storage import database
 from polar.storage.database import open_database
 from tests.support import live_proxy
 
@@ -64,3 +68,34 @@ def test_a_busy_proxy_stays_within_its_pool(database_url: str, tmp_path: Path) -
         watcher.join()
     assert statuses == [200] * 96
     assert 0 < peak <= 2 * 3  # two gunicorn workers, each at most pool size + overflow
+
+
+def test_an_idle_connection_is_pinged_and_a_dead_one_replaced(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection used within ``PING_IDLE_S`` is handed out as it is (no ping: that was a round trip on every
+    model call); one idle longer is pinged first, and one whose backend died is replaced before anyone uses it."""
+    monkeypatch.setattr(database, "PING_IDLE_S", 0.2)
+    db = database.Database(database_url, pool_size=1, max_overflow=0)
+    pings = []
+    ping = db.engine.dialect.do_ping
+    monkeypatch.setattr(db.engine.dialect, "do_ping", lambda connection: pings.append(1) or ping(connection))
+    backend = sa.text("SELECT pg_backend_pid()")
+    try:
+        with db.autocommit() as connection:
+            first = connection.scalar(backend)
+        for _ in range(5):
+            with db.autocommit() as connection:
+                assert connection.scalar(backend) == first
+        assert pings == []  # a new connection, then one used a moment ago
+        time.sleep(0.3)
+        with db.autocommit() as connection:
+            assert connection.scalar(backend) == first
+        assert len(pings) == 1
+        with psycopg.connect(database_url.replace("+psycopg", ""), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (first,))
+        time.sleep(0.3)
+        with db.autocommit() as connection:  # no error reaches the caller: the pool connected again
+            assert connection.scalar(backend) != first
+    finally:
+        db.dispose()
