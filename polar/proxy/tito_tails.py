@@ -29,9 +29,9 @@ import logging
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from polar.proxy.engines import EnginePool
 from polar.reconstruction.prefix_merging import common_prefix
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SENTINEL = "\u2063POLAR-TITO-SENTINEL\u2063"
+T = TypeVar("T")
 VERDICTS_KEPT = 100_000  # (session, agent) pairs a process remembers its check for (least recently used out)
 
 
@@ -62,7 +63,7 @@ class TailRenders:
         self._kept = kept
         self._verdicts: OrderedDict[tuple[uuid.UUID, str | None], Verdict] = OrderedDict()
         self._texts: dict[tuple[str | None, int], str] = {}
-        self._sentinels: dict[str | None, list[int] | None] = {}
+        self._sentinels: dict[str | None, list[int]] = {}
         self._lock = threading.Lock()
 
     def verdict(self, session_id: uuid.UUID, agent: str | None) -> Verdict | None:
@@ -80,28 +81,25 @@ class TailRenders:
 
     def sentinel_ids(self, engines: EnginePool, session_id: uuid.UUID, model: str | None) -> list[int] | None:
         """The sentinel tokenised alone (once per model; None: the engine would not)."""
-        with self._lock:
-            if model in self._sentinels:
-                return self._sentinels[model]
-        found = _tokenize(engines, session_id, {"prompt": SENTINEL, "add_special_tokens": False}, model)
-        with self._lock:
-            if len(self._sentinels) >= self._kept:
-                self._sentinels.clear()
-            self._sentinels[model] = found or None
-        return found or None
+        body = {"prompt": SENTINEL, "add_special_tokens": False}
+        return self._known(self._sentinels, model, lambda: _tokenize(engines, session_id, body, model) or None)
 
     def token_text(self, engines: EnginePool, session_id: uuid.UUID, token: int, model: str | None) -> str | None:
         """The text of one id (the sampled end-of-turn token, the same few ids all session long)."""
+        return self._known(self._texts, (model, token), lambda: _detokenize(engines, session_id, [token], model))
+
+    def _known(self, store: dict[Any, T], key: Any, ask: Callable[[], T | None]) -> T | None:
+        """``store[key]``, asked of the engine until it answers (a refusal, None, is not kept); bounded."""
         with self._lock:
-            known = self._texts.get((model, token))
-        if known is None:
-            known = _detokenize(engines, session_id, [token], model)
-            if known is not None:
+            found = store.get(key)
+        if found is None:
+            found = ask()
+            if found is not None:
                 with self._lock:
-                    if len(self._texts) >= self._kept:
-                        self._texts.clear()
-                    self._texts[(model, token)] = known
-        return known
+                    if len(store) >= self._kept:
+                        store.clear()
+                    store[key] = found
+        return found
 
 
 def prompt_ids(
