@@ -20,8 +20,9 @@ A connection failure, or a connection the engine dropped before answering (it di
 reached the client, so the call moves on to the next engine. Timeouts and engine 5xx are not retried: the engine
 may have done the work.
 
-Model calls go out through urllib3's pools, the rest (health, ``/v1/models``) through httpx: on the hot path
-urllib3 costs ~0.23 ms of CPU a request here against httpx's ~0.5 (docs/benchmarks.md).
+Model calls go out through the proxy's own keep-alive client (``polar.proxy.engine_http``), the rest (health,
+``/v1/models``) through httpx: on the hot path a request costs ~0.06 ms of CPU here, against urllib3's ~0.44 and
+httpx's ~0.5 (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -35,23 +36,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
 import httpx
 import orjson
-import urllib3
-from urllib3.exceptions import HTTPError as TransportError
-from urllib3.exceptions import NewConnectionError, ProtocolError
-from urllib3.exceptions import TimeoutError as TransportTimeout
-from urllib3.util import make_headers, parse_url
 
 from polar.errors import EngineError, EngineTimeout
 from polar.json_body import dump_json
 from polar.observability.metrics import ProxyMetrics
 from polar.proxy.engine_addresses import EngineAddress, EngineKind, parse_engine_url
+from polar.proxy.engine_http import Dropped, EngineHttp, Origin, TimedOut, Unreachable
 from polar.redaction import shown_url
 
-_JSON_HEADERS = {"Content-Type": "application/json"}
 _PINS_KEPT = 100_000
 # Running + waiting requests as each engine reports them (vLLM, then SGLang's names).
 _LOAD_GAUGES = re.compile(
@@ -99,18 +94,6 @@ class EngineReply:
         return str(error.get("message") if isinstance(error, dict) else error or f"engine answered {self.status_code}")
 
 
-def _target(url: str) -> tuple[str, dict[str, str]]:
-    """Where a request to the engine at ``url`` goes, and its headers: user info in the URL (an engine's
-    credentials) is sent as HTTP Basic auth, as httpx sends it, and taken out of the URL urllib3 opens."""
-    parsed = parse_url(url)
-    headers = dict(_JSON_HEADERS)
-    if parsed.auth is None:
-        return url, headers
-    user, _, password = parsed.auth.partition(":")
-    headers.update(make_headers(basic_auth=f"{unquote(user)}:{unquote(password)}"))
-    return parsed._replace(auth=None).url, headers
-
-
 def _error_body(status: int, content: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(content)
@@ -126,7 +109,7 @@ class _State:
 
     def __init__(self, address: EngineAddress) -> None:
         self.address = address
-        self.target, self.headers = _target(address.url)  # what urllib3 opens, with the URL's credentials
+        self.origin = Origin.of(address.url)  # where its requests go, with the URL's credentials as Basic auth
         self.inflight = 0
         self.reported_load = 0.0
         self.failures = 0
@@ -174,11 +157,8 @@ class EnginePool:
         self._pin_of, self._on_move, self._registered = pin_of, on_move, registered
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=5.0), limits=limits)
-        # Never retried by urllib3 itself: which failures move a call to another engine is decided below.
-        self._calls = urllib3.PoolManager(
-            num_pools=64, maxsize=max_connections, block=False, retries=False,
-            timeout=urllib3.Timeout(connect=5.0, read=timeout_s),
-        )  # fmt: skip
+        # Which failures move a call to another engine is decided below, not by the client.
+        self._calls = EngineHttp(connect_timeout_s=5.0, read_timeout_s=timeout_s, max_idle=max_connections)
         self._served: dict[str, str] = {}
         self._lock = threading.Lock()
         self._states: dict[str, _State] = {}
@@ -262,10 +242,9 @@ class EnginePool:
         """The model name an engine serves (its first ``/v1/models`` entry), asked once per engine."""
         if url not in self._served:
             # Through the calls' pools: a refused connection here moves the call on like one to the call itself.
-            state = self._states[url]
-            response = self._calls.request("GET", state.target + "/v1/models", headers=state.headers, timeout=5.0)
+            _, content = self._calls.request(self._states[url].origin, "GET", "/v1/models", timeout_s=5.0)
             try:
-                self._served[url] = orjson.loads(response.data)["data"][0]["id"]
+                self._served[url] = orjson.loads(content)["data"][0]["id"]
             except (ValueError, KeyError, IndexError, TypeError) as exc:
                 raise EngineError(
                     f"engine {shown_url(url)} did not say which model it serves", status_code=502
@@ -294,27 +273,19 @@ class EnginePool:
                 if state.address.kind == "vllm":
                     body["model"] = model or self.served_model(url)
                 with self._in_flight(state):
-                    response = self._calls.request(
-                        "POST", state.target + path, body=dump_json(body), headers=state.headers
-                    )
-            except (NewConnectionError, ProtocolError) as exc:
-                # Nothing reached the client yet: refused, or dropped before the answer (the engine died). Caught
-                # before timeouts: urllib3's refused connection is a kind of connect timeout.
+                    status, content = self._calls.request(state.origin, "POST", path, dump_json(body))
+            except (Unreachable, Dropped) as exc:
+                # Nothing reached the client yet: refused, or dropped before the answer (the engine died).
                 self._mark_down(url, f"{type(exc).__name__}: {exc}")
                 failures.append(f"{shown_url(url)}: {type(exc).__name__}: {exc}")
                 continue
-            except TransportTimeout as exc:
+            except TimedOut as exc:
                 raise EngineTimeout(f"engine {shown_url(url)} did not answer in time", status_code=504) from exc
-            except TransportError as exc:
-                raise EngineError(
-                    f"engine {shown_url(url)} failed: {type(exc).__name__}: {exc}", status_code=502
-                ) from exc
             latency = (time.perf_counter() - started) * 1000
             if url != order[0]:  # the engine the session was on failed under this very call: it moves here
                 self._pin(session_id, url)
                 if self._on_move is not None:
                     self._on_move(session_id, order[0], url, "unreachable")
-            status, content = response.status, response.data
             if status >= 500:
                 message = _error_body(status, content)["error"]["message"]
                 raise EngineError(f"engine error ({status}): {message}", status_code=502)
@@ -399,4 +370,4 @@ class EnginePool:
     def close(self) -> None:
         self._closed.set()
         self._client.close()
-        self._calls.clear()
+        self._calls.close()
