@@ -1,10 +1,10 @@
 """The proxy's HTTP/1.1 client for model calls to its engines: keep-alive connections, one request on each at a
 time, a JSON body out and a whole answer in.
 
-Why not urllib3: a small call's request through urllib3 cost ~0.44 ms of CPU here, ~0.06 ms through this (most of
-urllib3's is ``http.client`` and the ``email`` package parsing the answer's headers; bench notes in
-docs/benchmarks.md). Engines are the proxy's own backends, so only what they send is read: a status line, headers,
-and a body framed by ``Content-Length``, chunked, or the connection's end.
+Why not urllib3: a small call's request cost 0.38-0.50 ms of CPU here through urllib3 (most of it ``http.client``
+and the ``email`` package parsing the answer's headers), 0.07-0.09 ms through this (``bench/engine_client.py``).
+Engines are the proxy's own backends, so only what they send is read: a status line, headers, and a body framed by
+``Content-Length``, chunked, or the connection's end.
 
 Failures are told apart the way the engine pool needs them (``polar.proxy.engines``): ``Unreachable`` (no
 connection: nothing was sent), ``Dropped`` (the connection ended or broke before a whole answer came: the engine
