@@ -3,7 +3,8 @@ transaction that inserts the call and only while the session is ``running``, so 
 whose answer reached the harness.
 
 This is the proxy's hot path: it uses prebuilt Core statements on a plain connection (the ORM's per-statement
-bookkeeping cost ~12 ms a call here; this costs one round trip per statement plus the commit).
+bookkeeping cost ~12 ms a call here; this costs one round trip per statement plus the commit), the two it makes on
+every call run by psycopg directly (``polar.storage.driver_statements``).
 
 A prompt that extends an earlier call of the session is stored as a delta on it (``polar.storage.prompts``):
 one indexed SELECT of the session's earlier chains (id, length, hash) picks the parent before the insert. The
@@ -36,6 +37,7 @@ from psycopg.types.numeric import Int4
 from polar.errors import SessionNotRunning
 from polar.lifecycle.states import State
 from polar.storage.database import Database
+from polar.storage.driver_statements import DriverStatement
 from polar.storage.models import EngineControl, ModelCall, Session, Task
 from polar.storage.payloads import PARTS, Written, capture_payload
 from polar.storage.prompts import Chain, PromptDelta, encode_prompt
@@ -89,7 +91,7 @@ def _bound_type(column: sa.Column[Any]) -> sa.types.TypeEngine[Any]:
     return _Int4() if type(column.type) is sa.Integer else column.type
 
 
-_INSERT_CLAIMING_SEQ = (
+_INSERT_CLAIMING_SEQ = DriverStatement(
     sa.insert(_calls)
     .from_select(
         [column.name for column in _VALUE_COLUMNS] + ["policy_version_end", "spans_policy_update", "seq"],
@@ -147,8 +149,8 @@ def _candidates(length: Callable[[Any], sa.ColumnElement[Any]]) -> sa.CompoundSe
     return sa.union_all(chains, agents_latest)
 
 
-_CANDIDATES_POSTGRES = _candidates(sa.func.cardinality)
-_CANDIDATES_SQLITE = _candidates(sa.func.json_array_length)
+_CANDIDATES_POSTGRES = DriverStatement(_candidates(sa.func.cardinality))
+_CANDIDATES_SQLITE = DriverStatement(_candidates(sa.func.json_array_length))
 _INDEX_OF_CALL = sa.select(_calls.c.id, _calls.c.payload_index).where(
     _calls.c.id == sa.bindparam("parent_id"), _calls.c.payload_index.is_not(None)
 )
@@ -258,7 +260,7 @@ def record_call(
             values.update(_stored_forms(connection, parents, record))
             prefixed = {f"v_{name}": value for name, value in values.items()}
             bound = {"session_id": record.session_id, "call_id": call_id, **prefixed}
-            seq = connection.execute(_INSERT_CLAIMING_SEQ, bound).scalar()
+            seq = _INSERT_CLAIMING_SEQ.scalar(connection, bound)
             stored = seq is not None or connection.execute(_STORED, {"call_id": call_id}).first() is not None
     else:  # SQLite has no data-modifying CTEs: the same in one transaction
         with db.engine.begin() as connection:
@@ -284,13 +286,13 @@ def mark_undelivered(db: Database, call_id: uuid.UUID) -> None:
 
 def _parents(
     connection: sa.Connection,
-    candidates: sa.CompoundSelect[Any],
+    candidates: DriverStatement,
     session_id: uuid.UUID,
     agent: str | None,
     max_length: int,
 ) -> Parents:
     bounds = {"session_id": session_id, "max_length": max_length, "agent": agent}
-    rows = connection.execute(candidates, bounds).all()
+    rows = candidates.rows(connection, bounds)
     chains = [Chain(row.id, row.length, row.chain_hash) for row in sorted(rows, key=lambda row: row.seq)
               if row.is_chain]  # fmt: skip
     return Parents(chains, next((row for row in rows if not row.is_chain), None))
