@@ -4,83 +4,26 @@ failure told apart the way the engine pool needs it."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from polar.proxy.engine_http import Dropped, EngineHttp, Origin, TimedOut, Unreachable
-
-# What the server does with one request: (raw bytes to send back, close the connection after?). None: close at once.
-Script = Callable[[bytes, bytes], tuple[bytes, bool] | None]
-
-
-class _Server:
-    """Accepts connections and answers each request by ``script``; keeps what it received."""
-
-    def __init__(self, script: Script) -> None:
-        self.script = script
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.connections = 0
-        self.requests: list[bytes] = []
-        self.open: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            self.open.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        reader = conn.makefile("rb")
-        with conn:
-            while True:
-                head = b""
-                while not head.endswith(b"\r\n\r\n"):
-                    line = reader.readline()
-                    if not line:
-                        return
-                    head += line
-                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-                body = reader.read(length)
-                self.requests.append(head + body)
-                answer = self.script(head, body)
-                if answer is None:
-                    return
-                raw, close = answer
-                conn.sendall(raw)
-                if close:
-                    return
-
-    def close_idle(self) -> None:
-        for conn in self.open:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def stop(self) -> None:
-        self.sock.close()
+from tests.scripted_http import Script, ScriptedServer
 
 
 @pytest.fixture
-def serve() -> Iterator[Callable[[Script], _Server]]:
-    servers: list[_Server] = []
+def serve() -> Iterator[Callable[[Script], ScriptedServer]]:
+    servers: list[ScriptedServer] = []
 
-    def start(script: Script) -> _Server:
-        servers.append(_Server(script))
+    def start(script: Script) -> ScriptedServer:
+        servers.append(ScriptedServer(script))
         return servers[-1]
 
     yield start
     for server in servers:
-        server.stop()
+        server.close()
 
 
 def _ok(body: bytes = b'{"ok":true}', extra: bytes = b"") -> bytes:
@@ -96,7 +39,7 @@ def _client(read_timeout_s: float = 5.0) -> EngineHttp:
     return EngineHttp(connect_timeout_s=2.0, read_timeout_s=read_timeout_s)
 
 
-def test_requests_share_a_kept_alive_connection(serve: Callable[[Script], _Server]) -> None:
+def test_requests_share_a_kept_alive_connection(serve: Callable[[Script], ScriptedServer]) -> None:
     server = serve(lambda head, body: (_ok(b'{"echo":' + body + b"}"), False))
     client, origin = _client(), Origin.of(f"http://127.0.0.1:{server.port}")
     for n in range(5):
@@ -107,7 +50,7 @@ def test_requests_share_a_kept_alive_connection(serve: Callable[[Script], _Serve
     assert f"Host: 127.0.0.1:{server.port}\r\n".encode() in first and b"Content-Type: application/json" in first
 
 
-def test_a_base_path_and_credentials_in_the_url(serve: Callable[[Script], _Server]) -> None:
+def test_a_base_path_and_credentials_in_the_url(serve: Callable[[Script], ScriptedServer]) -> None:
     server = serve(lambda head, body: (_ok(), False))
     origin = Origin.of(f"http://us%40er:p%3Ass@127.0.0.1:{server.port}/engine/")
     _client().request(origin, "GET", "/v1/models")
@@ -117,7 +60,7 @@ def test_a_base_path_and_credentials_in_the_url(serve: Callable[[Script], _Serve
     assert b"us%40er" not in sent
 
 
-def test_chunked_and_connection_framed_bodies(serve: Callable[[Script], _Server]) -> None:
+def test_chunked_and_connection_framed_bodies(serve: Callable[[Script], ScriptedServer]) -> None:
     chunked = b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{"a"\r\n3;x=1\r\n:1}\r\n0\r\nT: v\r\n\r\n'
     server = serve(lambda head, body: (chunked, False))
     client, origin = _client(), Origin.of(f"http://127.0.0.1:{server.port}")
@@ -132,7 +75,7 @@ def test_chunked_and_connection_framed_bodies(serve: Callable[[Script], _Server]
     assert closing.connections == 2  # an answer framed by the connection's end leaves nothing to keep
 
 
-def test_an_interim_answer_is_skipped_and_connection_close_honoured(serve: Callable[[Script], _Server]) -> None:
+def test_an_interim_answer_is_skipped_and_connection_close_honoured(serve: Callable[[Script], ScriptedServer]) -> None:
     server = serve(lambda head, body: (b"HTTP/1.1 100 Continue\r\n\r\n" + _ok(extra=b"Connection: close\r\n"), True))
     client, origin = _client(), Origin.of(f"http://127.0.0.1:{server.port}")
     assert client.request(origin, "POST", "/x", b"{}") == (200, b'{"ok":true}')
@@ -140,18 +83,18 @@ def test_an_interim_answer_is_skipped_and_connection_close_honoured(serve: Calla
     assert server.connections == 2
 
 
-def test_a_kept_connection_the_engine_closed_is_not_a_failure(serve: Callable[[Script], _Server]) -> None:
+def test_a_kept_connection_the_engine_closed_is_not_a_failure(serve: Callable[[Script], ScriptedServer]) -> None:
     server = serve(lambda head, body: (_ok(), False))
     client, origin = _client(), Origin.of(f"http://127.0.0.1:{server.port}")
     assert client.request(origin, "POST", "/x", b"{}")[0] == 200
-    server.close_idle()  # the engine restarted its workers, or timed the idle connection out
+    server.drop_connections()  # the engine restarted its workers, or timed the idle connection out
     time.sleep(0.05)
     assert client.request(origin, "POST", "/x", b"{}")[0] == 200
     assert server.connections == 2
 
 
 def test_a_closed_kept_connection_noticed_only_by_the_request_is_sent_again(
-    serve: Callable[[Script], _Server],
+    serve: Callable[[Script], ScriptedServer],
 ) -> None:
     answered = []
 
@@ -166,7 +109,7 @@ def test_a_closed_kept_connection_noticed_only_by_the_request_is_sent_again(
     assert answered == [b"1", b"2", b"2"] and server.connections == 2
 
 
-def test_failures_are_told_apart(serve: Callable[[Script], _Server]) -> None:
+def test_failures_are_told_apart(serve: Callable[[Script], ScriptedServer]) -> None:
     client = _client(read_timeout_s=0.3)
     free = socket.create_server(("127.0.0.1", 0))
     port = free.getsockname()[1]

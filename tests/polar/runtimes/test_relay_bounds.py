@@ -20,57 +20,14 @@ from polar.runtimes.bounds import SandboxBounds
 from polar.runtimes.egress import EgressGate, Refused
 from polar.runtimes.relay import ProxyRelay, ProxyTarget
 from polar.task_request import Limits, RuntimeSpec
+from tests.scripted_http import ScriptedServer
 
 HANG_GUARD_S = 30  # socket timeouts of reads that must not time out: hang guards on a loaded machine
 
 
-class Upstream:
-    """A stand-in proxy: records each request (head and body) it reads and answers ``ok``, keeping alive."""
-
-    def __init__(self) -> None:
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.requests: list[bytes] = []
-        self.connections = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
-
-    def _answer(self, conn: socket.socket) -> None:
-        reader = conn.makefile("rb")
-        with conn, reader:
-            while True:
-                head = b""
-                while not head.endswith(b"\r\n\r\n"):
-                    line = reader.readline()
-                    if not line:
-                        return
-                    head += line
-                body = b""
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        body = reader.read(int(line.split(b":")[1]))
-                if b"transfer-encoding: chunked" in head.lower():
-                    while (line := reader.readline()) != b"0\r\n":
-                        body += reader.read(int(line, 16) + 2)[:-2]
-                    reader.readline()
-                self.requests.append(head + body)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-
-    def close(self) -> None:
-        self.server.close()
-
-
 @contextlib.contextmanager
-def relay(tmp_path: Path, bounds: SandboxBounds) -> Iterator[tuple[str, Upstream]]:
-    upstream = Upstream()
+def relay(tmp_path: Path, bounds: SandboxBounds) -> Iterator[tuple[str, ScriptedServer]]:
+    upstream = ScriptedServer()  # a stand-in proxy: answers every request ok, keeping alive
     target = ProxyTarget.from_url(f"http://127.0.0.1:{upstream.port}")
     proxy_relay = ProxyRelay(tmp_path, target, bounds=bounds)
     proxy_relay.start()
