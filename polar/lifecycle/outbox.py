@@ -62,6 +62,9 @@ def send_due(services: Services, session_ids: Iterable[uuid.UUID]) -> int:
                 Session.id.in_(ids), Session.due_stage.is_not(None), Session.stage_enqueued_at.is_(None)
             )
         ).all()
+    # In the order given (admission's oldest first): the query returns rows in whatever order the table holds them.
+    position = {session_id: index for index, session_id in enumerate(ids)}
+    rows = sorted(rows, key=lambda row: position[row.id])
     sent: list[dict[str, Any]] = []
     try:
         for row in rows:

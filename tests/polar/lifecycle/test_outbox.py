@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from polar.errors import BrokerUnavailable
 from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.outbox import send_due
 from polar.lifecycle.reconciler import reconcile
 from polar.storage.models import Session
 from tests.support import RecordingDispatcher, command_task, deliver_all, domain_services, submit_tasks
@@ -60,3 +61,17 @@ def test_a_due_message_is_sent_once(database_url: str, tmp_path: Path) -> None:
         db.execute(sa.update(Session).values(due_at=sa.func.now() - sa.text("interval '1 minute'")))
     assert reconcile(services)["unsent_sent"] == 0  # it went out at submission: nothing is sent twice
     assert [stage for stage, _ in services.dispatcher.sent] == [Stage.INIT]  # type: ignore[attr-defined]
+
+
+def test_messages_go_out_in_the_order_given(database_url: str, tmp_path: Path) -> None:
+    """Admission sends its oldest sessions first; the broker's queue keeps that order only if the outbox does
+    (reading the due rows back returned them in the table's order: a test reading ``a0, a1, b0, b1`` off the queue
+    once got them mixed)."""
+    services = domain_services(database_url, tmp_path, ready_buffer=0)
+    submit_tasks(services, command_task("t", "true", samples=6))
+    with services.db.unit() as db:
+        ids = list(db.scalars(sa.select(Session.id).order_by(Session.sample_index)))
+        db.execute(sa.update(Session).values(state="init", due_stage="init", due_at=sa.func.now()))
+    wanted = [ids[4], ids[0], ids[5], ids[2], ids[1], ids[3]]
+    assert send_due(services, wanted) == 6
+    assert [session for _, session in services.dispatcher.sent] == wanted  # type: ignore[attr-defined]
