@@ -66,7 +66,13 @@ class DriverStatement:
             if dropped:
                 connection.invalidate(exc)
             raise sa.exc.DBAPIError.instance(
-                compiled.sql, values, exc, psycopg.Error, connection_invalidated=dropped, dialect=connection.dialect
+                compiled.sql,
+                values,
+                exc,
+                psycopg.Error,
+                hide_parameters=connection.engine.hide_parameters,  # as the engine's own errors would
+                connection_invalidated=dropped,
+                dialect=connection.dialect,
             ) from exc
 
     def _compile(self, dialect: sa.Dialect) -> _Compiled:
