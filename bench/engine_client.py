@@ -17,14 +17,14 @@ from pathlib import Path
 import httpx
 import orjson
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for bench.*
+from bench.proxy_overhead import BODY as SMALL_BODY
+from bench.proxy_overhead import CAPTURE
 from polar.launcher import Stack, engine_spec, free_port
 from polar.proxy.engine_http import EngineHttp, Origin
 
-BODY = {
-    "model": "polar-reference",
-    "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say something short."}],
-    "stream": False, "return_token_ids": True, "logprobs": True, "top_logprobs": 0,
-}  # fmt: skip
+# What the proxy sends the engine for a small call: the benchmark's body with the capture switches.
+BODY = {**SMALL_BODY, **CAPTURE, "stream": False}
 HEADERS = {"Content-Type": "application/json"}
 
 
