@@ -3,12 +3,12 @@ failure told apart the way the engine pool needs it."""
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
+from polar.launcher import free_port
 from polar.proxy.engine_http import Dropped, EngineHttp, Origin, TimedOut, Unreachable
 from tests.scripted_http import Script, ScriptedServer
 
@@ -111,11 +111,8 @@ def test_a_closed_kept_connection_noticed_only_by_the_request_is_sent_again(
 
 def test_failures_are_told_apart(serve: Callable[[Script], ScriptedServer]) -> None:
     client = _client(read_timeout_s=0.3)
-    free = socket.create_server(("127.0.0.1", 0))
-    port = free.getsockname()[1]
-    free.close()
     with pytest.raises(Unreachable):
-        client.request(Origin.of(f"http://127.0.0.1:{port}"), "POST", "/x", b"{}")
+        client.request(Origin.of(f"http://127.0.0.1:{free_port()}"), "POST", "/x", b"{}")
 
     hangs_up = serve(lambda head, body: None)
     with pytest.raises(Dropped):
