@@ -85,12 +85,14 @@ class _Connection:
                 pass
 
     def idle_and_open(self) -> bool:
-        """An idle kept-alive connection is readable only if the engine closed it (or sent what nobody asked)."""
+        """An idle kept-alive connection is readable only if the engine closed it (or sent what nobody asked).
+        poll, not select: select refuses descriptors past 1,023, which a busy proxy process holds."""
         try:
-            readable, _, _ = select.select([self.sock], [], [], 0)
+            poller = select.poll()
+            poller.register(self.sock, select.POLLIN)
+            return not poller.poll(0)
         except (OSError, ValueError):
             return False
-        return not readable
 
 
 class EngineHttp:

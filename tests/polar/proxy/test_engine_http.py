@@ -3,6 +3,8 @@ failure told apart the way the engine pool needs it."""
 
 from __future__ import annotations
 
+import resource
+import socket
 import time
 from collections.abc import Callable, Iterator
 
@@ -139,3 +141,21 @@ def test_origins_refuse_what_is_not_http() -> None:
         Origin.of("ftp://127.0.0.1:21")
     assert Origin.of("https://engine.example").port == 443
     assert b"Host: engine.example\r\n" in Origin.of("https://engine.example").headers
+
+
+def test_connections_are_kept_past_descriptor_1023(serve: Callable[[Script], ScriptedServer]) -> None:
+    """A busy proxy process holds more than 1,023 descriptors: its kept connections are checked all the same
+    (``select`` refused such a descriptor, and every request then paid a new connection)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    held = [socket.socket() for _ in range(1100)]
+    try:
+        server = serve(lambda head, body: (_ok(), False))
+        client, origin = _client(), Origin.of(f"http://127.0.0.1:{server.port}")
+        for _ in range(3):
+            assert client.request(origin, "POST", "/x", b"{}")[0] == 200
+        assert server.connections == 1
+    finally:
+        for sock in held:
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
