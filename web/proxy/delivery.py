@@ -17,8 +17,9 @@ def client_gone(environ: dict[str, Any]) -> bool:
     if not isinstance(sock, socket.socket):
         return False
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        return bool(readable) and sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        poller = select.poll()  # not select.select: it refuses descriptors past 1,023, which a busy proxy reaches
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0)) and sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
     except BlockingIOError:
         return False
     except OSError:  # reset by peer
