@@ -48,7 +48,7 @@ import psycopg
 import sqlalchemy as sa
 
 from polar.config import load_config
-from polar.launcher import Stack, engine_spec, free_port, gunicorn_spec
+from polar.launcher import PROXY_WORKER, Stack, engine_spec, free_port, gunicorn_spec
 from polar.lifecycle.batches import request_hash, submit_batch
 from polar.proxy.keys import hash_key
 from polar.services import Services
@@ -111,7 +111,14 @@ def _deployment(args: argparse.Namespace, engine_args: list[str]) -> Iterator[_D
             env["POLAR_REDIS_URL"] = REDIS_URL
         specs = [
             engine_spec(engine_port, "echo", engine_args),
-            gunicorn_spec("proxy", "web.proxy:create_app()", proxy_port, args.proxy_workers, args.proxy_threads),
+            gunicorn_spec(
+                "proxy",
+                "web.proxy:create_app()",
+                proxy_port,
+                args.proxy_workers,
+                args.proxy_threads,
+                args.proxy_worker_class,
+            ),
         ]
         with Stack(specs, env, tmp / "logs") as stack:
             yield _Deployment(stack, database_url, tmp, f"http://127.0.0.1:{engine_port}/v1/chat/completions",
@@ -275,7 +282,7 @@ def _agent_report(rows: list[dict[str, float]], label: str) -> None:
 
 def _agent(args: argparse.Namespace) -> int:
     with _deployment(args, ["--policy-config", '{"tokens": 64}', "--max-model-len", "131072"]) as deployment:
-        proxy = f"gunicorn gthread {args.proxy_workers}x{args.proxy_threads}"
+        proxy = f"gunicorn {args.proxy_worker_class} {args.proxy_workers}x{args.proxy_threads}"
         print(f"agent replay: sessions to {args.max_prompt_tokens} prompt tokens, 40 tools, engine echo 64 "
               f"tokens zero delay; proxy {proxy}; {os.cpu_count()} cores")  # fmt: skip
         print(f"{'session':>18} {'prompt':>9} {'calls':>5} {'added ms':>9} {'proxy ms':>9} {'capture ms':>10} "
@@ -320,7 +327,7 @@ def _long_session(deployment: _Deployment, calls: int, turns: int, tito: bool) -
 
 def _long(args: argparse.Namespace) -> int:
     with _deployment(args, ["--policy-config", '{"tokens": 64}', "--max-model-len", "131072"]) as deployment:
-        proxy = f"gunicorn gthread {args.proxy_workers}x{args.proxy_threads}"
+        proxy = f"gunicorn {args.proxy_worker_class} {args.proxy_workers}x{args.proxy_threads}"
         print(f"long session: {args.calls} calls, a new {args.turns}-turn conversation of the same agent each "
               f"{args.turns} calls (40 tools, 1,200-word system prompt); engine echo 64 tokens zero delay; proxy "
               f"{proxy} with Redis; {os.cpu_count()} cores")  # fmt: skip
@@ -348,6 +355,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--proxy-workers", type=int, default=2)
     parser.add_argument("--proxy-threads", type=int, default=32)
+    parser.add_argument("--proxy-worker-class", default=PROXY_WORKER,
+                        help=f"gunicorn's -k for the proxy (default {PROXY_WORKER}; or gthread)")  # fmt: skip
     parser.add_argument("--agent", action="store_true", help="Replay agent-sized sessions (see above).")
     parser.add_argument("--max-prompt-tokens", type=int, default=40_000,
                         help="With --agent: each session ends with its first call this long.")  # fmt: skip
@@ -368,7 +377,7 @@ def main() -> int:
     with _deployment(args, ["--policy-config", '{"tokens": 16}']) as deployment:
         direct = deployment.direct
         proxied = deployment.proxied(_running_session(deployment.database_url, deployment.tmp))
-        setup = f"gunicorn gthread {args.proxy_workers}x{args.proxy_threads}, capture to Postgres"
+        setup = f"gunicorn {args.proxy_worker_class} {args.proxy_workers}x{args.proxy_threads}, capture to Postgres"
         print(f"{args.requests} requests per run; engine: echo policy, 16 tokens, zero delay; proxy: {setup}")
         print(f"{'concurrency':>11} {'path':>10} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
         for concurrency in (1, 64):

@@ -10,6 +10,7 @@ import contextlib
 import os
 import random
 import secrets
+import select
 import signal
 import socket
 import subprocess
@@ -110,12 +111,21 @@ def engine_spec(
     return ProcessSpec(name, [*argv, *extra], f"http://127.0.0.1:{port}/health")
 
 
-def gunicorn_spec(name: str, app: str, port: int, workers: int = 2, threads: int = 16) -> ProcessSpec:
-    """``app`` under gunicorn, with Polar's gunicorn settings (``web/gunicorn_conf.py``: metrics of all workers)."""
+# The proxy's own gunicorn worker (web/gunicorn_worker.py; Linux): most of a small model call's proxy CPU was
+# gthread's serving cost (docs/benchmarks.md).
+PROXY_WORKER = "web.gunicorn_worker.EpollWorker" if hasattr(select, "epoll") else "gthread"
+
+
+def gunicorn_spec(
+    name: str, app: str, port: int, workers: int = 2, threads: int = 16, worker_class: str | None = None
+) -> ProcessSpec:
+    """``app`` under gunicorn, with Polar's gunicorn settings (``web/gunicorn_conf.py``: metrics of all workers),
+    by ``worker_class`` (default: ``PROXY_WORKER`` for the proxy, ``gthread`` for the rest)."""
+    worker_class = worker_class or (PROXY_WORKER if app.startswith("web.proxy:") else "gthread")
     argv = [
         PYTHON, "-m", "gunicorn", "--config", "python:web.gunicorn_conf", "--bind", f"127.0.0.1:{port}",
-        "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads), "--graceful-timeout", "5",
-        app,
+        "--workers", str(workers), "--worker-class", worker_class, "--threads", str(threads),
+        "--graceful-timeout", "5", app,
     ]  # fmt: skip
     return ProcessSpec(name, argv, f"http://127.0.0.1:{port}/healthz")
 

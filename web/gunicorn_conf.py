@@ -1,6 +1,7 @@
 """gunicorn settings for Polar's two apps, so their ``/metrics`` add up every worker process:
 
-    gunicorn -c python:web.gunicorn_conf --bind 0.0.0.0:8100 --workers 2 -k gthread 'web.proxy:create_app()'
+    gunicorn -c python:web.gunicorn_conf --bind 0.0.0.0:8100 --workers 2 -k web.gunicorn_worker.EpollWorker \
+        'web.proxy:create_app()'
 
 Before forking, the master gives its process group a metrics directory of its own
 (``<POLAR_METRICS_DIR>/<app>-<port>.<host>``, emptied: counters start again with the master) that every worker

@@ -36,6 +36,9 @@ def test_every_stage_worker_serves_its_metrics_on_a_port_of_its_own() -> None:
     assert metrics_urls(stage_workers(2, metrics=False)) == {}
     # gunicorn with Polar's settings, so /metrics adds up every worker process.
     assert "python:web.gunicorn_conf" in gunicorn_spec("api", "web.api:create_app()", 1).argv
+    # The proxy runs on its own worker (web/gunicorn_worker.py), the API on gthread.
+    assert "web.gunicorn_worker.EpollWorker" in gunicorn_spec("proxy", "web.proxy:create_app()", 1).argv
+    assert "gthread" in gunicorn_spec("api", "web.api:create_app()", 1).argv
 
 
 def test_the_prep_and_run_layout_gives_every_stage_queue_one_pool_and_keeps_the_run_slots() -> None:

@@ -1,4 +1,4 @@
-"""The model-API proxy (DESIGN.md §4): ``gunicorn -k gthread 'web.proxy:create_app()'``.
+"""The model-API proxy (DESIGN.md §4): ``gunicorn -k web.gunicorn_worker.EpollWorker 'web.proxy:create_app()'``.
 
 Base URL per session: ``/s/<key>``, optionally ``/s/<key>/a/<agent>``; the key is also accepted as any
 provider's API key on un-prefixed paths. ``polar.protocols.detect`` picks the protocol from the path below it.

@@ -1,0 +1,237 @@
+"""A gunicorn worker for the proxy: ``gunicorn -k web.gunicorn_worker.EpollWorker --threads N …``.
+
+Like gunicorn's ``gthread`` worker it waits on kept-alive connections in one loop and serves each request on a pool
+thread, so thousands of idle connections cost no thread. It does less per request, which is what a model call's
+proxy CPU is made of (docs/benchmarks.md): gthread hands a request through a futures executor and a wake-up pipe,
+unregisters and re-registers the connection with its poller, and parses with gunicorn's general HTTP machinery
+(HTTP/2 negotiation, proxy protocol, header maps). Here a connection is armed one-shot in epoll; the main loop
+puts a readable one on a queue, a pool thread reads and answers it (``web.http1``), answers any request pipelined
+behind it, and re-arms it itself: one system call. Linux only (epoll); elsewhere use ``-k gthread``.
+
+What it keeps of gunicorn: the master (workers restarted, signals, graceful reloads, ``web/gunicorn_conf.py``'s
+metrics hooks), ``--threads``, ``--keep-alive``, ``--worker-connections``, ``--max-requests``,
+``--graceful-timeout`` and the heartbeat. What it leaves out: TLS, HTTP/2, the access log and the
+``pre_request``/``post_request`` hooks (it refuses to start with TLS, and says so if the others are set).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import queue
+import select
+import socket
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from gunicorn.workers import base
+
+from web import http1
+
+_ONESHOT = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT if hasattr(select, "epoll") else 0
+# A stopping worker serves requests already arriving on kept-alive connections (answered with Connection: close)
+# for this long, then closes the idle ones.
+_STOP_LINGER_S = 2.0
+
+
+class _Connection:
+    __slots__ = ("buffer", "client", "idle_until", "server", "sock")
+
+    def __init__(self, sock: socket.socket, client: tuple[str, str], server: tuple[str, str]) -> None:
+        self.sock = sock
+        self.client = client
+        self.server = server
+        self.buffer = bytearray()  # bytes read past the last request (a pipelined next one)
+        self.idle_until = 0.0  # 0: a thread is serving it
+
+
+def _address(address: Any) -> tuple[str, str]:
+    if isinstance(address, tuple):
+        return str(address[0]), str(address[1])
+    return "", ""  # a unix socket's peer has no address
+
+
+class EpollWorker(base.Worker):
+    @classmethod
+    def check_config(cls, cfg: Any, log: Any) -> None:
+        if not hasattr(select, "epoll"):
+            raise RuntimeError("web.gunicorn_worker.EpollWorker needs Linux's epoll; use -k gthread here")
+        if cfg.is_ssl:
+            raise RuntimeError("web.gunicorn_worker.EpollWorker serves plain HTTP; terminate TLS in front of it")
+        if cfg.accesslog:
+            log.warning("EpollWorker writes no access log; --access-logfile is ignored")
+
+    def init_process(self) -> None:
+        self._epoll = select.epoll()
+        self._jobs: queue.SimpleQueue[_Connection | None] = queue.SimpleQueue()
+        self._connections: dict[int, _Connection] = {}
+        self._idle: deque[tuple[float, _Connection]] = deque()  # by deadline; stale entries skipped
+        self._listeners = {listener.fileno(): listener for listener in self.sockets}
+        self._accepting = False
+        self._beat_at = 0.0
+        self._linger_until = 0.0
+        super().init_process()  # loads the app, then calls run()
+
+    def run(self) -> None:
+        threads = [threading.Thread(target=self._serve_jobs, name=f"http-{i}", daemon=True)
+                   for i in range(self.cfg.threads)]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        while self.alive:
+            self._beat()
+            self._set_accepting(len(self._connections) < self.cfg.worker_connections)
+            self._dispatch(1.0)
+            self._close_idle(time.monotonic())
+            if self.ppid != os.getppid():
+                self.log.info("Parent changed, shutting down: %s", self)
+                break
+        self._stop(threads)
+
+    def _stop(self, threads: list[threading.Thread]) -> None:
+        """Stops accepting; serves what is in flight (and requests arriving on kept-alive connections for a
+        moment) until the graceful timeout, then closes every connection."""
+        self._set_accepting(False)
+        now = time.monotonic()
+        self._linger_until = now + _STOP_LINGER_S
+        deadline = now + self.cfg.graceful_timeout
+        while self._connections and time.monotonic() < deadline:
+            self._beat()
+            self._dispatch(0.2)
+            if time.monotonic() < self._linger_until:
+                self._close_idle(time.monotonic())
+                continue
+            for connection in list(self._connections.values()):
+                if connection.idle_until:
+                    self._close(connection)
+        for connection in list(self._connections.values()):
+            self._close(connection)
+        for _ in threads:
+            self._jobs.put(None)
+        self._epoll.close()
+        for listener in self.sockets:
+            listener.close()
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        if now - self._beat_at >= 1.0:  # the heartbeat is a file chmod: once a second is plenty
+            self._beat_at = now
+            self.notify()
+
+    def _set_accepting(self, accepting: bool) -> None:
+        if accepting == self._accepting:
+            return
+        for fd, listener in self._listeners.items():
+            if accepting:
+                listener.setblocking(False)
+                self._epoll.register(fd, select.EPOLLIN)
+            else:
+                self._epoll.unregister(fd)
+        self._accepting = accepting
+
+    def _dispatch(self, timeout: float) -> None:
+        for fd, _ in self._epoll.poll(timeout):
+            listener = self._listeners.get(fd)
+            if listener is not None:
+                self._accept(listener)
+                continue
+            connection = self._connections.get(fd)
+            if connection is not None and connection.idle_until:
+                connection.idle_until = 0.0
+                self._jobs.put(connection)
+
+    def _accept(self, listener: socket.socket) -> None:
+        server = _address(listener.getsockname())
+        while len(self._connections) < self.cfg.worker_connections:
+            try:
+                sock, address = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
+                    continue
+                if exc.errno in (errno.EMFILE, errno.ENFILE):  # out of descriptors: let the others finish first
+                    self.log.warning("accept: %s; %d connections open", exc, len(self._connections))
+                    return
+                raise
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            http1.set_io_timeout(sock)
+            connection = _Connection(sock, _address(address), server)
+            self._connections[sock.fileno()] = connection
+            self._rest(connection)  # the request may not have arrived yet: wait for it without a thread
+
+    def _rest(self, connection: _Connection) -> None:
+        """Hands an idle connection back to the loop until its next request (or its keep-alive timeout)."""
+        until = time.monotonic() + self.cfg.keepalive
+        if not self.alive:
+            until = min(until, self._linger_until)
+        connection.idle_until = until
+        self._idle.append((until, connection))
+        fd = connection.sock.fileno()
+        try:
+            self._epoll.modify(fd, _ONESHOT)
+        except FileNotFoundError:
+            self._epoll.register(fd, _ONESHOT)
+
+    def _close_idle(self, now: float) -> None:
+        while self._idle and self._idle[0][0] <= now:
+            until, connection = self._idle.popleft()
+            if connection.idle_until == until:  # else it has been served (and maybe rested) since
+                self._close(connection)
+
+    def _close(self, connection: _Connection) -> None:
+        if self._connections.pop(connection.sock.fileno(), None) is not None:
+            try:
+                connection.sock.close()
+            except OSError:
+                pass
+
+    def _serve_jobs(self) -> None:
+        while (connection := self._jobs.get()) is not None:
+            try:
+                keep = self._serve(connection)
+            except Exception:  # a bug here must not cost the thread
+                self.log.exception("serving a connection")
+                keep = False
+            if keep:
+                self._rest(connection)
+            else:
+                self._close(connection)
+
+    def _serve(self, connection: _Connection) -> bool:
+        """Answers the requests that have arrived on ``connection``; whether it stays open."""
+        while True:
+            keep = self._serve_one(connection)
+            self.nr += 1
+            if self.nr >= self.max_requests and self.alive:
+                self.log.info("Autorestarting worker after current request.")
+                self.alive = False
+            if not keep or not connection.buffer:
+                return keep and (self.alive or time.monotonic() < self._linger_until)
+
+    def _serve_one(self, connection: _Connection) -> bool:
+        sock = connection.sock
+        answer = None
+        try:
+            head = http1.read_head(sock, connection.buffer)
+            if head is None:
+                return False
+            request = http1.parse_head(head)
+            length, chunked = http1.body_framing(request)
+            body = http1.Body(sock, connection.buffer, length, chunked, "100-continue" in request.tokens("expect"))
+            environ = http1.environ_for(request, body, sock, connection.server, connection.client,
+                                        self.cfg.workers > 1)  # fmt: skip
+            answer = http1.Answer(sock, request, request.keep_alive and self.alive)
+            http1.run_app(self.wsgi, environ, answer)
+            return answer.keep_alive and (body.done or body.drain())
+        except http1.BadRequest as exc:
+            http1.error_answer(sock, exc.status, exc.reason)
+        except (http1.ClientGone, BrokenPipeError, ConnectionResetError, BlockingIOError):
+            pass  # the client went away or stalled: nothing to answer
+        except Exception:
+            self.log.exception("Error handling request")
+            if answer is None or not answer.sent_head:
+                http1.error_answer(sock, 500, "Internal Server Error")
+        return False
