@@ -6,14 +6,19 @@ provider's API key on un-prefixed paths. ``polar.protocols.detect`` picks the pr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import parse_qsl
 
-from flask import Flask, Response, current_app, jsonify, request, stream_with_context
+from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.wsgi import get_input_stream
 
 from polar.config import Config, load_config
 from polar.errors import PolarError
 from polar.instance import instance_headers
+from polar.json_body import dump_json
 from polar.observability import ProxyMetrics, exposition
 from polar.protocols import detect, protocol_for_errors
 from polar.proxy import ProxyAnswer, ProxyService
@@ -24,88 +29,155 @@ from web.json_provider import FastJSONProvider
 from web.proxy.delivery import client_gone, watched
 
 KEY_HEADERS = ("x-api-key", "x-goog-api-key")
+METHODS = ("GET", "POST", "HEAD")
+# The routes Flask serves; every other path is a model call (``ProxyApp.wsgi_app``).
+FLASK_PATHS = frozenset(("/healthz", "/metrics"))
+_STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in HTTPStatus}
+StartResponse = Callable[..., Any]
 
 
-def _service() -> ProxyService:
-    return current_app.extensions["polar_proxy"]  # type: ignore[no-any-return]
+class ModelCallRequest:
+    """What a model call's answer depends on, read off its WSGI environ: the method, the path below the session's
+    base (``/s/<key>`` or ``/s/<key>/a/<agent>``, or none when the key comes as an API key), the key, the agent
+    label, the header fields (lower-case names), the query's first values, and how to read the body."""
+
+    __slots__ = ("agent", "args", "environ", "headers", "key", "method", "path")
+
+    def __init__(self, environ: dict[str, Any]) -> None:
+        self.environ = environ
+        self.method: str = environ["REQUEST_METHOD"]
+        self.key, self.agent, self.path = _route(environ["PATH_INFO"])
+        headers = {name[5:].replace("_", "-").lower(): value for name, value in environ.items()
+                   if name.startswith("HTTP_")}  # fmt: skip
+        for name in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            if environ.get(name):
+                headers[name.replace("_", "-").lower()] = environ[name]
+        self.headers = headers
+        self.args: dict[str, str] = {}
+        for name, value in parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True):
+            self.args.setdefault(name, value)
+        self.agent = self.agent or headers.get("x-polar-agent") or None
+        self.key = self.key or self._key_as_api_key()
+
+    def _key_as_api_key(self) -> str | None:
+        bearer = self.headers.get("authorization", "")
+        if bearer.lower().startswith("bearer "):
+            return bearer[7:].strip() or None
+        for header in KEY_HEADERS:
+            if self.headers.get(header):
+                return self.headers[header]
+        return self.args.get("key")
+
+    def reader(self, cap: int) -> Callable[[], bytes]:
+        """How to read the body, refusing one over ``cap`` bytes (413) before reading it when it says its length,
+        else once it passes the cap."""
+
+        def read() -> bytes:
+            length = self.headers.get("content-length")
+            check_length(int(length) if length and length.isdigit() else None, cap)
+            data = get_input_stream(self.environ, max_content_length=None).read()
+            check_length(len(data), cap)
+            return data
+
+        return read
 
 
-def _key_from_request() -> str | None:
-    bearer = request.headers.get("Authorization", "")
-    if bearer.lower().startswith("bearer "):
-        return bearer[7:].strip() or None
-    for header in KEY_HEADERS:
-        if request.headers.get(header):
-            return request.headers[header]
-    return request.args.get("key")
+def _route(path_info: str) -> tuple[str | None, str | None, str]:
+    """(key, agent, path below them) of a request path: ``/s/<key>/a/<agent>/<path>``, ``/s/<key>/<path>`` or
+    ``/<path>``; a doubled slash after the base (a base URL configured with a trailing slash) counts as one."""
+    if path_info.startswith("/s/"):
+        key, slash, rest = path_info[3:].partition("/")
+        if key and slash:
+            if rest.startswith("a/"):
+                agent, slash, below = rest[2:].partition("/")
+                if agent and slash:
+                    return key, agent, below.lstrip("/")
+            return key, None, rest.lstrip("/")
+    return None, None, path_info.lstrip("/")
 
 
-def _respond(answer: ProxyAnswer) -> Response:
-    stream = answer.stream
-    if answer.call_id is not None:
-        call_id, service = answer.call_id, _service()
-        if client_gone(request.environ):
-            service.mark_undelivered(call_id, "the client had closed its connection")
-        elif stream is not None:
-            stream = watched(stream, lambda: service.mark_undelivered(call_id, "the stream was cut before its end"))
-    if stream is not None:
-        response = Response(stream_with_context(stream), status=answer.status, mimetype=answer.media_type)
-        response.headers["Cache-Control"] = "no-cache"
-        response.headers["X-Accel-Buffering"] = "no"
-        response.headers.update(answer.headers)
-        return response
-    response = jsonify(answer.body)
-    response.status_code = answer.status
-    response.headers.update(answer.headers)
-    return response
-
-
-def _reader(cap: int) -> Callable[[], bytes]:
-    """How to read this request's body, refusing one over ``cap`` bytes (413) before reading it when it says its
-    length, else once it passes the cap."""
-
-    def read() -> bytes:
-        check_length(request.content_length, cap)
-        data = request.get_data(cache=False)
-        check_length(len(data), cap)
-        return data
-
-    return read
-
-
-def _handle(key: str | None, agent: str | None, path: str) -> Response:
-    agent = agent or request.headers.get("X-Polar-Agent") or None
-    headers = {name.lower(): value for name, value in request.headers.items()}
-    key = key or _key_from_request()
-    service = _service()
-    found = detect(request.method, path, headers, request.args.to_dict())
-    if found is None and request.method == "POST":
+def _answer(service: ProxyService, call: ModelCallRequest) -> ProxyAnswer:
+    if call.method not in METHODS:
+        protocol = protocol_for_errors(call.environ["PATH_INFO"], call.headers)
+        service.metrics.answered(protocol.PROVIDER, "unknown", 405)
+        return ProxyAnswer(405, protocol.render_error(405, f"method {call.method} is not allowed here"))
+    found = detect(call.method, call.path, call.headers, call.args)
+    if found is None and call.method == "POST":
         # No route by path: the body may say which API it is; it is read only for a live session's key.
-        protocol = protocol_for_errors(path, headers)
+        protocol = protocol_for_errors(call.path, call.headers)
         try:
-            sniffed = service.body_for_routing(key, _reader(body_cap(protocol, service.config.max_body_bytes)))
+            sniffed = service.body_for_routing(call.key, call.reader(body_cap(protocol, service.config.max_body_bytes)))
         except PolarError as exc:  # over the cap, or no slot free
             refused = service.error(protocol, exc)
             service.metrics.answered(protocol.PROVIDER, "unknown", refused.status)
-            return _respond(refused)
+            return refused
         if sniffed is not None:
             raw, body = sniffed
-            found = detect(request.method, path, headers, request.args.to_dict(), body)
+            found = detect(call.method, call.path, call.headers, call.args, body)
             if found is not None:
-                return _respond(service.handle(found, key, agent, raw))
+                return service.handle(found, call.key, call.agent, raw)
     if found is None:
-        protocol = protocol_for_errors(path, headers)
-        body = protocol.render_error(404, f"no such route: {request.method} /{path.strip('/')}")
+        protocol = protocol_for_errors(call.path, call.headers)
+        body = protocol.render_error(404, f"no such route: {call.method} /{call.path.strip('/')}")
         service.metrics.answered(protocol.PROVIDER, "unknown", 404)
-        return _respond(ProxyAnswer(404, body))
-    return _respond(service.handle(found, key, agent, _reader(body_cap(found.protocol, service.config.max_body_bytes))))
+        return ProxyAnswer(404, body)
+    cap = body_cap(found.protocol, service.config.max_body_bytes)
+    return service.handle(found, call.key, call.agent, call.reader(cap))
+
+
+def _respond(
+    service: ProxyService, answer: ProxyAnswer, environ: dict[str, Any], start_response: StartResponse
+) -> Iterable[bytes]:
+    """``answer`` as the WSGI server sends it: JSON (as ``jsonify`` writes it), or a stream that marks its call
+    undelivered when it is cut; a call whose client left before its answer is marked at once."""
+    stream = answer.stream
+    if answer.call_id is not None:
+        call_id = answer.call_id
+        if client_gone(environ):
+            service.mark_undelivered(call_id, "the client had closed its connection")
+        elif stream is not None:
+            stream = watched(stream, lambda: service.mark_undelivered(call_id, "the stream was cut before its end"))
+    status = _STATUS_LINES.get(answer.status) or f"{answer.status} Unknown"
+    if stream is not None:
+        media_type = answer.media_type
+        if media_type.startswith("text/") and "charset" not in media_type:
+            media_type += "; charset=utf-8"
+        start_response(status, [("Content-Type", media_type), ("Cache-Control", "no-cache"),
+                                ("X-Accel-Buffering", "no"), *answer.headers.items()])  # fmt: skip
+        return stream
+    body = dump_json(answer.body) + b"\n"
+    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
+                            *answer.headers.items()])  # fmt: skip
+    return [body]
+
+
+class ProxyApp(Flask):
+    """The proxy's Flask app. Model calls (every path but ``FLASK_PATHS``) go from the WSGI environ straight to the
+    service, past Flask's request context, routing and response objects: on a small call those cost about as much
+    CPU as the serving itself (docs/benchmarks.md). They answer in the caller's protocol whatever happens, a bug
+    included (a 500 in its error shape, never HTML)."""
+
+    def wsgi_app(self, environ: dict[str, Any], start_response: StartResponse) -> Any:
+        if environ["PATH_INFO"] in FLASK_PATHS:
+            return super().wsgi_app(environ, start_response)
+        service: ProxyService = self.extensions["polar_proxy"]
+        try:
+            call = ModelCallRequest(environ)
+            return _respond(service, _answer(service, call), environ, start_response)
+        except Exception as exc:
+            self.logger.exception("unhandled proxy error")
+            headers = {name[5:].replace("_", "-").lower(): value for name, value in environ.items()
+                       if name.startswith("HTTP_")}  # fmt: skip
+            protocol = protocol_for_errors(environ["PATH_INFO"], headers)
+            service.metrics.answered(protocol.PROVIDER, "unknown", 500)
+            body = protocol.render_error(500, f"internal proxy error: {type(exc).__name__}")
+            return _respond(service, ProxyAnswer(500, body), environ, start_response)
 
 
 def create_app(config: Config | None = None) -> Flask:
     config = config or load_config()
-    app = Flask(__name__)
+    app = ProxyApp(__name__)
     app.json = FastJSONProvider(app)
-    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     metrics = ProxyMetrics()
     db = open_database(config, "proxy")
     app.extensions["polar_proxy"] = ProxyService(config, db, engine_pool(config, db, metrics), metrics=metrics)
@@ -119,23 +191,6 @@ def create_app(config: Config | None = None) -> Flask:
         # Open, like the engines' own /metrics: aggregates only (docs/metrics.md).
         body, content_type = exposition(metrics.registry)
         return Response(body, content_type=content_type)
-
-    methods = ["GET", "POST", "HEAD"]
-
-    @app.route("/s/<key>/a/<agent>/", defaults={"path": ""}, methods=methods)
-    @app.route("/s/<key>/a/<agent>/<path:path>", methods=methods)
-    def with_agent(key: str, agent: str, path: str) -> Response:
-        return _handle(key, agent, path)
-
-    @app.route("/s/<key>/", defaults={"path": ""}, methods=methods)
-    @app.route("/s/<key>/<path:path>", methods=methods)
-    def with_key(key: str, path: str) -> Response:
-        return _handle(key, None, path)
-
-    @app.route("/", defaults={"path": ""}, methods=methods)
-    @app.route("/<path:path>", methods=methods)
-    def bare(path: str) -> Response:
-        return _handle(None, None, path)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> tuple[Response, int]:
