@@ -36,6 +36,7 @@ from psycopg.types.numeric import Int4
 
 from polar.errors import SessionNotRunning
 from polar.lifecycle.states import State
+from polar.proxy.recent_calls import Latest, RecentCalls
 from polar.storage.database import Database
 from polar.storage.driver_statements import DriverStatement
 from polar.storage.models import EngineControl, ModelCall, Session, Task
@@ -205,6 +206,16 @@ class Parents:
     latest: Any
     payloads: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     prompt: Sequence[int] | None = None  # the prompt those payloads were stored with (None: they hold none)
+    seqs: list[int] | None = None  # the chains' sequence numbers, when read from the database (None: from memory)
+
+    def as_read(self) -> tuple[list[tuple[int, Chain]], Latest | None] | None:
+        """What ``RecentCalls.recorded`` refreshes its entry with: these parents, when they were read."""
+        if self.seqs is None:
+            return None
+        latest = self.latest
+        return list(zip(self.seqs, self.chains, strict=True)), (
+            None if latest is None else Latest(latest.id, latest.seq, latest.payload_index)
+        )
 
 
 # Read before the answer is known, so no prompt length bounds it: ``encode_prompt`` skips chains longer than the
@@ -218,12 +229,15 @@ def read_parents(
     agent: str | None,
     payloads: Mapping[str, Any] | None = None,
     prompt: Sequence[int] | None = None,
+    recent: RecentCalls | None = None,
 ) -> Parents:
     """The parents a call of ``session_id``'s ``agent`` may have among the calls stored now (Postgres), with the
     ``payloads`` given (the call's request parts, by name) stored against the agent's latest call, for ``prompt``
-    (the token prompt sent, when the proxy built it: TITO)."""
-    with db.autocommit() as connection:
-        parents = _parents(connection, _CANDIDATES_POSTGRES, session_id, agent, _ANY_LENGTH)
+    (the token prompt sent, when the proxy built it: TITO); from ``recent`` when it knows them."""
+    parents = _remembered(recent, session_id, agent)
+    if parents is None:
+        with db.autocommit() as connection:
+            parents = _parents(connection, _CANDIDATES_POSTGRES, session_id, agent, _ANY_LENGTH)
     if not payloads:
         return parents
     return replace(parents, payloads=_early_payloads(payloads, parents.latest, prompt), prompt=prompt)
@@ -242,11 +256,16 @@ def _early_payloads(
 
 
 def record_call(
-    db: Database, record: CallRecord, call_id: uuid.UUID | None = None, parents: Parents | None = None
+    db: Database,
+    record: CallRecord,
+    call_id: uuid.UUID | None = None,
+    parents: Parents | None = None,
+    recent: RecentCalls | None = None,
 ) -> uuid.UUID:
     """Store ``record`` as ``call_id`` (new if not given; storing the same id again stores nothing); raises
     ``SessionNotRunning`` (and stores nothing) once the session has moved on. ``parents``, read by
-    ``read_parents`` for this call's session and agent, saves reading them here."""
+    ``read_parents`` for this call's session and agent, saves reading them here; so does ``recent`` (Postgres),
+    which learns of the call once it is stored."""
     call_id = call_id or uuid.uuid4()
     # Shallow on purpose: dataclasses.asdict deep-copies every token list and payload (~1 ms a call).
     values = {"id": call_id, **{field.name: getattr(record, field.name) for field in fields(record)}}
@@ -255,6 +274,8 @@ def record_call(
             # A parent read outside the insert is still a committed, immutable row: at worst a concurrent
             # call's prompt is stored against an older parent (or in full).
             if parents is None:
+                parents = _remembered(recent, record.session_id, record.agent)
+            if parents is None:
                 parents = _parents(connection, _CANDIDATES_POSTGRES, record.session_id, record.agent,
                                    len(record.prompt_token_ids))  # fmt: skip
             values.update(_stored_forms(connection, parents, record))
@@ -262,6 +283,11 @@ def record_call(
             bound = {"session_id": record.session_id, "call_id": call_id, **prefixed}
             seq = _INSERT_CLAIMING_SEQ.scalar(connection, bound)
             stored = seq is not None or connection.execute(_STORED, {"call_id": call_id}).first() is not None
+        if recent is not None and seq is not None:
+            recent.recorded(record.session_id, record.agent, Latest(call_id, seq, values["payload_index"]),
+                            _chain(call_id, record, values), parents.as_read())  # fmt: skip
+        elif recent is not None and not stored:
+            recent.forget(record.session_id)
     else:  # SQLite has no data-modifying CTEs: the same in one transaction
         with db.engine.begin() as connection:
             seq = connection.execute(_NEXT_SEQ, {"session_id": record.session_id, "call_id": call_id}).scalar()
@@ -284,6 +310,18 @@ def mark_undelivered(db: Database, call_id: uuid.UUID) -> None:
         connection.execute(sa.update(_calls).where(_calls.c.id == call_id).values(delivered=False))
 
 
+def _remembered(recent: RecentCalls | None, session_id: uuid.UUID, agent: str | None) -> Parents | None:
+    found = recent.parents(session_id, agent) if recent is not None else None
+    return None if found is None else Parents(*found)
+
+
+def _chain(call_id: uuid.UUID, record: CallRecord, values: Mapping[str, Any]) -> Chain | None:
+    """What a later prompt may extend of a stored call (the parents query's ``is_chain`` rows), or None."""
+    if record.status_code != 200 or record.synthesized or values["chain_hash"] is None:
+        return None
+    return Chain(call_id, values["prompt_len"] + len(record.completion_token_ids), values["chain_hash"])
+
+
 def _parents(
     connection: sa.Connection,
     candidates: DriverStatement,
@@ -293,9 +331,10 @@ def _parents(
 ) -> Parents:
     bounds = {"session_id": session_id, "max_length": max_length, "agent": agent}
     rows = candidates.rows(connection, bounds)
-    chains = [Chain(row.id, row.length, row.chain_hash) for row in sorted(rows, key=lambda row: row.seq)
-              if row.is_chain]  # fmt: skip
-    return Parents(chains, next((row for row in rows if not row.is_chain), None))
+    chained = sorted((row for row in rows if row.is_chain), key=lambda row: row.seq)
+    chains = [Chain(row.id, row.length, row.chain_hash) for row in chained]
+    latest = next((row for row in rows if not row.is_chain), None)
+    return Parents(chains, latest, seqs=[row.seq for row in chained])
 
 
 def _stored_forms(connection: sa.Connection, parents: Parents, record: CallRecord) -> dict[str, Any]:

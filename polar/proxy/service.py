@@ -65,6 +65,7 @@ from polar.proxy.key_misses import STALE_S, KeyMisses
 from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimiter, CallLimits, call_limiter
 from polar.proxy.prompt_ids import KnownPrompts
+from polar.proxy.recent_calls import RecentCalls
 from polar.proxy.refusals import DATABASE_OUTAGE, RefusalCounter
 from polar.proxy.renderers import ChatRenderer
 from polar.proxy.sampling import engine_sampling
@@ -228,6 +229,7 @@ class ProxyService:
         self._tito: dict[uuid.UUID, bool] = {}
         self.tips: TipStore = tip_store(config.redis_url)
         self.tails = tito_tails.TailRenders()
+        self.recent = RecentCalls()  # each session's latest calls, as parents of its next (polar.proxy.recent_calls)
         self.prompts = KnownPrompts()
         self._renderer: ChatRenderer | None = None
         self._parent_readers = ThreadPoolExecutor(PARENT_READERS, thread_name_prefix="proxy-parents")
@@ -634,7 +636,7 @@ class ProxyService:
         )
         # The same call id on every try: a commit whose acknowledgement was lost is not stored twice.
         call_id = uuid.uuid4()
-        self._recorded(lambda: record_call(self.db, record, call_id, parents))
+        self._recorded(lambda: record_call(self.db, record, call_id, parents, self.recent))
         return call_id
 
     def _parents_soon(
@@ -646,6 +648,6 @@ class ProxyService:
         # Bounded: while the database is slow or away, reads are not queued behind each other; the insert reads.
         if not self.db.is_postgres or not self._parent_slots.acquire(blocking=False):
             return None
-        future = self._parent_readers.submit(read_parents, self.db, session_id, agent, payloads, prompt)
+        future = self._parent_readers.submit(read_parents, self.db, session_id, agent, payloads, prompt, self.recent)
         future.add_done_callback(lambda _: self._parent_slots.release())
         return future
