@@ -47,12 +47,7 @@ class ModelCallRequest:
         self.environ = environ
         self.method: str = environ["REQUEST_METHOD"]
         self.key, self.agent, self.path = _route(environ["PATH_INFO"])
-        headers = {name[5:].replace("_", "-").lower(): value for name, value in environ.items()
-                   if name.startswith("HTTP_")}  # fmt: skip
-        for name in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-            if environ.get(name):
-                headers[name.replace("_", "-").lower()] = environ[name]
-        self.headers = headers
+        self.headers = headers = _headers(environ)
         self.args: dict[str, str] = {}
         for name, value in parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True):
             self.args.setdefault(name, value)
@@ -80,6 +75,16 @@ class ModelCallRequest:
             return data
 
         return read
+
+
+def _headers(environ: dict[str, Any]) -> dict[str, str]:
+    """A request's header fields by lower-case name, from its WSGI environ."""
+    headers = {name[5:].replace("_", "-").lower(): value for name, value in environ.items()
+               if name.startswith("HTTP_")}  # fmt: skip
+    for name in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+        if environ.get(name):
+            headers[name.replace("_", "-").lower()] = environ[name]
+    return headers
 
 
 def _route(path_info: str) -> tuple[str | None, str | None, str]:
@@ -166,9 +171,7 @@ class ProxyApp(Flask):
             return _respond(service, _answer(service, call), environ, start_response)
         except Exception as exc:
             self.logger.exception("unhandled proxy error")
-            headers = {name[5:].replace("_", "-").lower(): value for name, value in environ.items()
-                       if name.startswith("HTTP_")}  # fmt: skip
-            protocol = protocol_for_errors(environ["PATH_INFO"], headers)
+            protocol = protocol_for_errors(environ["PATH_INFO"], _headers(environ))
             service.metrics.answered(protocol.PROVIDER, "unknown", 500)
             body = protocol.render_error(500, f"internal proxy error: {type(exc).__name__}")
             return _respond(service, ProxyAnswer(500, body), environ, start_response)
