@@ -12,6 +12,9 @@ request, normalised request and response are stored as deltas too (``polar.stora
 when the prompt extends none, on the agent's latest call: a second indexed SELECT reads the parent's
 ``payload_index`` (a few hashes), never its payloads. Both keep a session's bytes linear in its length.
 
+The proxy process remembers the calls it recorded (``polar.proxy.recent_calls``): while that memory is known to
+hold every call of the session, a call's parents come from it and the parents statement does not run.
+
 Those parents depend only on the calls already stored, not on the new call's answer, so the proxy reads them
 (``read_parents``) while the engine generates and hands them to ``record_call``: after the answer, one round trip
 (the insert) is left on the path to the client. So do the request's and the normalised request's deltas on the
