@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,14 +21,7 @@ from polar.storage.models import ModelCall, Session
 from polar.storage.prompts import Chain
 from tests.polar.storage.test_payloads import _agent_call, _stored_payloads
 from tests.polar.storage.test_prompts import running_session
-from tests.support import domain_services
-
-
-@pytest.fixture
-def services(database_url: str, tmp_path: Path) -> Iterator[Services]:
-    services = domain_services(database_url, tmp_path)
-    yield services
-    services.db.dispose()
+from tests.polar.storage.test_prompts import services as services  # the fixture: a Postgres-backed Services
 
 
 @pytest.fixture
