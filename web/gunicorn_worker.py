@@ -204,7 +204,6 @@ class EpollWorker(base.Worker):
         """Answers the requests that have arrived on ``connection``; whether it stays open."""
         while True:
             keep = self._serve_one(connection)
-            self.nr += 1
             if self.nr >= self.max_requests and self.alive:
                 self.log.info("Autorestarting worker after current request.")
                 self.alive = False
@@ -219,6 +218,7 @@ class EpollWorker(base.Worker):
             if head is None:
                 return False
             request = http1.parse_head(head)
+            self.nr += 1  # --max-requests counts requests, not connections that closed between them
             length, chunked = http1.body_framing(request)
             body = http1.Body(sock, connection.buffer, length, chunked, "100-continue" in request.tokens("expect"))
             environ = http1.environ_for(request, body, sock, connection.server, connection.client,

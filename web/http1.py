@@ -54,13 +54,19 @@ def set_io_timeout(sock: socket.socket, seconds: float = IO_TIMEOUT_S) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
 
 
-def _recv(sock: socket.socket, size: int = _RECV) -> bytes:
+def _receiving(receive: Callable[..., Any], *args: Any) -> Any:
+    """``receive(*args)`` (a socket's recv or recv_into), its failures as ``ClientGone``."""
     try:
-        return sock.recv(size)
+        return receive(*args)
     except BlockingIOError as exc:  # SO_RCVTIMEO ran out
         raise ClientGone("the client stopped sending") from exc
     except (ConnectionResetError, ConnectionAbortedError) as exc:
         raise ClientGone("the client reset its connection") from exc
+
+
+def _recv(sock: socket.socket, size: int = _RECV) -> bytes:
+    data: bytes = _receiving(sock.recv, size)
+    return data
 
 
 def read_head(sock: socket.socket, buffer: bytearray) -> bytes | None:
@@ -177,11 +183,6 @@ class Body:
         """The whole body has been read."""
         return self._done and not self._pending
 
-    @property
-    def asked_to_continue(self) -> bool:
-        """The client waits for ``100 Continue`` that was never sent: its body is not coming."""
-        return self._continue
-
     def _fill(self) -> None:
         if self._continue:
             self._continue = False
@@ -256,12 +257,7 @@ class Body:
             self._continue = False
             self._sock.sendall(_CONTINUE)
         while taken < size:
-            try:
-                got = self._sock.recv_into(view[taken:], min(size - taken, 1 << 20))
-            except BlockingIOError as exc:
-                raise ClientGone("the client stopped sending") from exc
-            except (ConnectionResetError, ConnectionAbortedError) as exc:
-                raise ClientGone("the client reset its connection") from exc
+            got = _receiving(self._sock.recv_into, view[taken:], min(size - taken, 1 << 20))
             if got == 0:
                 raise ClientGone("the connection ended inside a request body")
             taken += got
