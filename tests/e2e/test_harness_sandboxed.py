@@ -14,7 +14,9 @@ from polar.harnesses.install import install
 from tests.docker_engine import containers_of, require_docker_image
 from tests.support import running_stack
 
-pytestmark = pytest.mark.long(seconds=52)  # dealt out first, longest first (tests/conftest.py)
+# Dealt out first, longest first (tests/conftest.py). It installs the six CLIs first and then waits up to 600 s for
+# its twelve sessions: the default 300 s per test cut it short on slow machines (2026-11-28, twice).
+pytestmark = [pytest.mark.long(seconds=52), pytest.mark.timeout(1200)]
 
 REPO = str(Path(__file__).resolve().parents[2])
 CLIS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi")
