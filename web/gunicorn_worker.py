@@ -69,6 +69,7 @@ class EpollWorker(base.Worker):
         self._connections: dict[int, _Connection] = {}
         self._idle: deque[tuple[float, _Connection]] = deque()  # by deadline; stale entries skipped
         self._listeners = {listener.fileno(): listener for listener in self.sockets}
+        self._addresses = {fd: _address(listener.getsockname()) for fd, listener in self._listeners.items()}
         self._accepting = False
         self._beat_at = 0.0
         self._linger_until = 0.0
@@ -134,15 +135,14 @@ class EpollWorker(base.Worker):
         for fd, _ in self._epoll.poll(timeout):
             listener = self._listeners.get(fd)
             if listener is not None:
-                self._accept(listener)
+                self._accept(listener, self._addresses[fd])
                 continue
             connection = self._connections.get(fd)
             if connection is not None and connection.idle_until:
                 connection.idle_until = 0.0
                 self._jobs.put(connection)
 
-    def _accept(self, listener: socket.socket) -> None:
-        server = _address(listener.getsockname())
+    def _accept(self, listener: socket.socket, server: tuple[str, str]) -> None:
         while len(self._connections) < self.cfg.worker_connections:
             try:
                 sock, address = listener.accept()

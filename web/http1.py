@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from email.utils import formatdate
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
@@ -192,32 +193,25 @@ class Body:
             raise ClientGone("the connection ended inside a request body")
         self._buffer += data
 
-    def _chunk_size(self) -> None:
-        """Reads the next chunk's size line (after the previous chunk's CRLF); at the last chunk, the trailers."""
-        while True:
-            end = self._buffer.find(b"\r\n")
-            if end >= 0:
-                break
+    def _line(self, what: str) -> bytes:
+        """The body's next CRLF-ended line (a chunk size, the end of a chunk, a trailer), without its CRLF."""
+        while (end := self._buffer.find(b"\r\n")) < 0:
             if len(self._buffer) > MAX_HEAD:
-                raise BadRequest(400, "malformed chunk size")
+                raise BadRequest(400, f"malformed {what}")
             self._fill()
-        line = bytes(self._buffer[:end]).partition(b";")[0].strip(b" \t")
+        line = bytes(self._buffer[:end])
         del self._buffer[: end + 2]
+        return line
+
+    def _chunk_size(self) -> None:
+        """Reads the next chunk's size line; at the last chunk, the trailers (ignored) up to the blank line."""
+        line = self._line("chunk size").partition(b";")[0].strip(b" \t")
         if not line or len(line) > 16 or not _HEX.issuperset(line):
             raise BadRequest(400, "malformed chunk size")
         self._remaining = int(line, 16)
-        if self._remaining == 0:  # trailers, ignored, up to the blank line
-            while True:
-                end = self._buffer.find(b"\r\n")
-                if end < 0:
-                    if len(self._buffer) > MAX_HEAD:
-                        raise BadRequest(400, "request trailers over 64 KiB")
-                    self._fill()
-                    continue
-                trailer = self._buffer[:end]
-                del self._buffer[: end + 2]
-                if not trailer:
-                    break
+        if self._remaining == 0:
+            while self._line("request trailer"):
+                pass
             self._done = True
 
     def _read_some(self, size: int) -> bytes:
@@ -236,14 +230,10 @@ class Body:
         del self._buffer[:count]
         self._remaining -= count
         if self._remaining == 0:
-            if self._chunked:
-                while len(self._buffer) < 2:
-                    self._fill()
-                if self._buffer[:2] != b"\r\n":
-                    raise BadRequest(400, "malformed chunk")
-                del self._buffer[:2]
-            else:
+            if not self._chunked:
                 self._done = True
+            elif self._line("chunk"):  # a chunk's data ends with CRLF
+                raise BadRequest(400, "malformed chunk")
         return data
 
     def _read_exactly(self, size: int) -> bytes:
@@ -292,8 +282,6 @@ class Body:
                 self._pending = data[end + 1 :] + self._pending
                 break
             line += data
-        if len(line) > limit:
-            line, self._pending = line[:limit], line[limit:] + self._pending
         return line
 
     def readlines(self, hint: int = -1) -> list[bytes]:
@@ -335,10 +323,8 @@ def environ_for(
 ) -> dict[str, Any]:
     """The WSGI environ of ``request`` (PEP 3333), with the connection's socket as ``gunicorn.socket``."""
     target = request.target
-    if not target.startswith("/"):
-        if target == "*":
-            target = "*"
-        elif "://" in target:  # absolute form: the path is what counts
+    if not target.startswith("/") and target != "*":
+        if "://" in target:  # absolute form: the path is what counts
             split = urlsplit(target)
             target = (split.path or "/") + ("?" + split.query if split.query else "")
         else:
@@ -479,12 +465,9 @@ def run_app(app: Callable[..., Iterable[bytes]], environ: dict[str, Any], answer
     learns that way that its client went away)."""
     result = app(environ, answer.start_response)
     try:
-        if isinstance(result, (list, tuple)) and len(result) == 1:
-            answer.send(result[0])
-        else:
-            for data in result:
-                if data:
-                    answer.send(data)
+        for data in result:
+            if data:
+                answer.send(data)
         answer.finish()
     finally:
         close = getattr(result, "close", None)
@@ -494,11 +477,9 @@ def run_app(app: Callable[..., Iterable[bytes]], environ: dict[str, Any], answer
 
 def error_answer(sock: socket.socket, status: int, reason: str) -> None:
     """A plain-text refusal, closing the connection (the request's remaining bytes cannot be trusted)."""
-    phrases = {400: "Bad Request", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
-               501: "Not Implemented", 505: "HTTP Version Not Supported"}  # fmt: skip
     body = (reason + "\n").encode("utf-8")
     head = (
-        f"HTTP/1.1 {status} {phrases.get(status, 'Error')}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n"
     ).encode("latin-1")
     try:
