@@ -101,11 +101,18 @@ def _route(path_info: str) -> tuple[str | None, str | None, str]:
     return None, None, path_info.lstrip("/")
 
 
+def _unrouted(metrics: ProxyMetrics, path: str, headers: dict[str, str], status: int, message: str) -> ProxyAnswer:
+    """An answer no engine call stands behind (no route, a method no protocol has, a bug), in the error shape of the
+    protocol the request looks like, counted."""
+    protocol = protocol_for_errors(path, headers)
+    metrics.answered(protocol.PROVIDER, "unknown", status)
+    return ProxyAnswer(status, protocol.render_error(status, message))
+
+
 def _answer(service: ProxyService, call: ModelCallRequest) -> ProxyAnswer:
     if call.method not in METHODS:
-        protocol = protocol_for_errors(call.environ["PATH_INFO"], call.headers)
-        service.metrics.answered(protocol.PROVIDER, "unknown", 405)
-        return ProxyAnswer(405, protocol.render_error(405, f"method {call.method} is not allowed here"))
+        message = f"method {call.method} is not allowed here"
+        return _unrouted(service.metrics, call.environ["PATH_INFO"], call.headers, 405, message)
     found = detect(call.method, call.path, call.headers, call.args)
     if found is None and call.method == "POST":
         # No route by path: the body may say which API it is; it is read only for a live session's key.
@@ -122,10 +129,8 @@ def _answer(service: ProxyService, call: ModelCallRequest) -> ProxyAnswer:
             if found is not None:
                 return service.handle(found, call.key, call.agent, raw)
     if found is None:
-        protocol = protocol_for_errors(call.path, call.headers)
-        body = protocol.render_error(404, f"no such route: {call.method} /{call.path.strip('/')}")
-        service.metrics.answered(protocol.PROVIDER, "unknown", 404)
-        return ProxyAnswer(404, body)
+        message = f"no such route: {call.method} /{call.path.strip('/')}"
+        return _unrouted(service.metrics, call.path, call.headers, 404, message)
     cap = body_cap(found.protocol, service.config.max_body_bytes)
     return service.handle(found, call.key, call.agent, call.reader(cap))
 
@@ -171,10 +176,9 @@ class ProxyApp(Flask):
             return _respond(service, _answer(service, call), environ, start_response)
         except Exception as exc:
             self.logger.exception("unhandled proxy error")
-            protocol = protocol_for_errors(environ["PATH_INFO"], _headers(environ))
-            service.metrics.answered(protocol.PROVIDER, "unknown", 500)
-            body = protocol.render_error(500, f"internal proxy error: {type(exc).__name__}")
-            return _respond(service, ProxyAnswer(500, body), environ, start_response)
+            message = f"internal proxy error: {type(exc).__name__}"
+            answer = _unrouted(service.metrics, environ["PATH_INFO"], _headers(environ), 500, message)
+            return _respond(service, answer, environ, start_response)
 
 
 def create_app(config: Config | None = None) -> Flask:
@@ -198,17 +202,13 @@ def create_app(config: Config | None = None) -> Flask:
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> tuple[Response, int]:
         status = exc.code or 500
-        headers = {name.lower(): value for name, value in request.headers.items()}
-        protocol = protocol_for_errors(request.path, headers)
-        metrics.answered(protocol.PROVIDER, "unknown", status)
-        return jsonify(protocol.render_error(status, exc.description or exc.name)), status
+        answer = _unrouted(metrics, request.path, _headers(request.environ), status, exc.description or exc.name)
+        return jsonify(answer.body), status
 
     @app.errorhandler(Exception)
     def unexpected(exc: Exception) -> tuple[Response, int]:
         app.logger.exception("unhandled proxy error")
-        headers = {name.lower(): value for name, value in request.headers.items()}
-        protocol = protocol_for_errors(request.path, headers)  # a bug still answers in the caller's error shape
-        metrics.answered(protocol.PROVIDER, "unknown", 500)
-        return jsonify(protocol.render_error(500, f"internal proxy error: {type(exc).__name__}")), 500
+        message = f"internal proxy error: {type(exc).__name__}"  # a bug still answers in the caller's error shape
+        return jsonify(_unrouted(metrics, request.path, _headers(request.environ), 500, message).body), 500
 
     return app
