@@ -8,11 +8,17 @@ Before forking, the master gives its process group a metrics directory of its ow
 writes to; when a worker exits, its in-flight gauges stop counting; when the master exits, the directory goes.
 Without this file each worker would answer a scrape with its own numbers only. ``--preload`` must not be used
 with it: the app would make its metrics before the directory is set.
+
+gunicorn 25.1 and later give every master the same control socket by default (``$HOME/.gunicorn/gunicorn.ctl``):
+the API and the proxy, and every stack of a machine, would bind it in turn, and the first to stop would unlink the
+socket of another. Unless one is configured, each master's goes in its metrics directory (``gunicornc -s
+<dir>/gunicorn.ctl``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +40,31 @@ def _directory(server: Any) -> Path:
     return group_dir(load_config(), service, port)
 
 
+# A Unix socket's path must fit sun_path (108 bytes with its terminating NUL).
+SOCKET_PATH_MAX = 107
+
+
+def _own_control_socket(server: Any, directory: Path) -> None:
+    setting = server.cfg.settings.get("control_socket")
+    if setting is None or server.cfg.control_socket_disable or setting.value != setting.default:
+        return  # a gunicorn without one, or the operator chose
+    path = directory / "gunicorn.ctl"
+    if len(os.fsencode(path)) > SOCKET_PATH_MAX:
+        server.cfg.set("control_socket_disable", True)
+        log.warning("control socket: %s is too long a path for a Unix socket; gunicornc cannot reach this master", path)
+        return
+    server.cfg.set("control_socket", str(path))
+
+
 def on_starting(server: Any) -> None:
+    directory = _directory(server)
     try:
-        path = use_directory(_directory(server), clean=True)
+        path = use_directory(directory, clean=True)
     except OSError as exc:  # metrics are not worth refusing to serve: each worker then reports its own
         log.warning("metrics: no multiprocess directory (%s); /metrics shows one worker's numbers", exc)
-        return
-    log.info("metrics: workers write to %s", path)
+    else:
+        log.info("metrics: workers write to %s", path)
+    _own_control_socket(server, directory)
 
 
 def child_exit(server: Any, worker: Any) -> None:

@@ -13,6 +13,16 @@ from polar.harnesses.install import install
 from tests.support import RunningStack, running_stack
 
 REPO = str(Path(__file__).resolve().parents[2])
+# A session's budget only catches a hung harness, so it is generous: on a loaded 2-core CI machine OpenClaw in bwrap
+# spent 33 s preparing its first turn and 46 s on SQLite maintenance, and was cut at the 240 s it had then.
+SESSION_BUDGET_S = 600
+
+
+def batch_timeout_s(sessions: int, run_concurrency: int, budget_s: float = SESSION_BUDGET_S) -> float:
+    """How long a batch of ``sessions`` may take at ``run_concurrency`` when every session uses its whole budget
+    (waves of run slots, each with a minute for init, ready and postrun), plus two minutes to drain."""
+    waves = -(-sessions // run_concurrency)
+    return waves * (budget_s + 60) + 120
 
 
 def content_for(harness: str, runtime: str) -> str:
@@ -22,7 +32,7 @@ def content_for(harness: str, runtime: str) -> str:
 @contextmanager
 def file_task_results(
     database_url: str, broker_url: str, tmp: Path, harnesses: Sequence[str], runtimes: Sequence[str],
-    run_concurrency: int, timeout_s: float,
+    run_concurrency: int,
 ) -> Iterator[dict[str, Any]]:  # fmt: skip
     """Install ``harnesses``, run the file task for each harness x runtime in one batch; yield the sessions by
     ``"<harness>-<runtime>"``, with ``"stack"`` and ``"engine"`` (the engine's log by response id)."""
@@ -35,7 +45,7 @@ def file_task_results(
             {
                 "task_id": f"{harness}-{runtime}",
                 "instruction": f"Create hello.txt containing {content_for(harness, runtime)}",
-                "timeout_seconds": 240,
+                "timeout_seconds": SESSION_BUDGET_S,
                 "runtime": {"backend": runtime},
                 "harness": {"name": harness},
                 "evaluator": {
@@ -47,7 +57,7 @@ def file_task_results(
             for runtime in runtimes
         ]
         submitted = stack.client.submit({"name": tmp.name, "tasks": tasks})
-        stack.wait(submitted["batch_id"], timeout_s=timeout_s)
+        stack.wait(submitted["batch_id"], timeout_s=batch_timeout_s(len(tasks), run_concurrency))
         found: dict[str, Any] = {"stack": stack, "engine": stack.engine_entries()}
         for session in stack.client.sessions(submitted["batch_id"]):
             found[session["task_id"]] = session

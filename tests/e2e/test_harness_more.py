@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.file_task import check_file_task, file_task_results
 
-pytestmark = [pytest.mark.long(seconds=70), pytest.mark.timeout(900)]  # installs three CLIs first
+pytestmark = [pytest.mark.long(seconds=70), pytest.mark.timeout(1500)]  # installs three CLIs, then one wave
 
 HARNESSES = ("mini_swe_agent", "hermes", "openclaw")
 RUNTIMES = ("bwrap",)
@@ -29,7 +29,7 @@ def results(
 ) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("harness-more")
     with file_task_results(
-        module_database_url, module_broker_url, tmp, HARNESSES, RUNTIMES, run_concurrency=3, timeout_s=500
+        module_database_url, module_broker_url, tmp, HARNESSES, RUNTIMES, run_concurrency=3
     ) as found:
         yield found
 

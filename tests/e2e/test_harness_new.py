@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.file_task import check_file_task, file_task_results
 
-pytestmark = [pytest.mark.long(seconds=192), pytest.mark.timeout(1500)]  # installs five CLIs first
+pytestmark = [pytest.mark.long(seconds=192), pytest.mark.timeout(2700)]  # installs five CLIs, then three waves
 
 HARNESSES = ("kilocode", "cline", "droid", "mistral_vibe", "kimi_cli", "aider")
 RUNTIMES = ("local", "bwrap")
@@ -29,7 +29,7 @@ def results(
 ) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("harness-new")
     with file_task_results(
-        module_database_url, module_broker_url, tmp, HARNESSES, RUNTIMES, run_concurrency=4, timeout_s=900
+        module_database_url, module_broker_url, tmp, HARNESSES, RUNTIMES, run_concurrency=4
     ) as found:
         yield found
 

@@ -12,15 +12,17 @@ import pytest
 
 from polar.harnesses.install import install
 from tests.docker_engine import containers_of, require_docker_image
+from tests.e2e.file_task import SESSION_BUDGET_S, batch_timeout_s
 from tests.support import running_stack
 
-# Dealt out first, longest first (tests/conftest.py). It installs the six CLIs first and then waits up to 600 s for
-# its twelve sessions: the default 300 s per test cut it short on slow machines (2026-11-28, twice).
-pytestmark = [pytest.mark.long(seconds=52), pytest.mark.timeout(1200)]
+# Dealt out first, longest first (tests/conftest.py). It installs the six CLIs first and then waits for three waves
+# of sessions that may each use their whole budget: the default 300 s per test cut it short on slow machines.
+pytestmark = [pytest.mark.long(seconds=52), pytest.mark.timeout(2700)]
 
 REPO = str(Path(__file__).resolve().parents[2])
 CLIS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi")
 BACKENDS = ("bwrap", "docker")
+RUN_CONCURRENCY = 4
 
 
 def cli_task(cli: str, backend: str) -> dict[str, Any]:
@@ -28,7 +30,7 @@ def cli_task(cli: str, backend: str) -> dict[str, Any]:
     return {
         "task_id": f"{cli}-{backend}",
         "instruction": f"Create hello.txt containing {content}",
-        "timeout_seconds": 240,
+        "timeout_seconds": SESSION_BUDGET_S,
         "runtime": {"backend": backend},
         "harness": {"name": cli},
         "evaluator": {"name": "tests.e2e.file_check:FileContent", "config": {"path": "hello.txt", "content": content}},
@@ -39,12 +41,12 @@ def test_the_six_clis_in_bwrap_and_docker(database_url: str, broker_url: str, tm
     require_docker_image()
     install(CLIS)
     with running_stack(
-        database_url, broker_url, tmp_path, policy="tool_user", policy_config="{}", run_concurrency=4,
+        database_url, broker_url, tmp_path, policy="tool_user", policy_config="{}", run_concurrency=RUN_CONCURRENCY,
         env={"PYTHONPATH": REPO, "POLAR_PLUGIN_MODULES": "tests.e2e"},
     ) as stack:  # fmt: skip
         tasks = [cli_task(cli, backend) for backend in BACKENDS for cli in CLIS]
         submitted = stack.client.submit({"name": "sandboxed-clis", "tasks": tasks})
-        stack.wait(submitted["batch_id"], timeout_s=600)
+        stack.wait(submitted["batch_id"], timeout_s=batch_timeout_s(len(tasks), RUN_CONCURRENCY))
         sessions = list(stack.client.sessions(submitted["batch_id"]))
         failures = []
         for session in sessions:

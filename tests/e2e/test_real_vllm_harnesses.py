@@ -18,10 +18,14 @@ from typing import Any
 import pytest
 
 from polar.harnesses.install import install
+from tests.e2e.file_task import SESSION_BUDGET_S, batch_timeout_s
 from tests.real_vllm import SharedVllm
 from tests.support import RunningStack, engine_tokenize, running_stack
 
-pytestmark = [pytest.mark.long(seconds=250), pytest.mark.timeout(1200)]
+pytestmark = [
+    pytest.mark.long(seconds=250),
+    pytest.mark.timeout(3000),
+]  # three waves of sessions that may each use their budget
 
 REPO = str(Path(__file__).resolve().parents[2])
 # The six CLIs, mini_swe_agent, hermes, openclaw; the presets of issue 31 run on the reference engine
@@ -38,6 +42,7 @@ HARNESSES = (
     "openclaw",
 )
 CONTENT = "polar-ok"
+RUN_CONCURRENCY = 3
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +53,13 @@ def results(
     tmp = tmp_path_factory.mktemp("real-vllm-harnesses")
     env = {"PYTHONPATH": REPO, "POLAR_PLUGIN_MODULES": "tests.e2e"}
     with running_stack(
-        module_database_url, module_broker_url, tmp, run_concurrency=3, env=env, engine_url=real_vllm.url
+        module_database_url, module_broker_url, tmp, run_concurrency=RUN_CONCURRENCY, env=env, engine_url=real_vllm.url
     ) as stack:
         tasks = [
             {
                 "task_id": harness,
                 "instruction": f"Create hello.txt containing {CONTENT}",
-                "timeout_seconds": 300,
+                "timeout_seconds": SESSION_BUDGET_S,
                 "harness": {"name": harness},
                 "evaluator": {"name": "tests.e2e.file_check:FileContent", "config": {"path": "hello.txt",
                                                                                     "content": CONTENT}},
@@ -62,7 +67,7 @@ def results(
             for harness in HARNESSES
         ]  # fmt: skip
         submitted = stack.client.submit({"name": "real-vllm-harnesses", "tasks": tasks})
-        stack.wait(submitted["batch_id"], timeout_s=900)
+        stack.wait(submitted["batch_id"], timeout_s=batch_timeout_s(len(tasks), RUN_CONCURRENCY))
         found: dict[str, Any] = {"stack": stack}
         for session in stack.client.sessions(submitted["batch_id"]):
             found[session["task_id"]] = session
