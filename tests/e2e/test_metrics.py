@@ -11,7 +11,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gunicorn.ctl.client import ControlClient
 
 from polar.config import load_config
 from polar.launcher import metrics_urls
@@ -132,12 +131,13 @@ def test_every_endpoint_scrapes_and_the_series_move_with_a_batch(stack: RunningS
 def test_each_gunicorn_master_has_its_own_control_socket(stack: RunningStack) -> None:
     """gunicorn's default control socket is one path per user: the API, the proxy and every other stack of the
     machine would bind it in turn. Each master's is in its own metrics directory and answers for that master."""
+    client_module = pytest.importorskip("gunicorn.ctl.client", reason="gunicorn before 25.1 has no control socket")
     config = load_config(stack.env)
     workers = {}
     for service, url in (("api", stack.api_url), ("proxy", stack.proxy_url)):
         port = url.rpartition(":")[2]
         path = group_dir(config, service, port) / "gunicorn.ctl"
-        with ControlClient(str(path), timeout=HANG_GUARD_S) as client:
+        with client_module.ControlClient(str(path), timeout=HANG_GUARD_S) as client:
             listeners = client.send_command("show listeners")["listeners"]
             workers[service] = {worker["pid"] for worker in client.send_command("show workers")["workers"]}
         assert [listener["address"] for listener in listeners] == [f"http://127.0.0.1:{port}"], service
