@@ -45,6 +45,8 @@ SOCKET_PATH_MAX = 107
 
 
 def _own_control_socket(server: Any, directory: Path) -> None:
+    """The master's control socket in ``directory``, unless the operator named one or turned it off. Sandboxes bind
+    neither this directory nor ``$HOME``, and the socket is the master's user's alone (gunicorn's mode 0600)."""
     setting = server.cfg.settings.get("control_socket")
     if setting is None or server.cfg.control_socket_disable or setting.value != setting.default:
         return  # a gunicorn without one, or the operator chose
