@@ -193,11 +193,12 @@ class Body:
             raise ClientGone("the connection ended inside a request body")
         self._buffer += data
 
-    def _line(self, what: str) -> bytes:
-        """The body's next CRLF-ended line (a chunk size, the end of a chunk, a trailer), without its CRLF."""
+    def _line(self, too_long: str) -> bytes:
+        """The body's next CRLF-ended line (a chunk size, a trailer), without its CRLF; ``too_long`` refuses one
+        longer than a head may be."""
         while (end := self._buffer.find(b"\r\n")) < 0:
             if len(self._buffer) > MAX_HEAD:
-                raise BadRequest(400, f"malformed {what}")
+                raise BadRequest(400, too_long)
             self._fill()
         line = bytes(self._buffer[:end])
         del self._buffer[: end + 2]
@@ -205,12 +206,12 @@ class Body:
 
     def _chunk_size(self) -> None:
         """Reads the next chunk's size line; at the last chunk, the trailers (ignored) up to the blank line."""
-        line = self._line("chunk size").partition(b";")[0].strip(b" \t")
+        line = self._line("malformed chunk size").partition(b";")[0].strip(b" \t")
         if not line or len(line) > 16 or not _HEX.issuperset(line):
             raise BadRequest(400, "malformed chunk size")
         self._remaining = int(line, 16)
         if self._remaining == 0:
-            while self._line("request trailer"):
+            while self._line("request trailers over 64 KiB"):
                 pass
             self._done = True
 
@@ -232,8 +233,12 @@ class Body:
         if self._remaining == 0:
             if not self._chunked:
                 self._done = True
-            elif self._line("chunk"):  # a chunk's data ends with CRLF
-                raise BadRequest(400, "malformed chunk")
+            else:  # a chunk's data ends with exactly CRLF: anything else is refused at once, not read on for a line
+                while len(self._buffer) < 2:
+                    self._fill()
+                if self._buffer[:2] != b"\r\n":
+                    raise BadRequest(400, "malformed chunk")
+                del self._buffer[:2]
         return data
 
     def _read_exactly(self, size: int) -> bytes:

@@ -62,6 +62,17 @@ def test_readline_honours_its_limit_and_keeps_the_rest(pair: tuple[socket.socket
     assert body.readlines() == [b"second\n", b"third"]
 
 
+def test_a_chunk_longer_than_its_size_is_refused_at_once(pair: tuple[socket.socket, socket.socket]) -> None:
+    """The two bytes after a chunk's data must be its CRLF: the body does not read on looking for a line end."""
+    server, client = pair
+    client.sendall(b"5\r\nhelloXY")
+    client.shutdown(socket.SHUT_WR)  # nothing more comes: reading on would end the connection, not refuse the chunk
+    body = _body(server, bytearray(), b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked")
+    with pytest.raises(http1.BadRequest) as refused:
+        body.read()
+    assert (refused.value.status, refused.value.reason) == (400, "malformed chunk")
+
+
 def test_a_body_cut_short_is_a_client_gone(pair: tuple[socket.socket, socket.socket]) -> None:
     server, client = pair
     client.sendall(b"only part")
