@@ -65,7 +65,8 @@ class PromptDelta:
 class TokenIds(list[int]):
     """Token ids already known to be plain ints in int32 range, with their little-endian int32 bytes
     (``polar.proxy.prompt_ids`` reads an engine's answer so): neither is worked out again for them. Never changed
-    in place (a changed copy is a plain list)."""
+    in place once handed out (a changed copy is a plain list); ``KnownPrompts`` grows one only while nothing else
+    holds it."""
 
     __slots__ = ("int32",)
 

@@ -99,3 +99,15 @@ def test_a_completions_answer_carries_its_prompt_in_its_first_choice() -> None:
             type(body["choices"][0]["prompt_token_ids"]) is TokenIds
             and body["choices"][0]["prompt_token_ids"] == prompt
         )
+
+
+def test_the_last_prompt_is_grown_in_place_only_once_nothing_else_holds_it() -> None:
+    known, first, second, third = KnownPrompts(), [5, 6, 7], [5, 6, 7, 8, 9], [5, 6, 7, 8, 9, 10]
+    held = _read(known, _answer(first))["prompt_token_ids"]
+    grown = _read(known, _answer(second))["prompt_token_ids"]
+    assert held == first and held.int32 == struct.pack("<3i", *first)  # an answer still held it: not changed
+    assert grown == second and grown is not held
+    address = id(grown)  # kept alive by the cache, so no other object can take this id meanwhile
+    del grown
+    again = _read(known, _answer(third))["prompt_token_ids"]
+    assert id(again) == address and again == third and again.int32 == struct.pack("<6i", *third)
