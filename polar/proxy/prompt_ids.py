@@ -119,7 +119,7 @@ class KnownPrompts:
             known.extend(tail)
             known.int32 += packed
             return known
-        grown = TokenIds(known, known.int32 + packed)
+        grown = TokenIds(known, known.int32 + packed, known.digest)
         grown.extend(tail)
         return grown
 

@@ -66,13 +66,15 @@ class TokenIds(list[int]):
     """Token ids already known to be plain ints in int32 range, with their little-endian int32 bytes
     (``polar.proxy.prompt_ids`` reads an engine's answer so): neither is worked out again for them. Never changed
     in place once handed out (a changed copy is a plain list); ``KnownPrompts`` grows one only while nothing else
-    holds it."""
+    holds it. ``digest``: the sha256 of its first ``n`` ids, as ``(n, hash)``, when ``encode_prompt`` has hashed
+    them (growing at the end leaves it true)."""
 
-    __slots__ = ("int32",)
+    __slots__ = ("digest", "int32")
 
-    def __init__(self, ids: Iterable[int], int32: bytes) -> None:
+    def __init__(self, ids: Iterable[int], int32: bytes, digest: tuple[int, Any] | None = None) -> None:
         super().__init__(ids)
         self.int32 = int32
+        self.digest = digest
 
 
 def _token_bytes(token_ids: Sequence[int]) -> bytes:
@@ -91,22 +93,32 @@ def chain_hash(token_ids: Sequence[int]) -> str:
 def encode_prompt(prompt: Sequence[int], completion: Sequence[int], chains: Iterable[Chain]) -> PromptDelta:
     """Pick the parent for ``prompt`` among the session's earlier ``chains`` (oldest first) and cut the prompt.
 
-    The prompt is hashed once, incrementally: each candidate length costs a digest, not a pass over the prompt.
+    The prompt is hashed once, incrementally: each candidate length costs a digest, not a pass over the prompt. A
+    ``TokenIds`` prompt that grew from the last one hashed (an agent's next turn) is hashed only past it: the
+    candidates it reaches are tried longest first from there, and the prompt's own digest is kept on it for the
+    next turn (~0.15 ms less at 40k ids here).
     """
     by_length: dict[int, list[Chain]] = {}
     for chain in chains:
         if 0 < chain.length <= len(prompt):
             by_length.setdefault(chain.length, []).append(chain)
     data = memoryview(_token_bytes(prompt))
-    digest = hashlib.sha256()
-    hashed, parent = 0, None
-    for length in sorted(by_length):
-        digest.update(data[hashed * 4 : length * 4])
-        hashed = length
-        prefix_hash = digest.hexdigest()
-        # Longer matches win; among equal chains (a retried call) the latest.
-        parent = next((c for c in reversed(by_length[length]) if c.chain_hash == prefix_hash), parent)
+    known = prompt.digest if type(prompt) is TokenIds else None
+    if known is None or known[0] > len(prompt):
+        parent, hashed, digest = _longest_match(data, by_length, len(prompt) + 1)
+    else:
+        (hashed, digest), parent = known, None
+        for length in sorted((length for length in by_length if length >= hashed), reverse=True):
+            tried = digest.copy()
+            tried.update(data[hashed * 4 : length * 4])
+            if (parent := _latest_match(by_length[length], tried.hexdigest())) is not None:
+                break
+        if parent is None:  # none of those: the shorter candidates, hashed from the start
+            parent = _longest_match(data, by_length, hashed)[0]
+    digest = digest.copy()
     digest.update(data[hashed * 4 :])
+    if type(prompt) is TokenIds:
+        prompt.digest = (len(prompt), digest.copy())
     digest.update(_token_bytes(completion))
     prefix_len = parent.length if parent else 0
     return PromptDelta(
@@ -116,6 +128,22 @@ def encode_prompt(prompt: Sequence[int], completion: Sequence[int], chains: Iter
         prompt_len=len(prompt),
         chain_hash=digest.hexdigest(),
     )
+
+
+def _latest_match(chains: list[Chain], prefix_hash: str) -> Chain | None:
+    """Among equal-length chains (a retried call), the latest whose hash is ``prefix_hash``."""
+    return next((chain for chain in reversed(chains) if chain.chain_hash == prefix_hash), None)
+
+
+def _longest_match(data: memoryview, by_length: dict[int, list[Chain]], below: int) -> tuple[Chain | None, int, Any]:
+    """The longest chain shorter than ``below`` ids that ``data`` begins with, hashing ``data`` once from its start;
+    with how many ids that hashed, and the hash so far."""
+    digest, hashed, parent = hashlib.sha256(), 0, None
+    for length in sorted(length for length in by_length if length < below):
+        digest.update(data[hashed * 4 : length * 4])
+        hashed = length
+        parent = _latest_match(by_length[length], digest.hexdigest()) or parent
+    return parent, hashed, digest
 
 
 def full_prompts(

@@ -4,6 +4,7 @@ function ``polar_full_prompt`` and the view ``model_calls_full``; storage grows 
 from __future__ import annotations
 
 import random
+import struct
 import tracemalloc
 import uuid
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from polar.services import Services
 from polar.stages.postrun import captured_calls
 from polar.storage.migration import upgrade
 from polar.storage.models import ModelCall, Session
-from polar.storage.prompts import Chain, PromptView, chain_hash, encode_prompt, full_prompts
+from polar.storage.prompts import Chain, PromptView, TokenIds, chain_hash, encode_prompt, full_prompts
 from polar.task_request import parse_batch_request
 from tests.support import command_task, domain_services
 
@@ -211,6 +212,38 @@ def test_encode_and_rebuild_round_trip() -> None:
     assert full_prompts(rows) == {first_id: [1, 2], second_id: [1, 2, 3, 4]}
     with pytest.raises(PolarError):
         full_prompts(rows[1:])
+
+
+def _int32(ids: list[int]) -> bytes:
+    return struct.pack(f"<{len(ids)}i", *ids)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_prompt_hashed_past_its_last_turn_picks_what_a_whole_hash_picks(seed: int) -> None:
+    """An agent's prompts as ``KnownPrompts`` hands them over (one ``TokenIds`` grown turn by turn, or copied), hashed
+    only past the last turn, give the same delta and chain hash as plain lists hashed whole, whatever the chains."""
+    rng = random.Random(seed)
+    prompt: list[int] = [rng.randrange(100) for _ in range(rng.randrange(1, 40))]
+    grown = TokenIds(prompt, _int32(prompt))
+    chains: list[Chain] = []
+    for _ in range(12):
+        completion = [rng.randrange(100) for _ in range(rng.randrange(0, 6))]
+        whole = encode_prompt(list(prompt), completion, chains)
+        assert encode_prompt(grown, completion, chains) == whole
+        call = Chain(uuid.uuid4(), len(prompt) + len(completion), whole.chain_hash)
+        chains += [call] + [Chain(uuid.uuid4(), rng.randrange(1, call.length + 5), "other")] * rng.randrange(2)
+        if rng.random() < 0.3:  # a retried call: an equal chain, the latest wins
+            chains.append(Chain(uuid.uuid4(), call.length, call.chain_hash))
+        # The next turn: usually the chain and more, sometimes re-rendered (the completion's tokens differ).
+        kept = completion if rng.random() < 0.7 else [rng.randrange(100) for _ in completion]
+        tail = kept + [rng.randrange(100) for _ in range(rng.randrange(0, 30))]
+        prompt = prompt + tail
+        if rng.random() < 0.5:
+            grown.extend(tail)
+            grown.int32 += _int32(tail)
+        else:
+            grown = TokenIds(grown + tail, grown.int32 + _int32(tail), grown.digest)
+        assert grown == prompt
 
 
 def test_postrun_reads_prompts_through_their_deltas(services: Services) -> None:
