@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -81,9 +82,19 @@ class ProxyMetrics:
             ["engine"],
             registry=r,
         )
+        # Each labelled series, looked up once: ``labels()`` takes a lock and checks its values on every call, about
+        # half of what a call's metrics cost here. Bounded by the labels' own values (protocols, phases, engines).
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def _child(self, metric: Counter | Gauge | Histogram, *values: str) -> Any:
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def answered(self, protocol: str, operation: str, status: int) -> None:
-        self.requests.labels(protocol, operation, str(status)).inc()
+        self._child(self.requests, protocol, operation, str(status)).inc()
 
     def timed(self, protocol: str, engine_s: float, capture_s: float, total_s: float) -> None:
         """One call's phases; ``proxy`` is what is left of ``total_s`` after the engine and capture."""
@@ -94,14 +105,14 @@ class ProxyMetrics:
             "total": total_s,
         }
         for phase, seconds in phases.items():
-            self.duration.labels(protocol, phase).observe(seconds)
+            self._child(self.duration, protocol, phase).observe(seconds)
 
     def tokens(self, protocol: str, prompt: int, completion: int) -> None:
-        self.prompt_tokens.labels(protocol).inc(prompt)
-        self.completion_tokens.labels(protocol).inc(completion)
+        self._child(self.prompt_tokens, protocol).inc(prompt)
+        self._child(self.completion_tokens, protocol).inc(completion)
 
     def refused(self, protocol: str, reason: str) -> None:
-        self.rejected.labels(protocol, reason).inc()
+        self._child(self.rejected, protocol, reason).inc()
 
     def engines(self, urls: tuple[str, ...]) -> None:
         """Show every engine's in-flight gauge and busy seconds from the start, at 0."""
@@ -111,14 +122,14 @@ class ProxyMetrics:
 
     @contextmanager
     def engine_call(self, engine: str) -> Iterator[None]:
-        gauge = self.engine_inflight.labels(engine)
+        gauge = self._child(self.engine_inflight, engine)
         gauge.inc()
         started = time.monotonic()
         try:
             yield
         finally:
             gauge.dec()
-            self.engine_call_seconds.labels(engine).inc(time.monotonic() - started)
+            self._child(self.engine_call_seconds, engine).inc(time.monotonic() - started)
 
 
 class StageMetrics:

@@ -16,12 +16,16 @@ import threading
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from polar.storage.prompts import Chain
 
 MAX_SESSIONS = 4096  # least recently recorded sessions are forgotten first
 MAX_CHAINS = 64  # as many as the parents query looks at (``capture._PARENT_WINDOW``)
+# A chain entry's sequence number, read in C: a Python key function (and the UUID hash a lookup by call id costs)
+# ran 65 times a call in a session past MAX_CHAINS calls.
+_SEQ = itemgetter(0)
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class RecentCalls:
             entry = self._sessions.get(session_id)
             if entry is None or not entry.trusted or agent not in entry.latest:
                 return None
-            chains = [chain for _, chain in sorted(entry.chains.values(), key=lambda item: item[0])]
+            chains = [chain for _, chain in sorted(entry.chains.values(), key=_SEQ)]
             return chains, entry.latest[agent]
 
     def recorded(
@@ -85,8 +89,7 @@ class RecentCalls:
             if chain is not None:
                 entry.chains[chain.call_id] = (call.seq, chain)
                 if len(entry.chains) > MAX_CHAINS:
-                    oldest = min(entry.chains, key=lambda call_id: entry.chains[call_id][0])
-                    del entry.chains[oldest]
+                    del entry.chains[min(entry.chains.values(), key=_SEQ)[1].call_id]
             if agent not in entry.latest or entry.latest[agent].seq < call.seq:
                 entry.latest[agent] = call
             self._sessions[session_id] = entry

@@ -99,13 +99,14 @@ def encode_prompt(prompt: Sequence[int], completion: Sequence[int], chains: Iter
     next turn (~0.15 ms less at 40k ids here).
     """
     by_length: dict[int, list[Chain]] = {}
+    size = len(prompt)
     for chain in chains:
-        if 0 < chain.length <= len(prompt):
+        if 0 < chain.length <= size:
             by_length.setdefault(chain.length, []).append(chain)
     data = memoryview(_token_bytes(prompt))
     known = prompt.digest if type(prompt) is TokenIds else None
-    if known is None or known[0] > len(prompt):
-        parent, hashed, digest = _longest_match(data, by_length, len(prompt) + 1)
+    if known is None or known[0] > size:
+        parent, hashed, digest = _longest_match(data, by_length, size + 1)
     else:
         (hashed, digest), parent = known, None
         for length in sorted((length for length in by_length if length >= hashed), reverse=True):
@@ -118,14 +119,14 @@ def encode_prompt(prompt: Sequence[int], completion: Sequence[int], chains: Iter
     digest = digest.copy()
     digest.update(data[hashed * 4 :])
     if type(prompt) is TokenIds:
-        prompt.digest = (len(prompt), digest.copy())
+        prompt.digest = (size, digest.copy())
     digest.update(_token_bytes(completion))
     prefix_len = parent.length if parent else 0
     return PromptDelta(
         parent_id=parent.call_id if parent else None,
         prefix_len=prefix_len,
         token_ids=list(prompt[prefix_len:]),
-        prompt_len=len(prompt),
+        prompt_len=size,
         chain_hash=digest.hexdigest(),
     )
 
