@@ -100,8 +100,8 @@ class KnownPrompts:
 
         The last prompt is taken out while it is read, and grown in place when nothing else holds it any more (the
         answer it came in has been recorded and let go): a copy, and freeing the old list, would each touch all its
-        ids, memory an agent's turn has mostly pushed out of the caches (~0.3 ms at 40k ids here). A concurrent call of
-        the same agent finds nothing meanwhile and reads its ids whole."""
+        ids, memory an agent's turn has mostly pushed out of the caches (the proxy's own time at 40k ids: 0.3-0.7 ms
+        less here). A concurrent call of the same agent finds nothing meanwhile and reads its ids whole."""
         with self._lock:
             taken = self._known.pop(key, None)
             if taken is not None:

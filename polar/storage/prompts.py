@@ -96,7 +96,7 @@ def encode_prompt(prompt: Sequence[int], completion: Sequence[int], chains: Iter
     The prompt is hashed once, incrementally: each candidate length costs a digest, not a pass over the prompt. A
     ``TokenIds`` prompt that grew from the last one hashed (an agent's next turn) is hashed only past it: the
     candidates it reaches are tried longest first from there, and the prompt's own digest is kept on it for the
-    next turn (~0.15 ms less at 40k ids here).
+    next turn (at 40k ids: 0.10 -> 0.01 ms here, warm).
     """
     by_length: dict[int, list[Chain]] = {}
     size = len(prompt)
