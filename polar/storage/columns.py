@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import sys
+import uuid
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -143,11 +144,53 @@ def is_postgres(target: Any) -> bool:
     return bool(bind.dialect.name == "postgresql")
 
 
+_UUID_OID, _UUID_ARRAY_OID = 2950, 2951
+_UUID_LENGTH = struct.pack(">i", 16)
+
+
+class _Uuids(list[uuid.UUID]):
+    """Ids on their way to Postgres as one ``uuid[]``."""
+
+
+class _UuidArrayDumper(Dumper):
+    """``uuid[]`` in its binary format: a header, then each id as (int32 length 16, its 16 bytes). psycopg's own list
+    dumper writes text, checking and quoting each id with a regex: ~4 ms for a feed page's 1,000 session ids."""
+
+    format = Format.BINARY
+    oid = _UUID_ARRAY_OID
+
+    def dump(self, obj: Any) -> bytes:
+        if not obj:
+            return struct.pack(">iiI", 0, 0, _UUID_OID)
+        ids = (value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)) for value in obj)
+        return struct.pack(">iiIii", 1, 0, _UUID_OID, len(obj), 1) + b"".join(
+            _UUID_LENGTH + value.bytes for value in ids
+        )
+
+
+psycopg.adapters.register_dumper(_Uuids, _UuidArrayDumper)
+
+
+class _UuidArray(sa.types.TypeDecorator[list[uuid.UUID]]):
+    """A parameter of ids bound as ``_Uuids`` (replacing ARRAY's element-by-element processing)."""
+
+    impl = postgresql.ARRAY(sa.Uuid())
+    cache_ok = True
+
+    def bind_processor(self, dialect: sa.Dialect) -> Callable[[list[Any] | None], Any]:
+        def values(value: list[Any] | None) -> Any:
+            return None if value is None else _Uuids(value)
+
+        return values
+
+
 def any_of(db: Any, column: sa.ColumnElement[Any], values: Iterable[Any]) -> sa.ColumnElement[bool]:
     """``column IN values``; on Postgres one array parameter (``column = ANY(:values)``), so a page's thousand ids
-    are one bind to render and send, not a thousand. ``db``: a Session or Connection (its dialect decides)."""
+    are one bind to render and send, not a thousand (ids in ``uuid[]``'s binary format). ``db``: a Session or
+    Connection (its dialect decides)."""
     if is_postgres(db):
-        return column == sa.any_(sa.bindparam(None, list(values), type_=postgresql.ARRAY(column.type)))
+        kind = _UuidArray() if isinstance(column.type, sa.Uuid) else postgresql.ARRAY(column.type)
+        return column == sa.any_(sa.bindparam(None, list(values), type_=kind))
     return column.in_(list(values))
 
 

@@ -188,26 +188,33 @@ def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit:
         tasks = {
             task.id: task
             for task in db.execute(
-                sa.select(Task.id, Task.position, Task.num_samples, Task.spec).where(Task.id.in_(task_pks))
+                sa.select(Task.id, Task.batch_id, Task.position, Task.num_samples, Task.spec).where(
+                    Task.id.in_(task_pks)
+                )
             )
         }
         standing = group_standing(db, task_pks)
+    # What an item says of its group, worked out once a group (a page of 10 groups holds 1,000 items).
+    groups = {
+        task.id: (str(task.batch_id), group_id(task.batch_id, task.position, task.spec.get("metadata")),
+                  task.num_samples, standing[task.id])
+        for task in tasks.values()
+    }  # fmt: skip
     texts = []
     for session_id, position in rows:
         for trajectory in trajectories.get(session_id, ()):
-            task = tasks[trajectory.task_pk]
-            group = standing[task.id]
+            batch, group, size, group_standing_now = groups[trajectory.task_pk]
             stored = trajectory.trajectory_json if postgres else dump_json_text(stored_trajectory_json(trajectory))
             fields = dump_json_text({
                 "routed_experts": routed_json(trajectory.call_ids, routed),
-                "batch_id": str(trajectory.batch_id),
+                "batch_id": batch,
                 "task_id": trajectory.task_id,
                 "sample_index": trajectory.sample_index,
                 "attempt": trajectory.attempt,
-                "group_id": group_id(trajectory.batch_id, task.position, task.spec.get("metadata")),
-                "group_size": task.num_samples,
-                "group_scored": group.scored,
-                "group_missing": group.missing,
+                "group_id": group,
+                "group_size": size,
+                "group_scored": group_standing_now.scored,
+                "group_missing": group_standing_now.missing,
                 "state": trajectory.state,
                 "feed_position": position,
             })  # fmt: skip

@@ -3,12 +3,13 @@ exactly as written."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
 
-from polar.storage.columns import int_array, real_array, small_int_array
+from polar.storage.columns import any_of, int_array, real_array, small_int_array
 
 _metadata = sa.MetaData()
 _table = sa.Table(
@@ -19,6 +20,7 @@ _table = sa.Table(
     sa.Column("mask", small_int_array()),
     sa.Column("logprobs", real_array()),
 )
+_uuids = sa.Table("uuids", _metadata, sa.Column("id", sa.Uuid, primary_key=True))
 
 
 @pytest.fixture
@@ -56,3 +58,16 @@ def test_masks_and_logprobs_round_trip(engine: sa.Engine, size: int) -> None:
         assert tuple(connection.execute(sa.select(_table.c.mask, _table.c.logprobs)).one()) == (mask, logprobs)
         kinds = connection.execute(sa.text("SELECT pg_typeof(mask)::text, pg_typeof(logprobs)::text FROM ids")).one()
     assert tuple(kinds) == ("smallint[]", "real[]")
+
+
+@pytest.mark.parametrize("wanted", [0, 1, 3, 1_000])
+def test_ids_are_matched_as_one_uuid_array(engine: sa.Engine, wanted: int) -> None:
+    ids = [uuid.uuid4() for _ in range(1_010)]
+    with engine.begin() as connection:
+        connection.execute(sa.insert(_uuids), [{"id": value} for value in ids])
+        chosen = [*ids[:wanted], uuid.uuid4()]  # one that is not there
+        found = connection.execute(sa.select(_uuids.c.id).where(any_of(connection, _uuids.c.id, chosen))).scalars()
+        assert sorted(found) == sorted(ids[:wanted])
+        as_text = [str(value) for value in ids[:3]]  # ids given as text are the same ids
+        found = connection.execute(sa.select(_uuids.c.id).where(any_of(connection, _uuids.c.id, as_text))).scalars()
+        assert sorted(found) == sorted(ids[:3])
