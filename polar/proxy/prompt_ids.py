@@ -115,12 +115,10 @@ class KnownPrompts:
         packed = None if tail is None else _packed(tail)
         if tail is None or packed is None:
             return None
-        if sys.getrefcount(known) == 2:  # this name and getrefcount's argument: no one else can see it change
-            known.extend(tail)
-            known.int32 += packed
-            return known
-        grown = TokenIds(known, known.int32 + packed, known.digest)
+        # This name and getrefcount's argument only: no one else can see it change.
+        grown = known if sys.getrefcount(known) == 2 else TokenIds(known, known.int32, known.digest)
         grown.extend(tail)
+        grown.int32 += packed
         return grown
 
     def _keep(self, key: tuple[uuid.UUID, str | None], text: bytes, ids: TokenIds) -> None:
