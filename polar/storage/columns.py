@@ -36,6 +36,11 @@ class _Values(array):
     element: _Element
 
 
+def _array_head(oid: int, count: int) -> bytes:
+    """Postgres's binary array header: one dimension of ``count`` elements of type ``oid`` (none: an empty array)."""
+    return struct.pack(">iiIii", 1, 0, oid, count, 1) if count else struct.pack(">iiI", 0, 0, oid)
+
+
 def _binary(values: _Values) -> bytes:
     """Postgres's binary array format: a header, then each element as (int32 length, big-endian value). Built with
     C-level array operations (~1 ms for 87k elements), where psycopg's list dumper adapts element by element (~22
@@ -43,7 +48,7 @@ def _binary(values: _Values) -> bytes:
     to build and parse at 87k."""
     element, count = values.element, len(values)
     if count == 0:
-        return struct.pack(">iiI", 0, 0, element.oid)
+        return _array_head(element.oid, 0)
     size = values.itemsize
     raw = array(_UNSIGNED[size], values.tobytes())
     if size == 4:  # (length 4, value) as pairs of 32-bit words
@@ -54,7 +59,7 @@ def _binary(values: _Values) -> bytes:
         body[2::3] = raw
     if sys.byteorder == "little":
         body.byteswap()
-    return struct.pack(">iiIii", 1, 0, element.oid, count, 1) + body.tobytes()
+    return _array_head(element.oid, count) + body.tobytes()
 
 
 def _dumper(element: _Element) -> type[Dumper]:
@@ -160,12 +165,8 @@ class _UuidArrayDumper(Dumper):
     oid = _UUID_ARRAY_OID
 
     def dump(self, obj: Any) -> bytes:
-        if not obj:
-            return struct.pack(">iiI", 0, 0, _UUID_OID)
         ids = (value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)) for value in obj)
-        return struct.pack(">iiIii", 1, 0, _UUID_OID, len(obj), 1) + b"".join(
-            _UUID_LENGTH + value.bytes for value in ids
-        )
+        return _array_head(_UUID_OID, len(obj)) + b"".join(_UUID_LENGTH + value.bytes for value in ids)
 
 
 psycopg.adapters.register_dumper(_Uuids, _UuidArrayDumper)
