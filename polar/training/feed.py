@@ -195,7 +195,7 @@ def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit:
         }
         standing = group_standing(db, task_pks)
     # What an item says of its group, worked out once a group (a page of 10 groups holds 1,000 items).
-    groups = {
+    of_group = {
         task.id: (str(task.batch_id), group_id(task.batch_id, task.position, task.spec.get("metadata")),
                   task.num_samples, standing[task.id])
         for task in tasks.values()
@@ -203,7 +203,7 @@ def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit:
     texts = []
     for session_id, position in rows:
         for trajectory in trajectories.get(session_id, ()):
-            batch, group, size, group_standing_now = groups[trajectory.task_pk]
+            batch, group, size, counts = of_group[trajectory.task_pk]
             stored = trajectory.trajectory_json if postgres else dump_json_text(stored_trajectory_json(trajectory))
             fields = dump_json_text({
                 "routed_experts": routed_json(trajectory.call_ids, routed),
@@ -213,8 +213,8 @@ def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit:
                 "attempt": trajectory.attempt,
                 "group_id": group,
                 "group_size": size,
-                "group_scored": group_standing_now.scored,
-                "group_missing": group_standing_now.missing,
+                "group_scored": counts.scored,
+                "group_missing": counts.missing,
                 "state": trajectory.state,
                 "feed_position": position,
             })  # fmt: skip
