@@ -4,10 +4,10 @@ and hands them to its next tests.
 Copying the template is what made a fresh database dear: ``CREATE DATABASE ... TEMPLATE`` writes every page of the
 copy's catalogs to the WAL, and with its ``DROP`` it cost Postgres ~190 ms of CPU (measured, 20 of them), for each
 of some 450 tests. Emptying a used one costs a few milliseconds. A database is reused only when it is as the
-template left it but for its rows: its schema fingerprint (``_FINGERPRINT``: relations, columns, access rights,
-functions, triggers, the migration revision) must equal the template's, so a test that downgraded, altered or
-granted leaves its database to be dropped, as before. Any connection still open on it is ended first, as
-``DROP DATABASE ... WITH (FORCE)`` did.
+template left it but for its rows: its schema fingerprint (``_FINGERPRINT``: relations, columns and their
+compression, access rights, functions, triggers, the migration revision) must equal the template's, so a test that
+downgraded, altered or granted leaves its database to be dropped, as before. Any connection still open on it is
+ended first, as ``DROP DATABASE ... WITH (FORCE)`` did.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ SELECT md5(concat_ws('|',
                      || ':' || coalesce(pg_get_viewdef(c.oid), ''), ',' ORDER BY c.relname)
    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public'),
   (SELECT string_agg(a.attrelid::regclass::text || '.' || a.attname || ':' || a.atttypid || ':' || a.attnotnull
-                     || ':' || coalesce(pg_get_expr(d.adbin, d.adrelid), ''), ',' ORDER BY 1)
+                     || ':' || a.attcompression::text || ':' || coalesce(pg_get_expr(d.adbin, d.adrelid), ''), ','
+                     ORDER BY 1)
    FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
    LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
    WHERE n.nspname = 'public' AND a.attnum > 0 AND NOT a.attisdropped),

@@ -57,3 +57,39 @@ def test_sqlite_embedded_schema(tmp_path: object) -> None:
     upgrade(url)
     # SQLite reflects CURRENT_TIMESTAMP where the models say now(); Alembic cannot compare those, so skip defaults.
     assert _differences(url, server_defaults=False) == []
+
+
+def test_call_payloads_compress_with_lz4(empty_database_url: str) -> None:
+    """Postgres compresses a call's JSON payloads inside the insert its answer waits for: lz4, not pglz (0020)."""
+    engine = sa.create_engine(empty_database_url)
+    compression = sa.text(
+        "SELECT attname, attcompression FROM pg_attribute WHERE attrelid = 'model_calls'::regclass "
+        "AND attname IN ('request', 'normalized_request', 'response', 'payload_index', 'prompt_token_ids')"
+    )
+    upgrade(empty_database_url)
+    with engine.connect() as connection:
+        lz4 = connection.execute(
+            sa.text("SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'")
+        ).scalar()
+        after = dict(connection.execute(compression).all())
+        # A call's payload as the insert writes it: FKs off (no session), a response past TOAST's threshold.
+        connection.execute(sa.text("SET session_replication_role = replica"))
+        connection.execute(
+            sa.text(
+                "INSERT INTO model_calls (id, session_id, seq, provider, stream, prompt_token_ids, "
+                "completion_token_ids, logprobs, status_code, latency_ms, request, normalized_request, response, "
+                "prompt_len) VALUES (gen_random_uuid(), gen_random_uuid(), 1, 'openai_chat', false, '{}', '{}', "
+                "'{}', 200, 1, '{}', '{}', json_build_object('text', repeat('the answer ', 2000)), 0)"
+            )
+        )
+        written = connection.execute(sa.text("SELECT pg_column_compression(response) FROM model_calls")).scalar()
+        connection.rollback()
+    downgrade(empty_database_url, "0019")
+    with engine.connect() as connection:
+        before = dict(connection.execute(compression).all())
+    engine.dispose()
+    assert lz4, "this Postgres was built without lz4: the revision leaves pglz (nothing to check here)"
+    assert after == {"request": "l", "normalized_request": "l", "response": "l", "payload_index": "l",
+                     "prompt_token_ids": ""}  # fmt: skip
+    assert written == "lz4"
+    assert set(before.values()) == {""}
