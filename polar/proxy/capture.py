@@ -42,6 +42,7 @@ from polar.lifecycle.states import State
 from polar.proxy.recent_calls import Latest, RecentCalls
 from polar.storage.database import Database
 from polar.storage.driver_statements import DriverStatement
+from polar.storage.early_connection import EarlyConnection
 from polar.storage.models import EngineControl, ModelCall, Session, Task
 from polar.storage.payloads import PARTS, Written, capture_payload
 from polar.storage.prompts import Chain, PromptDelta, encode_prompt
@@ -264,16 +265,18 @@ def record_call(
     call_id: uuid.UUID | None = None,
     parents: Parents | None = None,
     recent: RecentCalls | None = None,
+    early: EarlyConnection | None = None,
 ) -> uuid.UUID:
     """Store ``record`` as ``call_id`` (new if not given; storing the same id again stores nothing); raises
     ``SessionNotRunning`` (and stores nothing) once the session has moved on. ``parents``, read by
     ``read_parents`` for this call's session and agent, saves reading them here; so does ``recent`` (Postgres),
-    which learns of the call once it is stored."""
+    which learns of the call once it is stored. ``early``: the connection to insert on, woken while the answer was
+    read (``polar.storage.early_connection``)."""
     call_id = call_id or uuid.uuid4()
     # Shallow on purpose: dataclasses.asdict deep-copies every token list and payload (~1 ms a call).
     values = {"id": call_id, **{field.name: getattr(record, field.name) for field in fields(record)}}
     if db.is_postgres:
-        with db.autocommit() as connection:
+        with early.use() if early is not None else db.autocommit() as connection:
             # A parent read outside the insert is still a committed, immutable row: at worst a concurrent
             # call's prompt is stored against an older parent (or in full).
             if parents is None:

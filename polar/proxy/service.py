@@ -73,6 +73,7 @@ from polar.proxy.template_kwargs import check_setting, check_template_kwargs
 from polar.proxy.tito_tips import TipStore, tip_store
 from polar.proxy.token_check import check_tokens
 from polar.storage.database import Database
+from polar.storage.early_connection import EarlyConnection
 from polar.storage.outage import ride_out, unreachable
 from polar.training.engine_control import ControlState, ControlView
 
@@ -183,6 +184,17 @@ def _done(parents: Future[Parents] | None) -> Parents | None:
         return parents.result(timeout=PARENTS_WAIT_S)
     except Exception:  # an outage, a timeout: the insert's own read deals with it
         return None
+
+
+def _waking(connection: EarlyConnection, parents: Future[Parents] | None) -> Callable[[], None]:
+    """What wakes ``connection`` as the engine's answer comes: unless the parents read still runs, which may need a
+    connection of the same pool (holding one while waiting for it could starve the pool)."""
+
+    def wake() -> None:
+        if parents is None or parents.done():
+            connection.wake()
+
+    return wake
 
 
 def _guarded(protocol: ModuleType, events: Iterator[bytes]) -> Iterator[bytes]:
@@ -384,13 +396,22 @@ class ProxyService:
             return [self.config.served_model]
         return [m["id"] for m in self.engines.get("/v1/models").get("data", [])]
 
-    def _ask(self, session_id: uuid.UUID, agent: str | None, path: str, engine_body: dict[str, Any]) -> EngineReply:
+    def _ask(
+        self,
+        session_id: uuid.UUID,
+        agent: str | None,
+        path: str,
+        engine_body: dict[str, Any],
+        answered: Callable[[], None] | None = None,
+    ) -> EngineReply:
         """One engine request (a chat completion, or TITO's completion), retried once with ``max_tokens`` fitted when
         it asked past the context. Its prompt ids are read past what the agent's last prompt repeats
-        (``polar.proxy.prompt_ids``)."""
+        (``polar.proxy.prompt_ids``); ``answered`` is called as an answer's body has come, before it is read."""
         served = self.config.served_model
 
         def parse(content: bytes) -> Any:
+            if answered is not None:
+                answered()
             return self.prompts.parse(session_id, agent, content)
 
         reply = self.engines.post(session_id, path, engine_body, served, kind="vllm", parse=parse)
@@ -436,10 +457,11 @@ class ProxyService:
         chat_body: dict[str, Any],
         body: dict[str, Any],
         prompt: list[int],
+        answered: Callable[[], None] | None = None,
     ) -> tuple[dict[str, Any], EngineReply]:
         """TITO: continue the chain's exact tokens (``prompt``, in the completions ``body``) through
         ``/v1/completions``; the stored request is exactly what the engine got (``tito.stored_request``)."""
-        reply = self._ask(session_id, agent, "/v1/completions", body)
+        reply = self._ask(session_id, agent, "/v1/completions", body, answered)
         stored = tito.stored_request(body, link, chat_body)
         if reply.status_code == 200:
             answer = tito.as_chat_answer(reply, prompt, bool(chat_body.get("tools")))
@@ -494,8 +516,9 @@ class ProxyService:
         )
         try:
             # The slot is held until the answer is recorded; a stream is rendered afterwards from memory.
-            with self.limiter.slot(session_id, limits):
-                return self._answer(protocol, call)
+            # The insert's connection, woken while an agent-size answer is read (polar.storage.early_connection).
+            with self.limiter.slot(session_id, limits), EarlyConnection(self.db) as insert_on:
+                return self._answer(protocol, call, insert_on)
         except TooManyCalls as exc:
             if exc.retry_after_s is None and limits.over_budget == "stop":  # over max_calls, not concurrency
                 return self._stop(protocol, call)
@@ -510,8 +533,9 @@ class ProxyService:
         call_id = self._capture(call, {}, reply, {**sampling, "used": None}, synthesized=True)
         return self._render(protocol, call.request, answer, {}, call_id)
 
-    def _answer(self, protocol: ModuleType, call: _Call) -> ProxyAnswer:
-        """Ask the engine for ``call``, record it, and render the answer in the client's protocol."""
+    def _answer(self, protocol: ModuleType, call: _Call, insert_on: EarlyConnection) -> ProxyAnswer:
+        """Ask the engine for ``call``, record it (on ``insert_on``), and render the answer in the client's
+        protocol."""
         session_id, agent, request, started = call.session_id, call.agent, call.request, call.started
         served = self.config.served_model
         chat_body, sampling = engine_sampling(request.engine_body, self.config.sampling_overrides, call.sampling_mode)
@@ -525,6 +549,7 @@ class ProxyService:
             if link is not None:
                 prompt = tito_tails.prompt_ids(self.engines, self.tails, session_id, agent, link, chat_body, served)
             tokens_body = tito.completion_body(chat_body, prompt) if link is not None and prompt is not None else None
+            answered = None
             if call.size >= PREFETCH_FROM_BYTES:
                 # What the engine is sent is known now (SGLang's is rendered later): stored early, with the parents.
                 early: dict[str, Any] = {}
@@ -534,13 +559,16 @@ class ProxyService:
                         sent = tito.stored_request(tokens_body, link, chat_body)
                     early = {"request": call.body, "normalized_request": sent}
                 parents = self._parents_soon(session_id, agent, early, prompt)
+                answered = _waking(insert_on, parents)
             asked = _max_tokens(engine_body if tokens_body is None else tokens_body)
             if kind == "sglang":
                 engine_body, reply = self._ask_sglang(session_id, chat_body)
             elif link is not None and tokens_body is not None:
-                engine_body, reply = self._ask_with_tokens(session_id, agent, link, chat_body, tokens_body, prompt)
+                engine_body, reply = self._ask_with_tokens(
+                    session_id, agent, link, chat_body, tokens_body, prompt, answered
+                )
             else:
-                reply = self._ask(session_id, agent, "/v1/chat/completions", engine_body)
+                reply = self._ask(session_id, agent, "/v1/chat/completions", engine_body, answered)
             if reply.status_code == 200 and EngineAnswer(reply.body).finish_reason == "abort":
                 # vLLM's /pause?mode=abort ends calls in flight with what they sampled so far: not an answer.
                 raise EngineError("the engine aborted the call (paused with mode=abort); retry", status_code=502)
@@ -553,7 +581,7 @@ class ProxyService:
         read = _done(parents)
         if read is not None and asked != _max_tokens(engine_body):
             read = replace(read, payloads={})  # asked again with max_tokens fitted (``_ask``): not what was stored
-        call_id = self._capture(call, engine_body, reply, sampling, parents=read)
+        call_id = self._capture(call, engine_body, reply, sampling, parents=read, early=insert_on)
         capture_s, total_s = time.perf_counter() - captured, time.perf_counter() - started
         self.metrics.timed(protocol.PROVIDER, reply.latency_ms / 1000, capture_s, total_s)
         # Where the proxy's time went, for clients and benchmarks (W3C Server-Timing).
@@ -609,6 +637,7 @@ class ProxyService:
         sampling: dict[str, Any],
         synthesized: bool = False,
         parents: Parents | None = None,
+        early: EarlyConnection | None = None,
     ) -> uuid.UUID:
         answer = EngineAnswer(reply.body) if reply.status_code == 200 else None
         record = CallRecord(
@@ -636,7 +665,7 @@ class ProxyService:
         )
         # The same call id on every try: a commit whose acknowledgement was lost is not stored twice.
         call_id = uuid.uuid4()
-        self._recorded(lambda: record_call(self.db, record, call_id, parents, self.recent))
+        self._recorded(lambda: record_call(self.db, record, call_id, parents, self.recent, early))
         return call_id
 
     def _parents_soon(
