@@ -575,7 +575,7 @@ class ProxyService:
             if reply.status_code == 200:
                 check_tokens(reply.body)
         except EngineError as exc:
-            self._capture_failure(call, engine_body, exc, sampling)
+            self._capture_failure(call, engine_body, exc, sampling, insert_on)
             raise
         captured = time.perf_counter()
         read = _done(parents)
@@ -610,14 +610,19 @@ class ProxyService:
         return ProxyAnswer(200, protocol.render_response(request, answer), headers=headers, call_id=call_id)
 
     def _capture_failure(
-        self, call: _Call, engine_body: dict[str, Any], exc: EngineError, sampling: dict[str, Any]
+        self,
+        call: _Call,
+        engine_body: dict[str, Any],
+        exc: EngineError,
+        sampling: dict[str, Any],
+        early: EarlyConnection | None = None,
     ) -> None:
         """Record a call the engine failed, with the status the harness gets (best effort: the harness gets its
-        error either way)."""
+        error either way), on ``early`` if it was checked out (a second checkout could wait on a full pool)."""
         status = exc.status_code or 502
         try:
             failed = EngineReply(None, status, {"error": {"message": str(exc)}}, 0.0)
-            self._capture(call, engine_body, failed, sampling)
+            self._capture(call, engine_body, failed, sampling, early=early)
         except (PolarError, sa.exc.DBAPIError):
             log.warning("could not record a call the engine failed (%s)", status)
 
