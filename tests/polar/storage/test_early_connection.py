@@ -9,7 +9,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -20,14 +19,7 @@ from polar.services import Services
 from polar.storage.database import Database
 from polar.storage.early_connection import EarlyConnection
 from tests.polar.storage.test_prompts import running_session, tokens
-from tests.support import domain_services
-
-
-@pytest.fixture
-def services(database_url: str, tmp_path: Path) -> Iterator[Services]:
-    services = domain_services(database_url, tmp_path)
-    yield services
-    services.db.dispose()
+from tests.polar.storage.test_prompts import services as services  # the fixture: a Postgres-backed Services
 
 
 @pytest.fixture
