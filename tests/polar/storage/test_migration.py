@@ -60,11 +60,13 @@ def test_sqlite_embedded_schema(tmp_path: object) -> None:
 
 
 def test_call_payloads_compress_with_lz4(empty_database_url: str) -> None:
-    """Postgres compresses a call's JSON payloads inside the insert its answer waits for: lz4, not pglz (0020)."""
+    """Postgres compresses a call's JSON payloads inside the insert its answer waits for, and decompresses the feed's
+    JSON on every page: lz4, not pglz (0020)."""
     engine = sa.create_engine(empty_database_url)
     compression = sa.text(
-        "SELECT attname, attcompression FROM pg_attribute WHERE attrelid = 'model_calls'::regclass "
-        "AND attname IN ('request', 'normalized_request', 'response', 'payload_index', 'prompt_token_ids')"
+        "SELECT attname, attcompression FROM pg_attribute WHERE attrelid IN ('model_calls'::regclass, "
+        "'trajectories'::regclass) AND attname IN ('request', 'normalized_request', 'response', 'payload_index', "
+        "'prompt_token_ids', 'feed_json')"
     )
     upgrade(empty_database_url)
     with engine.connect() as connection:
@@ -90,6 +92,6 @@ def test_call_payloads_compress_with_lz4(empty_database_url: str) -> None:
     engine.dispose()
     assert lz4, "this Postgres was built without lz4: the revision leaves pglz (nothing to check here)"
     assert after == {"request": "l", "normalized_request": "l", "response": "l", "payload_index": "l",
-                     "prompt_token_ids": ""}  # fmt: skip
+                     "prompt_token_ids": "", "feed_json": "l"}  # fmt: skip
     assert written == "lz4"
     assert set(before.values()) == {""}
