@@ -7,8 +7,9 @@ answer waits for. With the default method, pglz, that cost ~0.35 ms an agent-siz
 bytes as pglz, the request and the normalised request in ~300 bytes more each; the token-id arrays stay on pglz,
 which packs them ~900 bytes smaller for ~0.09 ms.
 
-The feed's page of 10 groups reads 1,000 trajectories' ``feed_json``, several MB of JSON text that pglz made it
-decompress on every read; lz4 reads it back several times faster.
+The feed's page of 10 groups reads 1,000 trajectories' ``feed_json``, megabytes of JSON text that Postgres
+decompresses on every read: 1,000 rows of 12 KB read back in 55 ms with lz4 against pglz's 87-89 ms, for ~1 KB more
+a row.
 
 It applies to values written from now on; stored rows keep their pglz values, which read as before. A server built
 without lz4 (or older than Postgres 14) keeps pglz: the revision checks ``default_toast_compression``'s choices.
