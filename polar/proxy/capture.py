@@ -265,18 +265,18 @@ def record_call(
     call_id: uuid.UUID | None = None,
     parents: Parents | None = None,
     recent: RecentCalls | None = None,
-    early: EarlyConnection | None = None,
+    insert_on: EarlyConnection | None = None,
 ) -> uuid.UUID:
     """Store ``record`` as ``call_id`` (new if not given; storing the same id again stores nothing); raises
     ``SessionNotRunning`` (and stores nothing) once the session has moved on. ``parents``, read by
     ``read_parents`` for this call's session and agent, saves reading them here; so does ``recent`` (Postgres),
-    which learns of the call once it is stored. ``early``: the connection to insert on, woken while the answer was
+    which learns of the call once it is stored. ``insert_on``: the connection to insert on, woken while the answer was
     read (``polar.storage.early_connection``)."""
     call_id = call_id or uuid.uuid4()
     # Shallow on purpose: dataclasses.asdict deep-copies every token list and payload (~1 ms a call).
     values = {"id": call_id, **{field.name: getattr(record, field.name) for field in fields(record)}}
     if db.is_postgres:
-        with early.use() if early is not None else db.autocommit() as connection:
+        with insert_on.use() if insert_on is not None else db.autocommit() as connection:
             # A parent read outside the insert is still a committed, immutable row: at worst a concurrent
             # call's prompt is stored against an older parent (or in full).
             if parents is None:

@@ -16,7 +16,6 @@ connection ends before any answer byte is sent once more on a new one: the engin
 from __future__ import annotations
 
 import base64
-import select
 import socket
 import ssl
 import threading
@@ -24,6 +23,8 @@ from collections import deque
 from dataclasses import dataclass
 from io import BufferedReader
 from urllib.parse import unquote, urlsplit
+
+from polar.sockets import readable
 
 MAX_LINE = 64 * 1024  # a status or header line longer than this is no engine's
 MAX_HEADERS = 200
@@ -85,12 +86,9 @@ class _Connection:
                 pass
 
     def idle_and_open(self) -> bool:
-        """An idle kept-alive connection is readable only if the engine closed it (or sent what nobody asked).
-        poll, not select: select refuses descriptors past 1,023, which a busy proxy process holds."""
+        """An idle kept-alive connection is readable only if the engine closed it (or sent what nobody asked)."""
         try:
-            poller = select.poll()
-            poller.register(self.sock, select.POLLIN)
-            return not poller.poll(0)
+            return not readable(self.sock)
         except (OSError, ValueError):
             return False
 

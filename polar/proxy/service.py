@@ -581,7 +581,7 @@ class ProxyService:
         read = _done(parents)
         if read is not None and asked != _max_tokens(engine_body):
             read = replace(read, payloads={})  # asked again with max_tokens fitted (``_ask``): not what was stored
-        call_id = self._capture(call, engine_body, reply, sampling, parents=read, early=insert_on)
+        call_id = self._capture(call, engine_body, reply, sampling, parents=read, insert_on=insert_on)
         capture_s, total_s = time.perf_counter() - captured, time.perf_counter() - started
         self.metrics.timed(protocol.PROVIDER, reply.latency_ms / 1000, capture_s, total_s)
         # Where the proxy's time went, for clients and benchmarks (W3C Server-Timing).
@@ -615,14 +615,14 @@ class ProxyService:
         engine_body: dict[str, Any],
         exc: EngineError,
         sampling: dict[str, Any],
-        early: EarlyConnection | None = None,
+        insert_on: EarlyConnection | None = None,
     ) -> None:
         """Record a call the engine failed, with the status the harness gets (best effort: the harness gets its
-        error either way), on ``early`` if it was checked out (a second checkout could wait on a full pool)."""
+        error either way), on ``insert_on`` if it was checked out (a second checkout could wait on a full pool)."""
         status = exc.status_code or 502
         try:
             failed = EngineReply(None, status, {"error": {"message": str(exc)}}, 0.0)
-            self._capture(call, engine_body, failed, sampling, early=early)
+            self._capture(call, engine_body, failed, sampling, insert_on=insert_on)
         except (PolarError, sa.exc.DBAPIError):
             log.warning("could not record a call the engine failed (%s)", status)
 
@@ -642,7 +642,7 @@ class ProxyService:
         sampling: dict[str, Any],
         synthesized: bool = False,
         parents: Parents | None = None,
-        early: EarlyConnection | None = None,
+        insert_on: EarlyConnection | None = None,
     ) -> uuid.UUID:
         answer = EngineAnswer(reply.body) if reply.status_code == 200 else None
         record = CallRecord(
@@ -670,7 +670,7 @@ class ProxyService:
         )
         # The same call id on every try: a commit whose acknowledgement was lost is not stored twice.
         call_id = uuid.uuid4()
-        self._recorded(lambda: record_call(self.db, record, call_id, parents, self.recent, early))
+        self._recorded(lambda: record_call(self.db, record, call_id, parents, self.recent, insert_on))
         return call_id
 
     def _parents_soon(

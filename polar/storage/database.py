@@ -131,10 +131,16 @@ class Database:
         transaction ends in the pool's ROLLBACK, and psycopg forgets every statement it prepared on a connection
         that rolls back, so the capture insert was parsed and planned afresh on every call (~1 ms). SQLite: a plain
         connection (its writers begin ``IMMEDIATE`` transactions, ``_begin_immediate``)."""
-        with self.engine.connect() as connection:
-            if self.is_postgres:
-                connection.execution_options(isolation_level="AUTOCOMMIT")
+        with self.connect_autocommit() as connection:
             yield connection
+
+    def connect_autocommit(self) -> sa.Connection:
+        """``autocommit()``'s connection, checked out for the caller to close (``EarlyConnection`` holds one across a
+        call's answer)."""
+        connection = self.engine.connect()
+        if self.is_postgres:
+            connection.execution_options(isolation_level="AUTOCOMMIT")
+        return connection
 
     @contextmanager
     def snapshot(self) -> Iterator[Session]:

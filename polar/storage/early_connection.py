@@ -15,7 +15,6 @@ and the statement takes a connection the ordinary way (``Database.autocommit``),
 from __future__ import annotations
 
 import logging
-import select
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
@@ -24,6 +23,7 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import pq
 
+from polar.sockets import readable, writable
 from polar.storage.database import Database
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,7 @@ class EarlyConnection:
         self._woken = True
         connection = None
         try:
-            connection = self._db.engine.connect()
-            connection.execution_options(isolation_level="AUTOCOMMIT")
+            connection = self._db.connect_autocommit()
             _driver(connection).pgconn.send_query(b"")
         except Exception as exc:  # any failure here only loses the head start
             log.debug("could not wake a database connection early: %s", exc)
@@ -98,14 +97,14 @@ def _drained(connection: sa.Connection) -> bool:
     try:
         pgconn = _driver(connection).pgconn
         while pgconn.flush():  # the few bytes of the query normally left at once
-            select.select([], [pgconn.socket], [])
+            writable(pgconn.socket, None)
         while pgconn.is_busy():
-            select.select([pgconn.socket], [], [])
+            readable(pgconn.socket, None)
             pgconn.consume_input()
         ok = True
         while (result := pgconn.get_result()) is not None:
             ok = ok and result.status == pq.ExecStatus.EMPTY_QUERY
-        if select.select([pgconn.socket], [], [], 0)[0]:  # more after the answer: the server ending it?
+        if readable(pgconn.socket):  # more after the answer: the server ending it?
             pgconn.consume_input()  # raises at the connection's end
         return ok and pgconn.status == pq.ConnStatus.OK and pgconn.transaction_status == pq.TransactionStatus.IDLE
     except Exception as exc:  # a broken connection: the caller takes another

@@ -4,10 +4,11 @@ or a stream is cut before its end, the call is marked undelivered and trajectori
 
 from __future__ import annotations
 
-import select
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from polar.sockets import readable
 
 
 def client_gone(environ: dict[str, Any]) -> bool:
@@ -17,9 +18,7 @@ def client_gone(environ: dict[str, Any]) -> bool:
     if not isinstance(sock, socket.socket):
         return False
     try:
-        poller = select.poll()  # not select.select: it refuses descriptors past 1,023, which a busy proxy reaches
-        poller.register(sock, select.POLLIN)
-        return bool(poller.poll(0)) and sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        return readable(sock) and sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
     except BlockingIOError:
         return False
     except OSError:  # reset by peer

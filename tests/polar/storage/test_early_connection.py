@@ -4,7 +4,9 @@ a connection that died meanwhile is swapped for a fresh one."""
 
 from __future__ import annotations
 
+import os
 import random
+import resource
 import time
 import uuid
 from collections.abc import Iterator
@@ -49,7 +51,7 @@ def test_the_insert_runs_on_the_woken_connection_and_stays_prepared(
         with EarlyConnection(one_connection) as early:
             early.wake()
             assert pool.checkedout() == 1  # type: ignore[attr-defined]
-            record_call(one_connection, _call(session_id, prompt, completion), uuid.uuid4(), early=early)
+            record_call(one_connection, _call(session_id, prompt, completion), uuid.uuid4(), insert_on=early)
         assert pool.checkedout() == 0  # type: ignore[attr-defined]
         prompt = [*prompt, *completion, *tokens(rng, 6)]
     with one_connection.autocommit() as connection:
@@ -88,7 +90,7 @@ def test_a_connection_that_died_after_waking_is_swapped_for_a_fresh_one(
             ).scalar()
         assert killed == 1
         time.sleep(0.2)  # its end reached the socket
-        call_id = record_call(one_connection, _call(session_id, tokens(rng, 20), tokens(rng, 3)), early=early)
+        call_id = record_call(one_connection, _call(session_id, tokens(rng, 20), tokens(rng, 3)), insert_on=early)
     with services.db.autocommit() as connection:
         assert connection.execute(sa.text("SELECT seq FROM model_calls WHERE id = :id"), {"id": call_id}).scalar()
     assert one_connection.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
@@ -103,3 +105,35 @@ def test_nothing_is_woken_while_the_parents_read_may_still_need_a_connection(one
         _waking(early, parents)()  # type: ignore[arg-type]
         assert one_connection.engine.pool.checkedout() == 1  # type: ignore[attr-defined]
     assert one_connection.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def high_descriptors() -> Iterator[None]:
+    """Descriptors 0 to ~1,100 held, so the next connection's socket is numbered past 1,023 (as in a busy proxy)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(2048, hard), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        yield
+    finally:
+        for descriptor in held:
+            os.close(descriptor)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_connection_numbered_past_1023_is_woken_and_kept(
+    services: Services, one_connection: Database, high_descriptors: None
+) -> None:
+    """``select`` refuses such a descriptor: every woken connection was thrown away, and the insert opened a new one."""
+    session_id, rng = running_session(services), random.Random(7)
+    backend = sa.text("SELECT pg_backend_pid()")
+    with one_connection.autocommit() as connection:
+        assert connection.connection.driver_connection.pgconn.socket > 1023  # type: ignore[union-attr]
+        first = connection.execute(backend).scalar()
+    for _ in range(3):
+        with EarlyConnection(one_connection) as early:
+            early.wake()
+            record_call(one_connection, _call(session_id, tokens(rng, 20), tokens(rng, 3)), insert_on=early)
+    with one_connection.autocommit() as connection:
+        assert connection.execute(backend).scalar() == first
