@@ -10,7 +10,8 @@ behind it, and re-arms it itself: one system call. Linux only (epoll); elsewhere
 
 What it keeps of gunicorn: the master (workers restarted, signals, graceful reloads, ``web/gunicorn_conf.py``'s
 metrics hooks), ``--threads``, ``--keep-alive``, ``--worker-connections``, ``--max-requests``,
-``--graceful-timeout`` and the heartbeat. What it leaves out: TLS, HTTP/2, the access log and the
+``--graceful-timeout`` and the heartbeat (``--keep-alive`` is the wait between requests; a new connection has
+``first_request_s`` for its first). What it leaves out: TLS, HTTP/2, the access log and the
 ``pre_request``/``post_request`` hooks (it refuses to start with TLS, and says so if the others are set).
 """
 
@@ -54,6 +55,11 @@ def _address(address: Any) -> tuple[str, str]:
 
 
 class EpollWorker(base.Worker):
+    # How long a new connection may take to send its first request. Not ``--keep-alive`` (2 s by default), which
+    # is for the wait between requests: a client on a loaded machine can take longer than that between its
+    # connect and its first byte, and a connection closed then reads to it as a server gone without an answer.
+    first_request_s = http1.IO_TIMEOUT_S
+
     @classmethod
     def check_config(cls, cfg: Any, log: Any) -> None:
         if not hasattr(select, "epoll"):
@@ -67,7 +73,10 @@ class EpollWorker(base.Worker):
         self._epoll = select.epoll()
         self._jobs: queue.SimpleQueue[_Connection | None] = queue.SimpleQueue()
         self._connections: dict[int, _Connection] = {}
-        self._idle: deque[tuple[float, _Connection]] = deque()  # by deadline; stale entries skipped
+        # Connections waiting for a request, each queue in deadline order (one wait each: a queue holding both
+        # would keep a keep-alive deadline behind a later first-request one); stale entries are skipped.
+        self._idle: deque[tuple[float, _Connection]] = deque()  # between requests, for --keep-alive
+        self._new: deque[tuple[float, _Connection]] = deque()  # before the first, for first_request_s
         self._listeners = {listener.fileno(): listener for listener in self.sockets}
         self._addresses = {fd: _address(listener.getsockname()) for fd, listener in self._listeners.items()}
         self._accepting = False
@@ -160,15 +169,20 @@ class EpollWorker(base.Worker):
             http1.set_io_timeout(sock)
             connection = _Connection(sock, _address(address), server)
             self._connections[sock.fileno()] = connection
-            self._rest(connection)  # the request may not have arrived yet: wait for it without a thread
+            self._rest(connection, new=True)  # the request may not have arrived yet: wait for it without a thread
 
-    def _rest(self, connection: _Connection) -> None:
-        """Hands an idle connection back to the loop until its next request (or its keep-alive timeout)."""
-        until = time.monotonic() + self.cfg.keepalive
+    def _rest(self, connection: _Connection, new: bool = False) -> None:
+        """Hands an idle connection back to the loop until its next request: a ``new`` one for ``first_request_s``,
+        one between requests for the keep-alive timeout."""
+        if new:
+            wait, waiting = max(self.cfg.keepalive, self.first_request_s), self._new
+        else:
+            wait, waiting = self.cfg.keepalive, self._idle
+        until = time.monotonic() + wait
         if not self.alive:
             until = min(until, self._linger_until)
         connection.idle_until = until
-        self._idle.append((until, connection))
+        waiting.append((until, connection))
         fd = connection.sock.fileno()
         try:
             self._epoll.modify(fd, _ONESHOT)
@@ -176,10 +190,11 @@ class EpollWorker(base.Worker):
             self._epoll.register(fd, _ONESHOT)
 
     def _close_idle(self, now: float) -> None:
-        while self._idle and self._idle[0][0] <= now:
-            until, connection = self._idle.popleft()
-            if connection.idle_until == until:  # else it has been served (and maybe rested) since
-                self._close(connection)
+        for waiting in (self._idle, self._new):
+            while waiting and waiting[0][0] <= now:
+                until, connection = waiting.popleft()
+                if connection.idle_until == until:  # else it has been served (and maybe rested) since
+                    self._close(connection)
 
     def _close(self, connection: _Connection) -> None:
         if self._connections.pop(connection.sock.fileno(), None) is not None:

@@ -27,7 +27,7 @@ REFUSAL_IDS += ["http2", "no-version", "bad-chunk", "huge-head"]
 def _spec(port: int, name: str = "probe") -> ProcessSpec:
     argv = [
         PYTHON, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", str(THREADS),
-        "--worker-class", "web.gunicorn_worker.EpollWorker", "--keep-alive", "2", "--graceful-timeout", "10",
+        "--worker-class", "tests.web.wsgi_probe.ProbeWorker", "--keep-alive", "2", "--graceful-timeout", "10",
         "tests.web.wsgi_probe:app",
     ]  # fmt: skip
     return ProcessSpec(name, argv, f"http://127.0.0.1:{port}/healthz")
@@ -69,11 +69,17 @@ def _response(reader: BinaryIO) -> tuple[int, dict[str, str], bytes]:
     return status, headers, body
 
 
-def _closed(sock: socket.socket) -> bool:
+def _closed(sock: socket.socket, timeout: float | None = None) -> bool:
+    """Whether the server closed ``sock``, waiting up to ``timeout`` (set on the socket; default: the socket's own;
+    0: as things stand)."""
+    if timeout is not None:
+        sock.settimeout(timeout)
     try:
         return sock.recv(1) == b""
     except ConnectionResetError:
         return True
+    except BlockingIOError:  # nothing to read yet: still open
+        return False
 
 
 def test_keep_alive_serves_many_requests_on_one_connection(probe: tuple[int, Path]) -> None:
@@ -249,15 +255,32 @@ def test_idle_connections_hold_no_thread_and_are_closed_after_keep_alive(probe: 
     idle = [_connect(port) for _ in range(THREADS * 10)]  # silent: connected, nothing sent
     half = _connect(port)
     half.sendall(b"GET /environ HTTP/1.1\r\nHost: x\r\n")  # a head that never ends holds one thread at most
+    kept = _connect(port)
     try:
         for _ in range(5):
             assert httpx.get(f"http://127.0.0.1:{port}/environ", timeout=10).status_code == 200
-        for sock in idle:  # --keep-alive 2: closed by the server, not left to pile up
-            sock.settimeout(15)
-            assert _closed(sock)
+        kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        with kept.makefile("rb") as reader:
+            assert _response(reader)[0] == 200
+        assert _closed(kept, 15)  # --keep-alive 2: idle after a request, closed by the server
+        # ... while the silent ones, accepted before it, still wait (their 8 s have ~5 s to go): a keep-alive
+        # deadline is not held up behind a later first-request one.
+        assert not any(_closed(sock, 0) for sock in idle)
+        for sock in idle:  # ProbeWorker's first_request_s 8: closed too, not left to pile up
+            assert _closed(sock, 15)
     finally:
-        for sock in [*idle, half]:
+        for sock in [*idle, half, kept]:
             sock.close()
+
+
+def test_a_new_connection_waits_past_keep_alive_for_its_first_request(probe: tuple[int, Path]) -> None:
+    """A client on a loaded machine can take longer than ``--keep-alive`` between connecting and sending (CI saw
+    "Server disconnected without sending a response" when the first request's wait was the keep-alive's)."""
+    port, _ = probe
+    with _connect(port) as sock, sock.makefile("rb") as reader:
+        time.sleep(4)  # past --keep-alive 2 (and whatever lateness its check has), within first_request_s 8
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _response(reader)[0] == 200
 
 
 def test_a_cut_stream_closes_the_apps_iterable(probe: tuple[int, Path]) -> None:
@@ -278,9 +301,10 @@ def test_a_client_that_closed_reads_as_gone(probe: tuple[int, Path]) -> None:
     sock.sendall(b"GET /slow?s=0.5 HTTP/1.1\r\nHost: x\r\n\r\n")  # the app answers after the client left
     sock.close()
     with _connect(port) as sock, sock.makefile("rb") as reader:
-        # Sent and then closed for sending (on loopback both are there before the server reads): the app's check
-        # (web.proxy.delivery.client_gone, through gunicorn.socket) says gone, and the answer still goes out.
-        sock.sendall(b"GET /environ HTTP/1.1\r\nHost: x\r\n\r\n")
+        # Sent and then closed for sending: the app's check (web.proxy.delivery.client_gone, through gunicorn.socket)
+        # says gone, and the answer still goes out. The app asks until the close has come: on a loaded machine the
+        # server can read the request before this thread gets to shut its side (CI saw False once).
+        sock.sendall(b"GET /environ?wait_gone=30 HTTP/1.1\r\nHost: x\r\n\r\n")
         sock.shutdown(socket.SHUT_WR)
         assert json.loads(_response(reader)[2])["client_gone"] is True
     assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200

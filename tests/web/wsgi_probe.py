@@ -1,5 +1,6 @@
 """A WSGI app that shows a test what the server gave it: ``tests/web/test_gunicorn_worker.py`` serves it with
-``web.gunicorn_worker.EpollWorker``. ``PROBE_LOG`` names a file it appends events to (a stream closed early)."""
+``web.gunicorn_worker.EpollWorker`` (as ``ProbeWorker``). ``PROBE_LOG`` names a file it appends events to (a stream
+closed early)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from polar.instance import instance_headers
+from web.gunicorn_worker import EpollWorker
 from web.proxy.delivery import client_gone
+
+
+class ProbeWorker(EpollWorker):
+    """The proxy's worker waiting 8 s, not 30, for a new connection's first request: a test sees both that wait
+    outlast ``--keep-alive`` and a silent connection closed when it runs out."""
+
+    first_request_s = 8.0
 
 
 def _log(event: str) -> None:
@@ -49,7 +58,11 @@ def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         return _json(start_response, "200 OK", [line.decode() for line in environ["wsgi.input"]])
     if path.startswith("/environ"):
         shown = {key: value for key, value in environ.items() if isinstance(value, (str, bool))}
-        return _json(start_response, "200 OK", {**shown, "client_gone": client_gone(environ)})
+        # ?wait_gone=S: asked again until the client is gone or S seconds pass (its close may come after its request)
+        deadline = time.monotonic() + float(query.get("wait_gone", ["0"])[0])
+        while not (gone := client_gone(environ)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return _json(start_response, "200 OK", {**shown, "client_gone": gone})
     if path == "/slow":
         time.sleep(float(query["s"][0]))
         return _json(start_response, "200 OK", {"slept": float(query["s"][0])})
