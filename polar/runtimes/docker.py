@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
-from docker.errors import DockerException, NotFound
+from docker.errors import APIError, DockerException, NotFound
 
 from polar.config import Config
 from polar.errors import RuntimeFailure
@@ -312,11 +312,29 @@ def _limits(spec: RuntimeSpec, config: Config) -> dict[str, Any]:
     return limits
 
 
+# How long a removal someone else started may take before ours gives up (Docker removes a container's layers and
+# volumes before the name is free; seconds on a loaded machine).
+_REMOVAL_WAIT_S = 60.0
+
+
 def _remove(client: docker.DockerClient, name_or_id: str) -> None:
+    """Remove the container, gone already counting as done. A removal already under way (the reconciler reaping a
+    container whose session just ended while its postrun removes it too) is waited for, not taken for a failure."""
     try:
         client.containers.get(name_or_id).remove(force=True)
     except NotFound:
-        pass
+        return
+    except APIError as exc:
+        if exc.status_code != 409 or "already in progress" not in str(exc.explanation):
+            raise
+        deadline = time.monotonic() + _REMOVAL_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                client.containers.get(name_or_id)
+            except NotFound:
+                return
+            time.sleep(0.2)
+        raise
 
 
 # The reconciler's client, kept for the process: it lists containers at every pass, and a new client costs more

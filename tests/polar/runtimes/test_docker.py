@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import docker
 import pytest
 
 from polar.config import load_config
-from polar.errors import ValidationError
+from polar.errors import RuntimeFailure, ValidationError
 from polar.runtimes import attach_runtime, check_runtime, create_runtime
 from polar.runtimes.docker import reap_orphans
 from polar.task_request import Limits, RuntimeSpec
@@ -151,6 +152,30 @@ def test_reap_orphans_removes_containers_of_dead_sessions(config) -> None:  # ty
     finally:
         for runtime in (live, dead, theirs):
             runtime.destroy()
+
+
+def test_removals_at_once_all_succeed(config) -> None:  # type: ignore[no-untyped-def]
+    # A session's postrun removing its container while the reconciler reaps it (the session is terminal already):
+    # Docker answers the later removals 409 "removal ... already in progress"; that is the container going, not a
+    # failure of the postrun. Three at once get that answer on every try here.
+    runtime = create_runtime(uuid.uuid4(), DOCKER, config)
+    removers = [attach_runtime(runtime.handle, config) for _ in range(3)]
+    start, failures = threading.Barrier(len(removers)), []
+
+    def remove(remover) -> None:  # type: ignore[no-untyped-def]
+        start.wait()
+        try:
+            remover.destroy()
+        except RuntimeFailure as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=remove, args=(remover,)) for remover in removers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(HANG_GUARD_S)
+    assert failures == []
+    assert not runtime.is_alive() and runtime.handle["container"] not in " ".join(labelled_containers())
 
 
 def test_missing_image_is_rejected_at_submission() -> None:
