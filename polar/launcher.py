@@ -85,13 +85,18 @@ class ProcessSpec:
     health_url: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     ready_line: str | None = None  # a line in the process's log that says it is ready (for non-HTTP services)
-    start_s: float = 60.0  # how long it may take to get ready (a hang guard)
+    # How long it may take to get ready: a hang guard, not a start-up time. A process starts in seconds on a quiet
+    # machine; a loaded one (a CI runner beside other jobs) has taken over a minute to import and bind.
+    start_s: float = 180.0
 
 
 EngineBackend = Literal["policy", "torch", "vllm"]
 # Real vLLM loads, compiles and warms its model first: about a minute on 2 cores with its compile cache, some
 # minutes without it or beside other work.
 VLLM_START_S = 900.0
+# The torch backend imports torch and loads the policy's weights before it answers: seconds alone, past a minute
+# on a loaded machine (a CI run's embedded training stack).
+TORCH_START_S = 300.0
 
 
 def engine_spec(
@@ -108,7 +113,8 @@ def engine_spec(
     argv += ["--policy", policy] if policy is not None else []
     if backend == "vllm":
         return ProcessSpec(name, [*argv, *extra], f"http://127.0.0.1:{port}/v1/models", start_s=VLLM_START_S)
-    return ProcessSpec(name, [*argv, *extra], f"http://127.0.0.1:{port}/health")
+    start_s = TORCH_START_S if backend == "torch" else ProcessSpec.start_s
+    return ProcessSpec(name, [*argv, *extra], f"http://127.0.0.1:{port}/health", start_s=start_s)
 
 
 # The proxy's own gunicorn worker (web/gunicorn_worker.py; Linux): most of a small model call's proxy CPU was
@@ -303,16 +309,19 @@ class Stack:
         try:
             for name in self.specs:
                 self.start_one(name)
-            self.wait_healthy(timeout_s or max(spec.start_s for spec in self.specs.values()))
+            self.wait_healthy(timeout_s)
         except BaseException:
             self.stop()
             raise
 
-    def wait_healthy(self, timeout_s: float = 60.0, names: Sequence[str] | None = None) -> None:
-        """Wait until every process (or those ``names``) answers its health check or logged its ready line; one
-        that exits meanwhile fails the wait, unless the supervisor is there to start it again."""
+    def wait_healthy(self, timeout_s: float | None = None, names: Sequence[str] | None = None) -> None:
+        """Wait until every process (or those ``names``) answers its health check or logged its ready line, within
+        ``timeout_s`` (default: the slowest one's ``start_s``); one that exits meanwhile fails the wait, unless the
+        supervisor is there to start it again."""
+        names = list(names or self.specs)
+        timeout_s = timeout_s or max(self.specs[name].start_s for name in names)
         deadline = time.monotonic() + timeout_s
-        for name in names or list(self.specs):
+        for name in names:
             spec = self.specs[name]
             while not self._ready(spec):
                 if self.processes[name].poll() is not None and not self._supervising.is_set():

@@ -92,3 +92,20 @@ def test_free_ports_come_from_outside_the_range_client_connections_take_theirs_f
         with socket.create_connection(server.getsockname()) as client:
             assert client.getsockname()[1] >= low  # where a client's port comes from
         assert not port_is_free(ports[0])
+
+
+def test_a_start_waits_as_long_as_its_slowest_process_may_take(tmp_path: Path) -> None:
+    # The wait is a hang guard per process: the torch engine (torch imported, weights loaded) and real vLLM get
+    # longer than the rest; a process that never gets ready fails the start once its own guard is past.
+    import sys
+
+    import pytest
+
+    from polar.launcher import TORCH_START_S, VLLM_START_S, ProcessSpec, Stack, engine_spec
+
+    assert engine_spec(1, backend="torch").start_s == TORCH_START_S > ProcessSpec.start_s
+    assert engine_spec(1, None, backend="vllm").start_s == VLLM_START_S
+    never = ProcessSpec("never", [sys.executable, "-c", "import time; time.sleep(60)"], ready_line="ready", start_s=0.5)
+    stack = Stack([never], {}, tmp_path / "logs")
+    with pytest.raises(RuntimeError, match=r"never not healthy after 0.5s"):
+        stack.start()
