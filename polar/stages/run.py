@@ -88,9 +88,11 @@ def _execute(
             log_name="harness",
             on_start=lambda _pid: _record_handle(services, claimed, runtime),
         )
+    # The session directory goes at teardown, so a harness's last output is kept with the error: what it was doing
+    # when the budget ran out, or what it said when it failed.
     if result.timed_out:
-        return Outcome.TIMEOUT, None, f"harness exceeded the session budget of {task.timeout_seconds:g}s"
-    # The session directory goes at teardown, so a failing harness's last output is kept with the error.
+        error, tail = f"harness exceeded the session budget of {task.timeout_seconds:g}s", result.output_tail[-2000:]
+        return Outcome.TIMEOUT, None, f"{error}; its last output: {tail}" if tail.strip() else error
     error = (
         None if result.exit_code == 0 else f"harness exited with code {result.exit_code}: {result.output_tail[-2000:]}"
     )

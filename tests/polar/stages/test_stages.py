@@ -63,13 +63,16 @@ def test_nonzero_exit_fails_with_reward_zero(services: Services) -> None:
 
 def test_timeout_kills_the_process_group(services: Services, tmp_path: Path) -> None:
     marker = tmp_path / "child-alive"
-    command = f"(sleep 30; touch {marker}) & sleep 30"
+    command = f"echo working on it; (sleep 30; touch {marker}) & sleep 30"
     # The budget starts with the harness (nothing before is charged), which outlasts it.
     submit(services, command_task("t", command, timeout_seconds=3.0))
     drain(services)
     (session,) = sessions(services)
     assert session.state == "timed_out"
     assert session.reward == 0.0
+    # What the harness was doing when its time ran out is kept with the error (its directory is gone).
+    assert session.error.startswith("harness exceeded the session budget of 3s; its last output: ")
+    assert "working on it" in session.error
     assert not marker.exists()
 
 
