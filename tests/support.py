@@ -116,7 +116,7 @@ class RunningStack:
         with self.db.engine.connect() as connection:
             return list(connection.execute(sa.text(query), params).all())
 
-    def wait(self, batch_id: str, timeout_s: float = 240) -> dict[str, Any]:
+    def wait(self, batch_id: str, timeout_s: float = 600) -> dict[str, Any]:
         """The batch's final status; past ``timeout_s`` (a hang guard), fail with the batch's state and the tails of
         every process's log, so a CI failure says what the stack was doing."""
         try:

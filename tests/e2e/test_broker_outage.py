@@ -36,7 +36,7 @@ def test_submission_while_the_broker_is_down(database_url: str, redis_server: Pr
         assert due == 6  # admitted, due, unsent: the outbox holds them
         time.sleep(2)
         redis_server.start()
-        final = stack.wait(submitted["batch_id"], timeout_s=180)
+        final = stack.wait(submitted["batch_id"])
         assert final["counts"] == {"completed": 15}
         assert (
             stack.sql("SELECT count(*) FROM sessions WHERE due_stage IS NOT NULL AND stage_enqueued_at IS NULL")[0][0]

@@ -7,6 +7,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -107,7 +108,8 @@ def test_ctrl_c_stops_watching_not_the_batch(
     def interrupt(_seconds: float) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli_views.time, "sleep", interrupt)
+    # The view's own ``time`` only: patching ``time.sleep`` itself would interrupt every thread of this process.
+    monkeypatch.setattr(cli_views, "time", SimpleNamespace(sleep=interrupt))
     try:
         watched = runner.invoke(main, ["status", batch_id, "--watch"])
         assert watched.exit_code == 130 and f"batch {batch_id}" in watched.output, (watched.output, watched.exc_info)

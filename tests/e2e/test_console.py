@@ -107,7 +107,18 @@ def sign_in(page: Page, token: str) -> None:
     page.click_and_wait("#sign-in")
 
 
+@pytest.fixture
+def signed_in(stack: RunningStack, page: Page) -> Page:
+    """The module's page, signed in with the read token: each test stands alone, in any order or by itself."""
+    page.goto(f"{stack.api_url}/ui/")
+    if page.evaluate("location.pathname") == "/ui/login":
+        sign_in(page, READ_TOKEN)
+    assert page.evaluate("location.pathname") == "/ui/"
+    return page
+
+
 def test_signing_in_with_the_read_token(stack: RunningStack, batch: dict[str, Any], page: Page, shots: Path) -> None:
+    page.goto(f"{stack.api_url}/ui/logout")  # signed out, whatever ran before
     batch_url = f"{stack.api_url}/ui/batches/{batch['batch_id']}"
     page.goto(batch_url)
     assert page.evaluate("location.pathname") == "/ui/login"  # no cookie yet: sent to the form
@@ -124,7 +135,8 @@ def test_signing_in_with_the_read_token(stack: RunningStack, batch: dict[str, An
     assert page.errors == []
 
 
-def test_batch_page_shows_the_batch(stack: RunningStack, batch: dict[str, Any], page: Page, shots: Path) -> None:
+def test_batch_page_shows_the_batch(stack: RunningStack, batch: dict[str, Any], signed_in: Page, shots: Path) -> None:
+    page = signed_in
     page.goto(f"{stack.api_url}/ui/batches/{batch['batch_id']}")
     assert text(page, "#num-sessions") == "3"
     assert texts(page, "#state-counts span") == ["completed 2", "failed 1"]
@@ -152,8 +164,9 @@ def rewrite_session(batch: dict[str, Any]) -> dict[str, Any]:
     return next(s for s in batch["sessions"] if s["task_id"] == "rewrite")
 
 
-def test_session_page_lists_events_and_calls(stack: RunningStack, batch: dict[str, Any], page: Page,
+def test_session_page_lists_events_and_calls(stack: RunningStack, batch: dict[str, Any], signed_in: Page,
                                             shots: Path) -> None:  # fmt: skip
+    page = signed_in
     session = rewrite_session(batch)
     page.goto(f"{stack.api_url}/ui/batches/{batch['batch_id']}")
     page.click_and_wait(f"#sessions tr[data-session-id='{session['session_id']}'] a")
@@ -182,7 +195,8 @@ def test_session_page_lists_events_and_calls(stack: RunningStack, batch: dict[st
 
 
 def test_trajectory_viewer_marks_sampled_tokens_and_the_break(stack: RunningStack, batch: dict[str, Any],
-                                                              page: Page, shots: Path) -> None:  # fmt: skip
+                                                              signed_in: Page, shots: Path) -> None:  # fmt: skip
+    page = signed_in
     session = rewrite_session(batch)
     calls = {call["seq"]: call for call in stack.client.calls(session["session_id"])}
     trajectories = stack.client.trajectories(session["session_id"])

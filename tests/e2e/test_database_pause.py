@@ -52,7 +52,7 @@ def test_a_database_away_kills_no_healthy_run(
         wait_until(lambda: stack.sql("SELECT 1 FROM sessions WHERE state = 'running'"), message="the run to start")
         time.sleep(1)
         away(postgres)  # type: ignore[operator]
-        final = stack.wait(submitted["batch_id"], timeout_s=90)
+        final = stack.wait(submitted["batch_id"], timeout_s=300)
         (row,) = stack.sql("SELECT state, outcome, outcome_class, attempt FROM sessions")
         assert final["counts"] == {"completed": 1}
         assert tuple(row) == ("completed", "exited", "task", 1)  # not worker_lost, not retried

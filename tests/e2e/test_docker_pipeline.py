@@ -37,7 +37,7 @@ def test_a_session_runs_inside_its_container(database_url: str, broker_url: str,
         submitted = stack.client.submit({"tasks": [command_task("in-docker", command, **DOCKER)]})
         session_id = _running_session(stack, "in-docker")
         assert len(containers_of(session_id)) == 1  # created by init, running now
-        final = stack.wait(submitted["batch_id"], timeout_s=90)
+        final = stack.wait(submitted["batch_id"], timeout_s=300)
         errors = stack.sql("SELECT error FROM sessions")
         assert final["counts"] == {"completed": 1}, errors
         wait_until(lambda: containers_of(session_id) == [], timeout_s=120, message="postrun to remove the container")
@@ -57,7 +57,7 @@ def test_a_killed_run_worker_still_ends_terminal_and_removes_the_container(
         stack.stack.processes["worker-run"].wait()
         stack.stack.start_one("worker-run")
 
-        final = stack.wait(submitted["batch_id"], timeout_s=90)
+        final = stack.wait(submitted["batch_id"], timeout_s=300)
         assert final["counts"] == {"completed": 1} and final["attempts"]["retried"] == 1
         (row,) = stack.sql("SELECT state, outcome, retried_as FROM sessions WHERE id = :id", id=session_id)
         assert row.state == "failed" and row.outcome == "worker_lost"

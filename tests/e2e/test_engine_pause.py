@@ -130,6 +130,9 @@ def real_fleet(
     ports = {"api": free_port(), "proxy": free_port(), "engine": 0}
     env = {**pipeline_env(database_url, broker_url, ports, tmp_path / "state", 2), **route_env("slow")}
     env["POLAR_ENGINE_URLS"] = real_vllm.url
+    # The proxy waits for vLLM as long as the test's clients do: its default (600 s) is below their hang guard, and a
+    # CI run's 3,000-token answers beside the whole suite outlasted it (a 504 there, not a hang).
+    env["POLAR_ENGINE_TIMEOUT"] = str(REAL_GUARD_S)
     specs = [
         gunicorn_spec("api", "web.api:create_app()", ports["api"], workers=1, threads=8),
         gunicorn_spec("proxy", "web.proxy:create_app()", ports["proxy"]),

@@ -200,7 +200,7 @@ def batch_ids(stack: RunningStack) -> dict[str, str]:
 
 def finished(stack: RunningStack, batch_ids: dict[str, str], name: str) -> dict[str, dict[str, Any]]:
     """The batch's sessions once it has finished, by task id, each with its stored evaluation details."""
-    stack.wait(batch_ids[name], timeout_s=90)
+    stack.wait(batch_ids[name], timeout_s=300)
     sessions = {s["task_id"]: s for s in stack.client.sessions(batch_ids[name])}
     for session in sessions.values():
         (row,) = stack.sql("SELECT evaluation FROM sessions WHERE id = :id", id=session["session_id"])

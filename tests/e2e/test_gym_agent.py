@@ -37,7 +37,7 @@ from polar.storage.locks import ADMISSION
 from tests.nemo_gym_client import GymAnswer, post_rows
 from tests.support import HANG_GUARD_S, RunningStack, running_stack, wait_until
 
-pytestmark = [pytest.mark.long(seconds=82), pytest.mark.timeout(600)]  # dealt out first (tests/conftest.py)
+pytestmark = pytest.mark.long(seconds=82)  # dealt out first (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
 POLAR = Path(sys.executable).parent / "polar"

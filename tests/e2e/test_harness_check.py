@@ -11,7 +11,7 @@ import pytest
 
 from polar.harnesses.install import install
 
-pytestmark = [pytest.mark.long(seconds=39), pytest.mark.timeout(600)]
+pytestmark = pytest.mark.long(seconds=39)
 
 REPO = Path(__file__).resolve().parents[2]
 POLAR = str(Path(sys.executable).with_name("polar"))

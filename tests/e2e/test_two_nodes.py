@@ -43,7 +43,7 @@ def test_stages_stay_on_the_node_that_ran_init(database_url: str, broker_url: st
     where_log = tmp_path / "where.log"
     with running_stack(database_url, broker_url, tmp_path, run_concurrency=2, nodes=NODES) as stack:
         submitted = stack.client.submit({"tasks": [task(i, where_log) for i in range(TASKS)]})
-        final = stack.wait(submitted["batch_id"], timeout_s=240)
+        final = stack.wait(submitted["batch_id"])
         assert final["counts"] == {"completed": TASKS * SAMPLES}, stack.sql("SELECT error FROM sessions")
 
         nodes = dict(stack.sql("SELECT id::text, node FROM sessions"))

@@ -20,8 +20,6 @@ from polar.training.weight_loading import load_weights
 from tests.real_vllm import SharedVllm
 from tests.support import HANG_GUARD_S
 
-pytestmark = pytest.mark.timeout(600)
-
 # Measured here (vLLM 0.32 CPU kernels against transformers' eager Qwen2, both float32): differences of a few 1e-6;
 # the bound leaves room for other CPUs' kernels.
 TOLERANCE = 1e-4

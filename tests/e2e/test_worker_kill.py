@@ -46,7 +46,7 @@ def test_killed_run_worker_loses_nothing(database_url: str, broker_url: str, tmp
         stack.stack.start_one("worker-run")
 
         batch_id = submitted["batch_id"]
-        final = stack.wait(batch_id, timeout_s=90)
+        final = stack.wait(batch_id, timeout_s=300)
         assert final["counts"] == {"completed": 2}  # each sample once, by its latest attempt
         assert final["attempts"] == {"retried": 1, "out_of_attempts": 0}
         time.sleep(8)  # past the visibility timeout: the killed worker's message comes back and must change nothing
