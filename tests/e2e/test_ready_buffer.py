@@ -12,7 +12,9 @@ from tests.support import command_task, running_stack
 def test_ready_buffer_bounds_init_and_ready(database_url: str, broker_url: str, tmp_path: Path) -> None:
     env = {"POLAR_READY_BUFFER": "2"}
     with running_stack(database_url, broker_url, tmp_path, run_concurrency=1, env=env) as stack:
-        task = command_task("slow-init", "sleep 0.4", samples=8, runtime={"prepare": [{"run": "sleep 1.5"}]})
+        # An init of 3 s: twice the longest hand-over seen on the slowest CI runner (1.58 s), which the last
+        # assertion compares with it.
+        task = command_task("slow-init", "sleep 0.4", samples=8, runtime={"prepare": [{"run": "sleep 3"}]})
         submitted = stack.client.submit({"tasks": [task]})
         final = stack.wait(submitted["batch_id"])
         assert final["counts"] == {"completed": 8}
