@@ -90,12 +90,11 @@ def _execute(
         )
     # The session directory goes at teardown, so a harness's last output is kept with the error: what it was doing
     # when the budget ran out, or what it said when it failed.
+    tail = result.output_tail[-2000:]
     if result.timed_out:
-        error, tail = f"harness exceeded the session budget of {task.timeout_seconds:g}s", result.output_tail[-2000:]
+        error = f"harness exceeded the session budget of {task.timeout_seconds:g}s"
         return Outcome.TIMEOUT, None, f"{error}; its last output: {tail}" if tail.strip() else error
-    error = (
-        None if result.exit_code == 0 else f"harness exited with code {result.exit_code}: {result.output_tail[-2000:]}"
-    )
+    error = None if result.exit_code == 0 else f"harness exited with code {result.exit_code}: {tail}"
     return Outcome.EXITED, result.exit_code, error
 
 
