@@ -77,6 +77,41 @@ def check_storable(value: Any) -> None:
                 _check_text(key, f"{where}: key {key!r}", path or None)
 
 
+# What takes the place of a character Postgres cannot store (a NUL, a lone surrogate) in text Polar keeps.
+REPLACEMENT = "\ufffd"
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+
+
+def storable_text(text: str) -> str:
+    """``text`` with what Postgres text and jsonb cannot hold (NUL, lone UTF-16 surrogates) replaced by U+FFFD. For
+    text Polar keeps from harness, evaluator or model output (errors, output tails, evaluation details): that text is
+    the policy's to write, and a byte the database refuses must not turn its outcome into a crash."""
+    return _UNSTORABLE.sub(REPLACEMENT, text) if _UNSTORABLE.search(text) else text
+
+
+def storable(value: Any) -> Any:
+    """``value`` (JSON-shaped: dicts, lists, strings, numbers) as Postgres can store it in text or jsonb: strings and
+    keys through ``storable_text``, numbers that are no finite float (``1e999``) as null, anything nested deeper than
+    ``MAX_DEPTH`` as its (cleaned) text. The value itself is never changed; a copy is returned where needed."""
+    return _storable(value, 0)
+
+
+def _storable(value: Any, depth: int) -> Any:
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, bool) or value is None or isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if depth >= MAX_DEPTH and isinstance(value, dict | list | tuple):
+        return storable_text(repr(value)[:2000])
+    if isinstance(value, dict):
+        return {storable_text(str(key)): _storable(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_storable(item, depth + 1) for item in value]
+    return storable_text(str(value))
+
+
 def _walk(value: Any) -> Iterator[tuple[Any, str, int]]:
     """Every value in ``value`` with its path (``tasks[0].instruction``) and depth, without recursion."""
     pending: list[tuple[Any, str, int]] = [(value, "", 0)]

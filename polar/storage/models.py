@@ -138,6 +138,8 @@ class Session(Base):
     stage_enqueued_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     postrun_claims: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=0, server_default="0")
     deadline_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    # When the current weight-sync pause first refused or held one of its calls (polar.lifecycle.budget).
+    pause_held_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     num_calls: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=0, server_default="0")
     # Position in the trainers' feed: assigned when the session ends, in commit order (see polar.training.feed).
     feed_seq: Mapped[int | None] = mapped_column(sa.BigInteger(), unique=True)
@@ -217,6 +219,9 @@ class ModelCall(Base):
     )
     # The protocol of the engine that served the call: vllm | sglang (polar.proxy.engines).
     engine_kind: Mapped[str | None] = mapped_column(sa.Text())
+    # For a call the engine failed, why: unreachable | engine_error | engine_timeout | generation_timeout (still
+    # generating on a healthy engine at the engine timeout: the policy's doing, polar.lifecycle.attempts).
+    failure_kind: Mapped[str | None] = mapped_column(sa.Text())
 
 
 class Trajectory(Base):
@@ -234,6 +239,8 @@ class Trajectory(Base):
     call_ids: Mapped[list[str]] = mapped_column(text_array(), nullable=False)
     reward: Mapped[float | None] = mapped_column(sa.Float())
     stats: Mapped[dict[str, Any]] = mapped_column(json_document(), nullable=False, default=dict)
+    # The session's main chain (its first call's agent and what continues it), not a side call.
+    main: Mapped[bool] = mapped_column(sa.Boolean(), nullable=False, default=True, server_default=sa.true())
     created_at: Mapped[datetime] = _created()
     # The row's part of its feed item as JSON text, written by a trigger on Postgres (migration 0019; the feed reads
     # it), NULL on SQLite and for rows stored before it. Not loaded with the row.
