@@ -36,15 +36,7 @@ ROW_JSON = """CREATE OR REPLACE FUNCTION polar_trajectory_json(t trajectories) R
             FROM unnest(t.logprobs) WITH ORDINALITY AS u(v, n) ORDER BY n) ELSE t.logprobs END,
         'call_ids', t.call_ids, 'reward', t.reward, 'stats', t.stats, 'main', t.main)::text
 $$"""
-OLD_ROW_JSON = """CREATE OR REPLACE FUNCTION polar_trajectory_json(t trajectories) RETURNS text LANGUAGE sql STABLE AS $$
-    SELECT json_build_object(
-        'trajectory_id', t.id, 'session_id', t.session_id, 'agent', t.agent, 'reconstruction', t.reconstruction,
-        'token_ids', t.token_ids, 'loss_mask', t.loss_mask,
-        'logprobs', CASE WHEN t.logprobs && '{Infinity,-Infinity,NaN}'::real[] THEN ARRAY(
-            SELECT CASE WHEN v IN ('Infinity', '-Infinity', 'NaN') THEN NULL ELSE v END
-            FROM unnest(t.logprobs) WITH ORDINALITY AS u(v, n) ORDER BY n) ELSE t.logprobs END,
-        'call_ids', t.call_ids, 'reward', t.reward, 'stats', t.stats)::text
-$$"""
+OLD_ROW_JSON = ROW_JSON.replace(", 'main', t.main)", ")")
 
 
 def upgrade() -> None:
