@@ -198,6 +198,7 @@ class CallRecord:
     routed_experts: bytes | None = None  # vLLM's per-token expert routing (.npy bytes), mixture-of-experts only
     sampling: dict[str, Any] | None = None  # {"requested": …, "used": …} (polar.proxy.sampling)
     synthesized: bool = False  # Polar's own answer, no model tokens (polar.proxy.budget)
+    failure_kind: str | None = None  # why the engine failed the call (``ModelCall.failure_kind``)
 
 
 @dataclass(frozen=True)
