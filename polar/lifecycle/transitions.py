@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session as DbSession
 
+from polar.json_body import storable_text
 from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.outbox import due as make_due
 from polar.lifecycle.states import ALLOWED, TERMINAL, State
@@ -96,6 +97,6 @@ def record_event(
             at=at if at is not None else db_clock.now(db),
             worker=by.worker,
             node=by.config.node,
-            detail=detail,
+            detail=storable_text(detail) if detail is not None else None,  # it may quote a harness's output
         )
     )

@@ -11,7 +11,7 @@ and documentation ranges; IPv4-mapped and NAT64 forms are judged by the IPv4 add
 is that literal IP, so a name cannot be pointed at the host's own services or its network's. Plain-HTTP
 proxying (``GET http://…``) is refused: ``CONNECT`` carries TLS, and a tunnel is all it grants. The gate holds
 the sandbox to its bounds (``polar.runtimes.bounds``): connections at once, and ``request_send_s`` to send the
-CONNECT head.
+whole CONNECT head. Its tunnels (both ends) are held in ``served``, so the end of the harness's run ends them.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import contextlib
 import fnmatch
 import ipaddress
 import socket
+import time
 from collections.abc import Sequence
 
 from polar.runtimes import forwarder
-from polar.runtimes.bounds import SandboxBounds, serve_bounded
+from polar.runtimes.bounds import SandboxBounds, Served, serve_bounded
 
 PORT_INSIDE = 3128
 HEADER_LIMIT = 8192
@@ -80,6 +81,7 @@ class EgressGate:
     def __init__(self, allow: Sequence[str], bounds: SandboxBounds | None = None) -> None:
         self.allow = [parse_entry(entry) for entry in allow]
         self.bounds = bounds or SandboxBounds()
+        self.served = Served()  # the tunnels' connections, both ends: ``served.end()`` ends them
 
     def _entry_for(self, host: str, port: int) -> tuple[str, int] | None:
         for pattern, allowed_port in self.allow:
@@ -121,18 +123,20 @@ class EgressGate:
 
     def serve(self, listener: socket.socket) -> None:
         """Accept on ``listener`` until it is closed; answer each CONNECT with a tunnel or a refusal."""
-        serve_bounded(listener, self._tunnel, self.bounds)
+        serve_bounded(listener, self._tunnel, self.bounds, self.served)
 
     def _tunnel(self, client: socket.socket) -> None:
         try:
-            # The head within request_send_s: an idle or trickling CONNECT does not hold its thread for long.
-            client.settimeout(self.bounds.request_send_s)
-            head = _read_head(client)
+            # The whole head within request_send_s: an idle or trickling CONNECT does not hold its thread for long.
+            head = _read_head(client, time.monotonic() + self.bounds.request_send_s)
             client.settimeout(None)
             method, target, _ = (head.split(b"\r\n", 1)[0].decode("latin-1") + "  ").split(" ", 2)
             if method != "CONNECT":
                 raise Refused("only CONNECT tunnels are allowed (use https:// URLs)")
             upstream = self.open(target)
+            if not self.served.add(upstream):
+                upstream.close()
+                raise Refused("the sandbox's session is ending")
         except (Refused, OSError) as exc:
             with contextlib.suppress(OSError):
                 reason = str(exc).encode()
@@ -140,16 +144,27 @@ class EgressGate:
                                b"Connection: close\r\n\r\n%s" % (len(reason), reason))  # fmt: skip
             client.close()
             return
-        client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        early = head.split(b"\r\n\r\n", 1)[1]  # what a client sent before waiting for the 200
-        if early:
-            upstream.sendall(early)
-        forwarder.splice(client, upstream)
+        try:
+            client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            early = head.split(b"\r\n\r\n", 1)[1]  # what a client sent before waiting for the 200
+            if early:
+                upstream.sendall(early)
+            forwarder.splice(client, upstream)
+        except OSError:
+            client.close()
+        finally:
+            self.served.discard(upstream)
+            upstream.close()
 
 
-def _read_head(client: socket.socket) -> bytes:
+def _read_head(client: socket.socket, deadline: float) -> bytes:
+    """The CONNECT head, all of it by ``deadline`` (``TimeoutError`` past it)."""
     head = b""
     while b"\r\n\r\n" not in head:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the CONNECT head was not sent within this sandbox's request_send_s")
+        client.settimeout(left)
         chunk = client.recv(1024)
         if not chunk:
             raise Refused("connection closed before a request")

@@ -9,7 +9,8 @@ The relay (``polar.runtimes.relay``) reads each request's head itself before any
 - every request must be sent whole, head and body, within ``request_send_s`` of its first byte, and be at most
   ``request_bytes`` long (a ``Content-Length`` over it is refused before any of it is read);
 - framing the relay cannot follow is refused (both ``Content-Length`` and ``Transfer-Encoding``, a coding other
-  than ``chunked``, folded headers, upgrades, ``CONNECT``): what the relay counts is what the proxy reads.
+  than ``chunked``, folded headers, upgrades, ``CONNECT``, a chunk size that is not 1 to 16 hex digits, a
+  ``Content-Length`` with more digits than the bound has): what the relay counts is what the proxy reads.
 
 A request refused before any of it went upstream gets its status (400, 408, 413, 502) in the error shape of the
 protocol its path names, and the connection is closed. Bodies are streamed, never held whole; answers flow back
@@ -26,10 +27,12 @@ import time
 from collections.abc import Callable
 
 from polar.protocols import protocol_for_errors
-from polar.runtimes.bounds import SandboxBounds
+from polar.runtimes.bounds import SandboxBounds, Served
 
 CHUNK = 64 * 1024
 LINE_BYTES = 4096  # a chunk-size or trailer line
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+MAX_CHUNK_DIGITS = 16  # the proxy's own limit (web.http1)
 
 
 class Refusal(Exception):
@@ -48,15 +51,19 @@ class _Reader:
         self.buffer = bytearray()
         self.deadline: float | None = None
 
+    def _left(self) -> float | None:
+        """Seconds left to the deadline (None: none); 408 once it has passed. Checked on every turn of every loop
+        that reads, so no loop outlives the deadline, whether or not it reads."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise Refusal(408, "the request was not sent within this sandbox's request_send_s")
+        return left
+
     def _fill(self) -> bool:
         """Read more into the buffer; False at the end of the stream."""
-        if self.deadline is None:
-            self.sock.settimeout(None)
-        else:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise Refusal(408, "the request was not sent within this sandbox's request_send_s")
-            self.sock.settimeout(left)
+        self.sock.settimeout(self._left())
         try:
             data = self.sock.recv(CHUNK)
         except TimeoutError:
@@ -68,6 +75,7 @@ class _Reader:
         """Bytes up to and including ``marker``; None when the stream ends before any byte."""
         start = 0
         while (found := self.buffer.find(marker, start)) < 0:
+            self._left()
             if len(self.buffer) > limit:
                 raise Refusal(431 if what == "head" else 400, f"request {what} longer than {limit} bytes")
             start = max(0, len(self.buffer) - len(marker) + 1)
@@ -88,7 +96,10 @@ class _Reader:
 
     def exactly(self, count: int, sink: Callable[[bytes], None]) -> None:
         """Hand ``count`` bytes to ``sink`` as they come."""
-        while count:
+        if count < 0:  # a Refusal, not an assert: ``python -O`` must not turn this into a loop that never ends
+            raise Refusal(400, f"cannot carry a negative number of bytes ({count})")
+        while count > 0:
+            self._left()
             if not self.buffer and not self._fill():
                 raise Refusal(400, "connection closed in the middle of the request body")
             piece = bytes(self.buffer[:count])
@@ -143,7 +154,10 @@ class Head:
             return 0
         if len(lengths) > 1 or not next(iter(lengths)).isdigit():
             raise Refusal(400, "malformed Content-Length")
-        length = int(next(iter(lengths)))
+        digits = next(iter(lengths))
+        if len(digits) > len(str(bounds.request_bytes)):  # never int() of thousands of digits
+            raise Refusal(413, f"a Content-Length of {len(digits)} digits is over {bounds.request_bytes} bytes")
+        length = int(digits)
         if length > bounds.request_bytes:
             raise Refusal(413, f"request body of {length} bytes is over this deployment's {bounds.request_bytes}")
         return length
@@ -174,12 +188,18 @@ class Carry:
     """One sandbox connection, request by request, to a connection ``connect()`` opens once a head has come."""
 
     def __init__(
-        self, client: socket.socket, connect: Callable[[], socket.socket], host: bytes, bounds: SandboxBounds
+        self,
+        client: socket.socket,
+        connect: Callable[[], socket.socket],
+        host: bytes,
+        bounds: SandboxBounds,
+        served: Served | None = None,
     ) -> None:
         self.client = client
         self.connect = connect
         self.host = host
         self.bounds = bounds
+        self.served = served if served is not None else Served()  # holds the upstream and the answers' thread
         self.reader = _Reader(client)
         self.upstream: socket.socket | None = None
         self.back: threading.Thread | None = None
@@ -224,15 +244,20 @@ class Carry:
         if self.upstream is not None:
             return
         try:
-            self.upstream = self.connect()
+            upstream = self.connect()
         except OSError as exc:
             raise Refusal(502, f"the proxy cannot be reached: {exc}") from exc
-        self.back = threading.Thread(target=self._carry_back, daemon=True)
+        back = threading.Thread(target=self._carry_back, daemon=True)
+        if not self.served.add(upstream, back):  # the sandbox's socket is ending
+            upstream.close()
+            raise Refusal(503, "the sandbox's session is ending")
+        self.upstream = upstream
         try:
-            self.back.start()
+            back.start()
         except RuntimeError:
-            self.back = None
+            self.served.discard(thread=back)
             raise Refusal(503, "the run worker has no thread for this connection") from None
+        self.back = back
 
     def _carry_back(self) -> None:
         """The proxy's answers, byte for byte, until it ends the connection (keep-alive timeout, an error) or the
@@ -248,6 +273,7 @@ class Carry:
         if not self.refusing:
             with contextlib.suppress(OSError):
                 self.client.shutdown(socket.SHUT_RDWR)
+        self.served.discard(thread=threading.current_thread())
 
     def _send(self, data: bytes) -> None:
         assert self.upstream is not None
@@ -260,11 +286,11 @@ class Carry:
             line = self.reader.until(b"\r\n", LINE_BYTES, "chunk header")
             if line is None:
                 raise Refusal(400, "connection closed in the middle of a chunked body")
-            size_text = line[:-2].split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise Refusal(400, "malformed chunk size") from None
+            # Hex digits only, as the proxy reads them: int(text, 16) would also take "-5", "+5", "0x5" and "1_0".
+            size_text = line[:-2].split(b";", 1)[0].strip(b" \t")
+            if not size_text or len(size_text) > MAX_CHUNK_DIGITS or not _HEX.issuperset(size_text):
+                raise Refusal(400, "malformed chunk size")
+            size = int(size_text, 16)
             carried += size
             if carried > self.bounds.request_bytes:
                 raise Refusal(413, f"request body over this deployment's {self.bounds.request_bytes} bytes")
@@ -302,6 +328,15 @@ class Carry:
                 self.client.sendall(error_response(refusal.status, str(refusal), head, bytes(self.reader.buffer)))
 
     def _close(self) -> None:
+        """End both sides; the answers' thread (woken by the shutdown, if it still ran) ends before this returns."""
         if self.upstream is not None:
+            with contextlib.suppress(OSError):
+                self.upstream.shutdown(socket.SHUT_RDWR)
+        if self.back is not None and self.back.is_alive():
+            with contextlib.suppress(OSError):
+                self.client.shutdown(socket.SHUT_RDWR)
+            self.back.join()
+        if self.upstream is not None:
+            self.served.discard(self.upstream)
             self.upstream.close()
         self.client.close()

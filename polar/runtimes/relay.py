@@ -11,7 +11,8 @@ base URLs name that inside address, so they look as they would on the host; the 
 The relay carries HTTP/1.1 (keep-alive, streaming answers) request by request (``polar.runtimes.http_carry``): the
 connection it makes goes to exactly one address, chosen by the operator, never by the sandbox, and with the
 ``Host`` the operator's URL names, whatever the sandbox sent. Each socket holds the sandbox to its bounds
-(``polar.runtimes.bounds``): connections at once, threads, time to send a request, bytes.
+(``polar.runtimes.bounds``): connections at once, threads, time to send a request, bytes. When the harness's run
+ends, so does every connection either socket still serves (both its ends), and their threads with it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from urllib.parse import urlsplit
 
 from polar.errors import RuntimeFailure
 from polar.runtimes import forwarder
-from polar.runtimes.bounds import SandboxBounds, serve_bounded
+from polar.runtimes.bounds import END_JOIN_S, SandboxBounds, Served, serve_bounded
 from polar.runtimes.egress import PORT_INSIDE as EGRESS_PORT
 from polar.runtimes.egress import EgressGate
 from polar.runtimes.http_carry import Carry
@@ -139,7 +140,8 @@ def _close(listener: socket.socket, path: Path) -> None:
 
 
 class ProxyRelay:
-    """A Unix socket at ``directory/proxy.sock`` whose every connection is carried to ``target``."""
+    """A Unix socket at ``directory/proxy.sock`` whose every connection is carried to ``target``; ``stop`` ends
+    the socket and every connection it serves, and their threads."""
 
     def __init__(
         self,
@@ -153,14 +155,17 @@ class ProxyRelay:
         self.owner = owner
         self.bounds = bounds or SandboxBounds()
         self._listener: socket.socket | None = None
+        self._accepting: threading.Thread | None = None
+        self._served = Served()
 
     def start(self) -> None:
         self._listener = _listen(self.path, self.owner)
-        args = (self._listener, self._carry, self.bounds)
-        threading.Thread(target=serve_bounded, args=args, daemon=True).start()
+        args = (self._listener, self._carry, self.bounds, self._served)
+        self._accepting = threading.Thread(target=serve_bounded, args=args, daemon=True)
+        self._accepting.start()
 
     def _carry(self, client: socket.socket) -> None:
-        Carry(client, self._connect, self.target.host_header.encode("idna"), self.bounds).run()
+        Carry(client, self._connect, self.target.host_header.encode("idna"), self.bounds, self._served).run()
 
     def _connect(self) -> socket.socket:
         upstream = socket.create_connection((self.target.host, self.target.port), timeout=CONNECT_TIMEOUT_S)
@@ -171,6 +176,14 @@ class ProxyRelay:
         if self._listener is not None:
             _close(self._listener, self.path)
             self._listener = None
+        _end(self._accepting, self._served)
+
+
+def _end(accepting: threading.Thread | None, served: Served) -> None:
+    """After its listener closed: the accept loop's end, then every connection it served, both ends (bounded)."""
+    if accepting is not None:
+        accepting.join(END_JOIN_S)
+    served.end()
 
 
 @contextlib.contextmanager
@@ -183,11 +196,14 @@ def _egress(
         return
     path = directory / EGRESS_SOCKET_NAME
     listener = _listen(path, owner)
-    threading.Thread(target=EgressGate(allow, bounds).serve, args=(listener,), daemon=True).start()
+    gate = EgressGate(allow, bounds)
+    accepting = threading.Thread(target=gate.serve, args=(listener,), daemon=True)
+    accepting.start()
     try:
         yield ["--forward", f"127.0.0.1:{EGRESS_PORT}={INSIDE_DIR}/{EGRESS_SOCKET_NAME}"]
     finally:
         _close(listener, path)
+        _end(accepting, gate.served)
 
 
 def _egress_env() -> dict[str, str]:

@@ -31,6 +31,7 @@ import sqlalchemy as sa
 
 from polar.errors import EvaluationError, RuntimeFailure, UnsafePath
 from polar.evaluators import Evaluation, EvaluationContext, load_evaluator
+from polar.json_body import storable, storable_text
 from polar.lifecycle.admission import admit
 from polar.lifecycle.attempts import OutcomeClass, classify, refine, retries_left, start_next_attempt
 from polar.lifecycle.batches import mark_batch_finished
@@ -45,6 +46,7 @@ from polar.stages.lease import Claimed, claim, heartbeat
 from polar.storage.captured import rebuild, session_rows
 from polar.storage.models import Batch, ModelCall, Session, Trajectory
 from polar.storage.prompts import prompt_views
+from polar.storage.storable import storing
 from polar.training.callbacks import record_session_events
 from polar.training.feed import assign_position
 
@@ -268,51 +270,63 @@ def _store(
     services: Services, claimed: Claimed, trajectories: Sequence[TrajectoryData], ending: _Ending
 ) -> bool | None:
     """The terminal transaction; None when another worker ended the session first, else whether a next attempt
-    was started."""
+    was started.
+
+    The evaluation's details and the error quote what the harness, the evaluator's commands and the model wrote:
+    they are stored made storable (``polar.json_body.storable``); a store the database still refuses is tried
+    once more with the trajectories' text made storable too (``polar.storage.storable``). Token ids, loss masks
+    and logprobs are numbers: never changed."""
     session = claimed.session
     evaluation, evaluator_error = ending.scored.evaluation, ending.scored.error
     state = final_state(ending.outcome, session.exit_code, evaluator_error)
     reward = evaluation.reward if evaluation else None
     per_trajectory = list(evaluation.trajectory_rewards or []) if evaluation else []
-    with services.db.unit() as db:
-        moved = transition(
-            db,
-            session.id,
-            State.POSTRUN,
-            state,
-            by=services,
-            detail=evaluator_error
-            or (ending.outcome.value if ending.outcome_class is OutcomeClass.INFRASTRUCTURE else None),
-            where=[claimed.held],
-            reward=reward,
-            evaluation=dict(evaluation.details) if evaluation else None,
-            error=ending.error or evaluator_error,
-            outcome=ending.outcome.value,
-            outcome_class=ending.outcome_class.value,
-        )
-        if not moved:
-            return None
-        db.execute(sa.delete(Trajectory).where(Trajectory.session_id == session.id))
-        for position, trajectory in enumerate(trajectories):
-            db.add(
-                Trajectory(
-                    session_id=session.id,
-                    position=position,
-                    agent=trajectory.agent,
-                    reconstruction=claimed.task.reconstruction,
-                    token_ids=trajectory.token_ids,
-                    loss_mask=trajectory.loss_mask,
-                    logprobs=trajectory.logprobs,
-                    call_ids=trajectory.call_ids,
-                    reward=per_trajectory[position] if position < len(per_trajectory) else reward,
-                    stats=trajectory.stats,
-                )
+    details = storable(dict(evaluation.details)) if evaluation else None
+    error = ending.error or evaluator_error
+    error = storable_text(error) if error is not None else None
+
+    def store(clean: bool) -> bool | None:
+        with services.db.unit() as db:
+            moved = transition(
+                db,
+                session.id,
+                State.POSTRUN,
+                state,
+                by=services,
+                detail=evaluator_error
+                or (ending.outcome.value if ending.outcome_class is OutcomeClass.INFRASTRUCTURE else None),
+                where=[claimed.held],
+                reward=reward,
+                evaluation=details,
+                error=error,
+                outcome=ending.outcome.value,
+                outcome_class=ending.outcome_class.value,
             )
-        retried = _settle(db, services, claimed, ending)
-        finished = mark_batch_finished(db, session.batch_id)
-        if not retried:  # the sample settled: the group or the batch it completes owes its callbacks
-            record_session_events(db, session.id, finished)
-    return retried
+            if not moved:
+                return None
+            db.execute(sa.delete(Trajectory).where(Trajectory.session_id == session.id))
+            for position, trajectory in enumerate(trajectories):
+                db.add(
+                    Trajectory(
+                        session_id=session.id,
+                        position=position,
+                        agent=storable_text(trajectory.agent) if clean and trajectory.agent else trajectory.agent,
+                        reconstruction=claimed.task.reconstruction,
+                        token_ids=trajectory.token_ids,
+                        loss_mask=trajectory.loss_mask,
+                        logprobs=trajectory.logprobs,
+                        call_ids=trajectory.call_ids,
+                        reward=per_trajectory[position] if position < len(per_trajectory) else reward,
+                        stats=storable(trajectory.stats) if clean else trajectory.stats,
+                    )
+                )
+            retried = _settle(db, services, claimed, ending)
+            finished = mark_batch_finished(db, session.batch_id)
+            if not retried:  # the sample settled: the group or the batch it completes owes its callbacks
+                record_session_events(db, session.id, finished)
+        return retried
+
+    return storing(store, f"session {session.id}'s end")
 
 
 def _ending(

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from polar.errors import RuntimeFailure, UnsafePath
 from polar.harnesses.base import HarnessContext
 from polar.harnesses.registry import HARNESSES
+from polar.json_body import storable_text
 from polar.lifecycle.admission import admit
 from polar.lifecycle.budget import RunBudget, budget_left, start_run_budget
 from polar.lifecycle.states import Outcome, State
@@ -90,7 +91,7 @@ def _execute(
         )
     # The session directory goes at teardown, so a harness's last output is kept with the error: what it was doing
     # when the budget ran out, or what it said when it failed.
-    tail = result.output_tail[-2000:]
+    tail = storable_text(result.output_tail[-2000:])  # the harness's own bytes: a NUL in them must not crash the store
     if result.timed_out:
         error = f"harness exceeded the session budget of {task.timeout_seconds:g}s"
         return Outcome.TIMEOUT, None, f"{error}; its last output: {tail}" if tail.strip() else error

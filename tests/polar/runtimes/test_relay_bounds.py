@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import select
 import socket
 import threading
 from collections.abc import Iterator
@@ -21,8 +22,23 @@ from polar.runtimes.egress import EgressGate, Refused
 from polar.runtimes.relay import ProxyRelay, ProxyTarget
 from polar.task_request import Limits, RuntimeSpec
 from tests.scripted_http import ScriptedServer
+from tests.support import wait_until
 
 HANG_GUARD_S = 30  # socket timeouts of reads that must not time out: hang guards on a loaded machine
+
+
+@contextlib.contextmanager
+def deaf_relay(tmp_path: Path, bounds: SandboxBounds) -> Iterator[tuple[ProxyRelay, socket.socket]]:
+    """A relay whose proxy accepts connections (the kernel does, into its backlog) but never reads them: nothing
+    on the proxy's side ends a connection, or runs a thread of its own."""
+    with socket.create_server(("127.0.0.1", 0)) as deaf:
+        target = ProxyTarget.from_url(f"http://127.0.0.1:{deaf.getsockname()[1]}")
+        proxy_relay = ProxyRelay(tmp_path, target, bounds=bounds)
+        proxy_relay.start()
+        try:
+            yield proxy_relay, deaf
+        finally:
+            proxy_relay.stop()
 
 
 @contextlib.contextmanager
@@ -126,6 +142,96 @@ def test_framing_the_relay_cannot_count_is_refused(tmp_path: Path, head: bytes) 
         client.sendall(head)
         assert error_of(answer(client))[0] in (400, 501)
     assert upstream.connections == 0
+
+
+@pytest.mark.parametrize("size", [b"-1", b"-10", b"0x5", b"+5", b"1_0", b"", b"12345678901234567", b"5\x0b"])
+def test_chunk_sizes_the_relay_cannot_count_are_refused(tmp_path: Path, size: bytes) -> None:
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    with deaf_relay(tmp_path, SandboxBounds()) as (proxy_relay, deaf), connect(str(proxy_relay.path)) as client:
+        client.sendall(head + size + b"\r\n" + b"A" * 100)
+        assert error_of(answer(client))[0] == 400
+        proxy, _ = deaf.accept()
+        with proxy:
+            proxy.settimeout(HANG_GUARD_S)
+            carried = b""
+            while chunk := proxy.recv(65536):
+                carried += chunk
+    assert carried.endswith(b"transfer-encoding: chunked\r\n\r\n")  # the head went; nothing of the body did
+
+
+def test_a_content_length_of_thousands_of_digits_is_refused_unread(tmp_path: Path) -> None:
+    with relay(tmp_path, SandboxBounds()) as (path, upstream), connect(path) as client:
+        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n")
+        assert error_of(answer(client))[0] == 413
+    assert upstream.connections == 0
+
+
+def test_no_connection_outlives_the_relay(tmp_path: Path) -> None:
+    """A connection blocked in the middle of its body, one that sent a negative chunk size, and one carried to the
+    proxy and waiting on its answer: when the relay stops, every thread it started has ended."""
+    before = threading.active_count()
+    bounds = SandboxBounds(request_send_s=HANG_GUARD_S * 10)  # no deadline ends them while the test runs
+    with deaf_relay(tmp_path, bounds) as (proxy_relay, deaf):
+        clients = [connect(str(proxy_relay.path)) for _ in range(3)]
+        post = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        clients[0].sendall(post + b"Content-Length: 1000\r\n\r\n" + b"A" * 10)
+        clients[1].sendall(post + b"Transfer-Encoding: chunked\r\n\r\n-10\r\n" + b"A" * 100)
+        clients[2].sendall(post + b"Content-Length: 2\r\n\r\nhi")
+        proxies = [deaf.accept()[0] for _ in range(3)]  # every head reached the proxy: each connection is carried
+        assert threading.active_count() > before
+        proxy_relay.stop()
+        assert threading.active_count() == before
+        for client in clients:
+            with client:
+                while client.recv(65536):  # the relay ended its side (after a refusal, for the chunked one)
+                    pass
+        for proxy in proxies:
+            with proxy:
+                proxy.settimeout(HANG_GUARD_S)
+                while proxy.recv(65536):  # and the proxy's side too
+                    pass
+
+
+@contextlib.contextmanager
+def gate_serving(tmp_path: Path, bounds: SandboxBounds) -> Iterator[tuple[str, EgressGate]]:
+    """An egress gate on a socket of its own; at the end, its listener closed and its connections ended."""
+    path = str(tmp_path / "egress.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen()
+    gate = EgressGate(["example.org:443"], bounds)
+    accepting = threading.Thread(target=gate.serve, args=(listener,), daemon=True)
+    accepting.start()
+    try:
+        yield path, gate
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        accepting.join(HANG_GUARD_S)
+        gate.served.end()
+
+
+def test_a_trickled_connect_head_is_refused_at_the_deadline(tmp_path: Path) -> None:
+    head = b"CONNECT example.org:443 HTTP/1.1\r\nX-Padding: " + b"a" * 2000
+    with gate_serving(tmp_path, SandboxBounds(request_send_s=0.5)) as (path, _gate), connect(path) as client:
+        sent = 0
+        with contextlib.suppress(OSError):  # the gate may close while a byte is on its way
+            while sent < len(head) and not select.select([client], [], [], 0.1)[0]:
+                client.send(head[sent : sent + 1])  # a byte every 0.1s: each read on its own is in time
+                sent += 1
+        assert client.recv(200).startswith(b"HTTP/1.1 403")
+    assert sent < len(head)  # refused while the head still trickled in: the deadline is for all of it
+
+
+def test_no_connection_outlives_the_gate(tmp_path: Path) -> None:
+    before = threading.active_count()
+    with gate_serving(tmp_path, SandboxBounds(request_send_s=HANG_GUARD_S * 10)) as (path, gate):
+        held = connect(path)
+        held.sendall(b"CONNECT example.org:443 HTTP/1.1\r\n")  # its head unfinished: only the end ends it
+        wait_until(lambda: gate.served.threads(), HANG_GUARD_S, "the connection served")
+    assert threading.active_count() == before  # the accept loop and the connection's thread have ended
+    with held:
+        assert held.recv(200) == b""  # its connection was ended too
 
 
 @pytest.mark.parametrize("address", ["100.100.100.200", "100.64.0.1", "192.0.2.1", "::ffff:169.254.169.254"])
