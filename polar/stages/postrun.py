@@ -1,6 +1,6 @@
-"""Stage ``postrun``: always entered. Rebuild trajectories from the captured calls, evaluate, store the reward,
-end the session in its terminal state, then tear the runtimes down (the session's, and the evaluator's clean one
-when it had one).
+"""Stage ``postrun``: always entered. Rebuild trajectories from the captured calls, mark the session's main chain
+(``polar.stages.main_chain``: its answer is the one judged), evaluate, store the reward, end the session in its
+terminal state, then tear the runtimes down (the session's, and the evaluator's clean one when it had one).
 
 The terminal compare-and-set, the trajectory rows and the reward commit in one transaction, so a redelivered
 postrun can never leave duplicate trajectories.
