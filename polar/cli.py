@@ -525,8 +525,11 @@ def demo(state_dir: Path, tasks: int, samples: int, out: Path, run_concurrency: 
               help="Threads for Postgres and submission work (waiting rows hold none).")  # fmt: skip
 @click.option("--poll", "poll_s", default=0.25, show_default=True, type=click.FloatRange(0.01, 60),
               help="Seconds between the checks of which waiting rows have settled.")  # fmt: skip
+@click.option("--all-chains", is_flag=True,
+              help="Answer every call of a session, side calls included (a title request, a tool's own use of the "
+              "session's key); by default only its main chain's (docs/training-data.md).")  # fmt: skip
 def gym_agent(template_path: Path, host: str, port: int, allow_from: tuple[str, ...], require_token: bool,
-              threads: int, poll_s: float) -> None:  # fmt: skip
+              threads: int, poll_s: float, all_chains: bool) -> None:  # fmt: skip
     """Serve NeMo Gym's agent contract (POST /run) over this deployment (docs/nemo-gym.md). It answers only
     callers from --allow-from (default: loopback), and with --require-token only those with the API token."""
     import ipaddress
@@ -545,6 +548,7 @@ def gym_agent(template_path: Path, host: str, port: int, allow_from: tuple[str, 
     args = ["--template", str(template_path), "--host", host, "--port", str(port), "--threads", str(threads)]
     args += [f"--allow-from={cidr}" for cidr in allow_from] + (["--require-token"] if require_token else [])
     # The server is a web process (web.gym); the domain CLI names it by module, as the launcher names gunicorn apps.
+    args += ["--all-chains"] if all_chains else []
     os.execv(sys.executable, [sys.executable, "-m", "web.gym", *args, "--poll", str(poll_s)])
 
 

@@ -11,7 +11,7 @@ import base64
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired, cast
 
 from pydantic import ConfigDict, WithJsonSchema, with_config
 from sqlalchemy import Row
@@ -146,6 +146,10 @@ class TrajectoryJSON(TypedDict):
     call_ids: list[str]
     reward: float | None
     stats: dict[str, Any]
+    # The session's main chain (its first call's agent and what continues it), not a side call: a title request, a
+    # tool's own use of the key, another agent (docs/training-data.md). Absent from feed items of trajectories
+    # stored before Polar marked it (migration 0021), which were all taken as main.
+    main: NotRequired[bool]
     # Per call of ``call_ids``, its expert routing (``CallJSON.routed_experts``); None when no call has any. The
     # last call of a prefix-merged trajectory routes every token of the trajectory but the last.
     routed_experts: list[str | None] | None
@@ -315,6 +319,7 @@ def stored_trajectory_json(trajectory: Trajectory | Row[Any]) -> dict[str, Any]:
         "call_ids": [str(c) for c in trajectory.call_ids],
         "reward": trajectory.reward,
         "stats": trajectory.stats,
+        "main": bool(trajectory.main),
     }
 
 

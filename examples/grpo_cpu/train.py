@@ -155,8 +155,11 @@ class Sample:
 def _samples(client: PolarClient, group: list[dict[str, Any]], figures: Counter) -> list[Sample] | None:
     """A group's trajectories with group-relative advantages; None when it is older than the staleness bound
     allows (decided by the caller from ``sampler``)."""
-    items = [item for item in group if item.get("reward") is not None]
-    figures["unscored"] += len(group) - len(items)
+    scored = [item for item in group if item.get("reward") is not None]
+    figures["unscored"] += len(group) - len(scored)
+    # Only the sessions' main chains: a side call (main false: a title request, a tool's own use of the key) is not
+    # the task the reward scored (docs/training-data.md). Items from older servers have no key: main.
+    items = [item for item in scored if item.get("main", True)]
     rewards = [float(item["reward"]) for item in items]
     mean = sum(rewards) / len(rewards) if rewards else 0.0
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else 0.0

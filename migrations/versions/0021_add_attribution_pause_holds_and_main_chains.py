@@ -10,7 +10,9 @@ against the infrastructure (``polar.lifecycle.attempts``).
 (``polar.lifecycle.budget``).
 
 ``trajectories.main``: whether the trajectory is the session's main chain (the first call's agent and what
-continues it) rather than a side call (a title request, a tool's own use of the key). The feed's JSON carries it.
+continues it) rather than a side call (a title request, a tool's own use of the key). The feed's JSON carries it,
+and the ``merge_breaks`` view gains it at its end (whether the trajectory a break started is main: a compaction of
+the main chain, or a side conversation).
 
 Revision ID: 0021
 Revises: 0020
@@ -38,6 +40,21 @@ ROW_JSON = """CREATE OR REPLACE FUNCTION polar_trajectory_json(t trajectories) R
 $$"""
 OLD_ROW_JSON = ROW_JSON.replace(", 'main', t.main)", ")")
 
+# ``merge_breaks`` as migration 0012 left it, and with the trajectory's ``main`` at its end.
+OLD_BREAKS = """CREATE VIEW merge_breaks AS
+        SELECT s.batch_id, t.session_id, t.id AS trajectory_id, b ->> 'reason' AS reason,
+               b ->> 'call_id' AS call_id, (b ->> 'seq')::int AS seq, b ->> 'agent' AS agent,
+               (b ->> 'position')::int AS position, (b ->> 'expected_token')::int AS expected_token,
+               (b ->> 'actual_token')::int AS actual_token,
+               (b ->> 'message_index')::int AS message_index, b ->> 'detail' AS detail
+        FROM trajectories t JOIN sessions s ON s.id = t.session_id
+        CROSS JOIN LATERAL jsonb_array_elements(
+            CASE WHEN jsonb_typeof(t.stats -> 'breaks') = 'array' THEN t.stats -> 'breaks' ELSE '[]'::jsonb END
+        ) AS b"""
+BREAKS = OLD_BREAKS.replace("CREATE VIEW", "CREATE OR REPLACE VIEW").replace(
+    "b ->> 'detail' AS detail", "b ->> 'detail' AS detail, t.main"
+)
+
 
 def upgrade() -> None:
     with op.batch_alter_table("model_calls") as batch:
@@ -48,11 +65,14 @@ def upgrade() -> None:
         batch.add_column(sa.Column("main", sa.Boolean(), nullable=False, server_default=sa.true()))
     if op.get_bind().dialect.name == "postgresql":
         op.execute(ROW_JSON)
+        op.execute(BREAKS)
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute(OLD_ROW_JSON)
+        op.execute("DROP VIEW merge_breaks")  # a view's columns can be added, never dropped, by CREATE OR REPLACE
+        op.execute(OLD_BREAKS)
     with op.batch_alter_table("trajectories") as batch:
         batch.drop_column("main")
     with op.batch_alter_table("sessions") as batch:

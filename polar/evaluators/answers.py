@@ -3,8 +3,8 @@ compare it with the expected one (exactly, by regular expression, or as a number
 
 ``AnswerConfig`` is the ``answer`` block of ``test_on_output``; ``check_answer`` applies it to a finished session.
 
-- ``source``: ``last_message`` (the model's last answer), ``output`` (what the harness printed) or
-  ``file:<path>`` (under the work directory). A missing message or file is a wrong answer, not an error.
+- ``source``: ``last_message`` (the model's last answer in the session's main chain), ``output`` (what the harness
+  printed) or ``file:<path>`` (under the work directory). A missing message or file is a wrong answer, not an error.
 - ``pattern``: picks the answer out of the source: its first group (or the whole match) at its *last* match, as
   a model's final statement comes last. Without it: for ``numeric`` the last number, else the whole text.
 - ``match``: ``exact`` (stripped texts equal), ``regex`` (``expected`` is searched for in the answer; anchor it

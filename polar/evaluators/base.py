@@ -36,7 +36,8 @@ class EvaluationContext:
     remaining_s: float
     # The clean runtime prepared in init, for evaluators that define ``fresh_runtime``.
     fresh_runtime: Runtime | None = None
-    # The text of the model's last answer (the last successful call's assistant message), if there was one.
+    # The text of the model's last answer (the main chain's last answered call's assistant message, never a side
+    # call's: ``polar.reconstruction.main_chain``), if there was one.
     final_message: str | None = None
 
     @property

@@ -7,8 +7,10 @@ NeMo RL trains on the output items that carry ``prompt_token_ids``, ``generation
 ``generation_log_probs`` (the last item of each model call; its reasoning, text and tool calls come before it,
 without tokens), and it requires each such item's prompt to start with every token seen before it: the calls must
 form one growing sequence. Polar's calls are what the engine served, so the ids and logprobs are the captured
-ones. Which answer a session gets (status codes follow NeMo RL's retry rules: 5xx, 408 and 429 are the
-infrastructure's and retried; any other 4xx is the row's own):
+ones. Only the main chain's calls are answered (``polar.reconstruction.main_chain``; ``all_chains`` takes every
+call): a side call (a title request, a tool's own use of the session's key) is left out, counted in
+``polar.calls_left_out``. Which answer a session gets (status codes follow NeMo RL's retry rules: 5xx, 408 and 429
+are the infrastructure's and retried; any other 4xx is the row's own):
 
 - its sample settled with a task outcome and its calls form one sequence sampled under one policy: 200, the
   evaluator's reward, ``mask_sample: false``; a harness that timed out or failed was still measured, so its
@@ -49,6 +51,9 @@ class Settled:
     error: str | None
     evaluator: str | None = None  # the task's evaluator, which names the one reward component it gives
     evaluation: dict[str, Any] | None = None  # its stored details; ``reward_components`` there are passed on
+    # The calls of its trajectories outside the main chain (a title request, a tool's own use of the session's key:
+    # ``polar.reconstruction.main_chain``), left out of the answer unless every chain is asked for.
+    side_calls: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -57,13 +62,17 @@ class Answer:
     body: dict[str, Any]
 
 
-def gym_answer(row: dict[str, Any], settled: Settled, calls: Sequence[CallJSON], model: str) -> Answer:
-    """The ``/run`` answer for ``row`` whose sample settled as ``settled`` with ``calls`` (in ``seq`` order)."""
+def gym_answer(
+    row: dict[str, Any], settled: Settled, calls: Sequence[CallJSON], model: str, all_chains: bool = False
+) -> Answer:
+    """The ``/run`` answer for ``row`` whose sample settled as ``settled`` with ``calls`` (in ``seq`` order): the
+    main chain's calls (every call with ``all_chains``)."""
     polar = {"session_id": str(settled.session_id), "state": settled.state, "attempt": settled.attempt}
     if settled.outcome_class == "infrastructure":
         return _error(503, f"the session's last attempt ({settled.attempt}) was lost to the infrastructure: "
                            f"{settled.error}; send the row again", polar, SESSION_LOST)  # fmt: skip
-    delivered = [c for c in calls if c["delivered"] and c["status_code"] == 200 and not c.get("synthesized")]
+    answered = [c for c in calls if c["delivered"] and c["status_code"] == 200 and not c.get("synthesized")]
+    delivered = [c for c in answered if all_chains or c["call_id"] not in settled.side_calls]
     if not delivered:
         kind = CANCELLED if settled.state == "cancelled" else AGENT_RUN_ERROR
         return _error(422, f"the session ended {settled.state} without a model call, so there is no sample "
@@ -81,7 +90,13 @@ def gym_answer(row: dict[str, Any], settled: Settled, calls: Sequence[CallJSON],
         "mask_sample": bool(masks),
         "failure_kind": masks[0][0] if masks else _degraded(settled.state),
         "failure_reason": "; ".join(reason for _, reason in masks) if masks else settled.error,
-        "polar": {**polar, "calls": len(delivered), "calls_returned": len(kept), "policy_versions": versions},
+        "polar": {
+            **polar,
+            "calls": len(delivered),
+            "calls_returned": len(kept),
+            "policy_versions": versions,
+            "calls_left_out": len(answered) - len(delivered),
+        },
     }
     if masks:
         given = row.get("instance_config")

@@ -4,13 +4,15 @@ A row's sample is ``(batch_id, task_position)``: rows are submitted together, on
 
 A sample is settled when its latest attempt (``retried_as`` unset: an attempt lost to the infrastructure with
 attempts left has a successor already) is terminal. Its outcome class says whether that attempt is training
-signal (``task``) or was the last allowed one and lost (``infrastructure``).
+signal (``task``) or was the last allowed one and lost (``infrastructure``); the calls of its trajectories outside the
+main chain come with it (``Settled.side_calls``).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Collection
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -18,7 +20,8 @@ from polar.gym.answers import Settled
 from polar.lifecycle.attempts import is_latest_attempt
 from polar.lifecycle.states import TERMINAL
 from polar.services import Services
-from polar.storage.models import Session, Task
+from polar.storage.columns import any_of
+from polar.storage.models import Session, Task, Trajectory
 
 Sample = tuple[uuid.UUID, int]  # (batch_id, task_position)
 
@@ -37,10 +40,24 @@ def settled_samples(services: Services, samples: Collection[Sample]) -> dict[Sam
         Session.state.in_([str(s) for s in TERMINAL]),
     )  # fmt: skip
     with services.db.unit() as db:
-        rows = db.execute(query).all()
+        rows = [row for row in db.execute(query).all() if (row.batch_id, row.task_position) in wanted]
+        side = _side_calls(db, [row.id for row in rows])
     return {
         (row.batch_id, row.task_position): Settled(row.id, row.state, row.outcome_class, row.reward, row.attempt,
-                                                   row.error, row.evaluator, row.evaluation)
+                                                   row.error, row.evaluator, row.evaluation,
+                                                   frozenset(side.get(row.id, ())))
         for row in rows
-        if (row.batch_id, row.task_position) in wanted
     }  # fmt: skip
+
+
+def _side_calls(db: Any, session_ids: list[uuid.UUID]) -> dict[uuid.UUID, set[str]]:
+    """Per session, the calls of its trajectories outside the main chain (most sessions have none)."""
+    if not session_ids:
+        return {}
+    query = sa.select(Trajectory.session_id, Trajectory.call_ids).where(
+        any_of(db, Trajectory.session_id, session_ids), ~Trajectory.main
+    )
+    side: dict[uuid.UUID, set[str]] = {}
+    for session_id, call_ids in db.execute(query):
+        side.setdefault(session_id, set()).update(str(call_id) for call_id in call_ids)
+    return side

@@ -15,8 +15,12 @@ such samples again (up to ``resubmits`` rounds) and raises ``RolloutError`` rath
 zero. A session's trajectory is split where the model's first sampled token is: ``prompt_ids`` before it,
 ``completion_ids`` after, with ``env_mask`` 0 on the tokens the model did not sample (tool results, the next
 turn's header) and ``logprobs`` the engine's for the sampled ones (0.0 elsewhere). Multi-turn sessions are one
-sequence with ``"reconstruction": "prefix_merging"`` (or token-in-token-out); when a session still has several
-trajectories, the one with the most sampled tokens is taken and ``Sample.trajectories`` says how many there were.
+sequence with ``"reconstruction": "prefix_merging"`` (or token-in-token-out). Only the session's main chain is
+trained on (each feed item's ``main``; an item without it, from an older server, counts as main): a side call (a
+title request, a tool's own use of the session's key, another agent's conversation) is left out and
+``Sample.left_out`` says how many were; ``all_chains=True`` takes every trajectory. When a session still has several
+trajectories to take, the one with the most sampled tokens is taken and ``Sample.trajectories`` says how many there
+were.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class Sample:
     reward: float | None  # None when the evaluator gave none
     call_ids: list[str]
     trajectories: int  # how many trajectories the session had (this sample is the one with most sampled tokens)
+    left_out: int = 0  # of them, how many were outside its main chain and not taken (0 with all_chains)
 
 
 @dataclass(frozen=True)
@@ -74,14 +79,18 @@ def split_trajectory(
             [int(m) for m in loss_mask[start:]])  # fmt: skip
 
 
-def sample_of(items: Sequence[Mapping[str, Any]]) -> Sample:
-    """The sample a session's feed items (its trajectories, with the feed's context) stand for."""
-    best = max(items, key=lambda item: sum(item["loss_mask"]))
+def sample_of(items: Sequence[Mapping[str, Any]], all_chains: bool = False) -> Sample:
+    """The sample a session's feed items (its trajectories, with the feed's context) stand for: its main chain's
+    trajectory with the most sampled tokens (any trajectory's with ``all_chains``)."""
+    taken = [item for item in items if all_chains or item.get("main", True)]
+    if not taken:
+        raise ValueError(f"session {items[0]['session_id']}: none of its {len(items)} trajectories is its main chain")
+    best = max(taken, key=lambda item: sum(item["loss_mask"]))
     prompt, completion, logprobs, env_mask = split_trajectory(best["token_ids"], best["loss_mask"], best["logprobs"])
     reward = best.get("reward")
     return Sample(str(best["task_id"]), int(best["sample_index"]), str(best["session_id"]), int(best["attempt"]),
                   prompt, completion, logprobs, env_mask, None if reward is None else float(reward),
-                  [str(c) for c in best["call_ids"]], len(items))  # fmt: skip
+                  [str(c) for c in best["call_ids"]], len(items), len(items) - len(taken))  # fmt: skip
 
 
 class PolarRollouts:
@@ -94,12 +103,16 @@ class PolarRollouts:
         backend: Backend = "torch",
         resubmits: int = 2,
         wait_s: float = 30.0,
+        all_chains: bool = False,
     ) -> None:
+        """``all_chains``: train on every trajectory of a session, side calls included (default: its main chain
+        only)."""
         self.client = client
         self.engine_url = engine_url
         self.backend: Backend = backend
         self.resubmits = resubmits
         self.wait_s = wait_s
+        self.all_chains = all_chains
         self.batch_ids: list[str] = []  # every batch submitted, in order (for a watcher, a test, a dashboard)
 
     def submit(
@@ -120,7 +133,7 @@ class PolarRollouts:
             for item in group:
                 sessions.setdefault(item["session_id"], []).append(item)
             for items in sessions.values():
-                sample = sample_of(items)
+                sample = sample_of(items, self.all_chains)
                 found.setdefault(sample.task_id, []).append(sample)
         for samples in found.values():
             samples.sort(key=lambda s: s.sample_index)

@@ -26,6 +26,8 @@ class TrajectoryData:
     logprobs: list[float]
     call_ids: list[str]
     stats: dict[str, Any] = field(default_factory=dict)
+    # The session's main chain, not a side call (``polar.reconstruction.main_chain``; postrun sets it).
+    main: bool = True
 
 
 class Reconstruction(Protocol):

@@ -1,6 +1,6 @@
-"""Stage ``postrun``: always entered. Rebuild trajectories from the captured calls, evaluate, store the reward,
-end the session in its terminal state, then tear the runtimes down (the session's, and the evaluator's clean one
-when it had one).
+"""Stage ``postrun``: always entered. Rebuild trajectories from the captured calls, mark the session's main chain
+(``polar.stages.main_chain``: its answer is the one judged), evaluate, store the reward, end the session in its
+terminal state, then tear the runtimes down (the session's, and the evaluator's clean one when it had one).
 
 The terminal compare-and-set, the trajectory rows and the reward commit in one transaction, so a redelivered
 postrun can never leave duplicate trajectories.
@@ -39,10 +39,12 @@ from polar.lifecycle.states import Outcome, State
 from polar.lifecycle.transitions import transition
 from polar.proxy.refusals import INFRASTRUCTURE_REASONS, fold_in, refusal_counts
 from polar.reconstruction import RECONSTRUCTIONS, CapturedCall, TrajectoryData
+from polar.reconstruction.main_chain import answer_call
 from polar.runtimes import Runtime, attach_runtime
 from polar.services import Services
 from polar.stages.breaks import explain_breaks
 from polar.stages.lease import Claimed, claim, heartbeat
+from polar.stages.main_chain import mark_main
 from polar.storage.captured import rebuild, session_rows
 from polar.storage.models import Batch, ModelCall, Session, Trajectory
 from polar.storage.prompts import prompt_views
@@ -83,23 +85,16 @@ def captured_calls(services: Services, session_id: uuid.UUID) -> list[CapturedCa
     ]
 
 
-def final_message(services: Services, session_id: uuid.UUID) -> str | None:
-    """The text of the model's last answer: the last successful call's assistant message (captured calls keep
-    the engine's chat-shaped response)."""
+def final_message(services: Services, session_id: uuid.UUID, call: CapturedCall | None) -> str | None:
+    """The text of the model's answer in ``call`` (the main chain's last answered call,
+    ``polar.reconstruction.main_chain.answer_call``): its assistant message (captured calls keep the engine's
+    chat-shaped response); None without a call."""
+    if call is None:
+        return None
+    call_id = uuid.UUID(call.call_id)
     with services.db.unit() as db:
-        last = db.execute(
-            sa.select(ModelCall.id, ModelCall.seq)
-            .where(
-                ModelCall.session_id == session_id,
-                ModelCall.status_code == 200,
-                ModelCall.delivered,
-                ~ModelCall.synthesized,
-            )
-            .order_by(ModelCall.seq.desc())
-            .limit(1)
-        ).first()
-        rows = session_rows(db, session_id, up_to_seq=last.seq, parts=["response"]) if last is not None else []
-    response = rebuild(rows, {last.id}, prompts=False, parts=["response"])[last.id].response if last else None
+        rows = session_rows(db, session_id, up_to_seq=call.seq, parts=["response"])
+    response = rebuild(rows, {call_id}, prompts=False, parts=["response"])[call_id].response
     choices = (response or {}).get("choices") or []
     message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
     content = message.get("content") if isinstance(message, dict) else None
@@ -195,7 +190,7 @@ def _evaluate(
         trajectories=trajectories,
         remaining_s=max(0.0, claimed.remaining_s),
         fresh_runtime=runtimes.evaluator,
-        final_message=final_message(services, session.id),
+        final_message=final_message(services, session.id, answer_call(calls, trajectories)),
     )
     try:
         evaluator = load_evaluator(claimed.task.evaluator, services.config.plugin_modules)
@@ -318,6 +313,7 @@ def _store(
                         call_ids=trajectory.call_ids,
                         reward=per_trajectory[position] if position < len(per_trajectory) else reward,
                         stats=storable(trajectory.stats) if clean else trajectory.stats,
+                        main=trajectory.main,
                     )
                 )
             retried = _settle(db, services, claimed, ending)
@@ -379,6 +375,7 @@ def postrun_session(services: Services, session_id: uuid.UUID) -> None:
             trajectories = RECONSTRUCTIONS[claimed.task.reconstruction](calls)
             with services.db.unit() as db:
                 trajectories = explain_breaks(db, session_id, calls, trajectories)
+                trajectories = mark_main(db, session_id, calls, trajectories, claimed.task.reconstruction)
         runtimes = _runtimes_here(services, claimed.session)
         if runtimes is not None and runtimes.session is not None:
             runtimes.session.kill_processes()

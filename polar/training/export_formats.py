@@ -52,6 +52,7 @@ def schema(kind: Kind) -> pa.Schema:
                 pa.field("policy_version", pa.string()),
                 pa.field("num_calls", pa.int32(), nullable=False),
                 pa.field("spans_policy_update", pa.bool_(), nullable=False),
+                pa.field("main", pa.bool_(), nullable=False),
             ]
         )
     tool_call = pa.struct(

@@ -13,15 +13,16 @@ no agent), ``token_ids`` (list[int]), ``loss_mask`` (list[int] of 0/1), ``logpro
 (float or null), ``policy_version`` (str or null: the task's ``metadata.policy_version``, else the version every
 call of the session carried), ``num_calls`` (int: calls merged into the trajectory), ``spans_policy_update``
 (bool: one of its calls was held by an engine across a weight update, so its sampled tokens came from two
-policies; drop or correct it).
+policies; drop or correct it), ``main`` (bool: the session's main chain; false for a side call, a title request,
+a tool's own use of the session's key, another agent: ``polar.reconstruction.main_chain``).
 
 SFT row: ``session_id, task_id`` (str), ``sample_index`` (int), ``reward`` (float or null), ``messages`` (list of
 ``{role, content, reasoning, tool_calls, tool_call_id, name}``: strings, ``""`` when absent, ``tool_calls`` a list
 of ``{id, type, function: {name, arguments}}`` with ``arguments`` a JSON string), ``tools`` (list of JSON-encoded
 OpenAI tool objects: tool schemas differ too much from task to task for one struct type).
 
-The messages are the last successful call's ``normalized_request["messages"]`` (what the engine saw) followed by
-the assistant message that call returned.
+The messages are the main chain's last answered call's ``normalized_request["messages"]`` (what the engine saw)
+followed by the assistant message that call returned: a side call made after it (a title request) is never the row.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from polar.lifecycle.groups import group_id
 from polar.lifecycle.states import TERMINAL, State
 from polar.services import Services
 from polar.storage.captured import STORED, chat_form, rebuild
+from polar.storage.columns import is_postgres
 from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
 
 Kind = Literal["rl", "sft"]
@@ -90,11 +92,27 @@ def _of_batch(batch_id: uuid.UUID) -> sa.ColumnElement[bool]:
     return ModelCall.session_id.in_(sa.select(Session.id).where(Session.batch_id == batch_id))
 
 
-def _last_successful_call(batch_id: uuid.UUID) -> Any:
-    """Per session of the batch, the seq of its last call the engine answered with 200."""
+def _answer_call(db: Any, batch_id: uuid.UUID) -> Any:
+    """Per session of the batch, the seq of its answer: the last call the engine answered with 200 among the calls
+    of its trajectories marked ``main`` (``polar.reconstruction.main_chain``), never a side call. Each main
+    trajectory's calls are listed from its ``call_ids`` and found by their ids."""
+    if is_postgres(db):
+        listed = sa.func.unnest(Trajectory.call_ids).table_valued("call_id").render_derived()
+        call_id: Any = sa.cast(listed.c.call_id, sa.Uuid())
+    else:  # SQLite keeps the ids as JSON strings, and a Uuid column as 32 hex digits
+        listed = sa.func.json_each(Trajectory.call_ids).table_valued("value")
+        call_id = sa.func.replace(listed.c.value, "-", "")
+    main = (
+        sa.select(call_id.label("call_id"))
+        .select_from(Trajectory)
+        .join(listed, sa.true())
+        .where(Trajectory.main, Trajectory.session_id.in_(sa.select(Session.id).where(Session.batch_id == batch_id)))
+        .subquery()
+    )
     return (
         sa.select(ModelCall.session_id, sa.func.max(ModelCall.seq).label("seq"))
-        .where(_of_batch(batch_id), ModelCall.status_code == 200, ~ModelCall.synthesized)
+        .join(main, ModelCall.id == main.c.call_id)
+        .where(ModelCall.status_code == 200, ~ModelCall.synthesized)
         .group_by(ModelCall.session_id)
         .subquery()
     )
@@ -138,7 +156,7 @@ def export_summary(services: Services, batch_id: uuid.UUID, kind: str, min_rewar
                 .where(scope, _accepted(min_reward))
             ).one()
         else:
-            last = _last_successful_call(batch_id)
+            last = _answer_call(db, batch_id)
             size = ModelCall.prompt_len + _length(db, ModelCall.completion_token_ids)
             accepted, tokens = db.execute(
                 sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(size), 0))
@@ -196,6 +214,7 @@ def _rl_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator
             sa.func.coalesce(Trajectory.reward, Session.reward).label("reward"),
             versions.c.version,
             Trajectory.call_ids,
+            Trajectory.main,
         )
         .join(Session, Session.id == Trajectory.session_id)
         .join(Task, Task.id == Session.task_pk)
@@ -223,11 +242,13 @@ def _rl_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator
             "num_calls": len(row.call_ids),
             # Some of its sampled tokens came from the policy before a weight update: drop or correct it.
             "spans_policy_update": any(str(call_id) in spanning for call_id in row.call_ids),
+            # The session's main chain, not a side call (a title request, a tool's own use of the key).
+            "main": bool(row.main),
         }
 
 
 def _sft_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator[dict[str, Any]]:
-    last = _last_successful_call(batch_id)
+    last = _answer_call(db, batch_id)
     query = (
         sa.select(Session.id, Session.task_id, Session.sample_index, Session.reward, ModelCall.id.label("call_id"),
                   ModelCall.seq)

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from polar.errors import NotFound, ValidationError
 from polar.services import Services
+from polar.storage.migration import upgrade
 from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
 from polar.training.export_formats import write_jsonl, write_parquet
 from polar.training.exports import export_rows, export_summary, sft_messages
@@ -21,7 +22,7 @@ from tests.support import domain_services
 
 RL_COLUMNS = ["trajectory_id", "session_id", "batch_id", "task_id", "sample_index", "group_id", "agent",
               "token_ids", "loss_mask", "logprobs", "reward", "policy_version", "num_calls",
-              "spans_policy_update"]  # fmt: skip
+              "spans_policy_update", "main"]  # fmt: skip
 TOOL = {"type": "function", "function": {"name": "calc", "parameters": {"type": "object", "properties": {}}}}
 
 
@@ -260,3 +261,37 @@ def test_exports_read_only_their_batchs_calls(services: Services, kind: str) -> 
     finally:
         sa.event.remove(services.db.engine, "before_cursor_execute", grab)
     assert _model_calls_rows_read(services, statements) <= 20  # before: over 200 (every call of every batch)
+
+
+@pytest.fixture
+def sqlite_services(tmp_path: Path) -> Iterator[Services]:
+    """Embedded mode's database (``polar demo``, ``polar generate --embedded`` export from it)."""
+    url = f"sqlite:///{tmp_path}/polar.db"
+    upgrade(url)
+    services = domain_services(url, tmp_path)
+    yield services
+    services.db.dispose()
+
+
+@pytest.mark.parametrize("database", ["postgres", "sqlite"])
+def test_the_sft_row_is_the_main_chains_answer_and_rl_rows_say_main(
+    database: str, request: pytest.FixtureRequest
+) -> None:
+    """A side call made last (a title request, its trajectory not ``main``) is never the SFT row; RL rows carry
+    ``main``."""
+    services = request.getfixturevalue("services" if database == "postgres" else "sqlite_services")
+    f = BatchFactory(services)
+    task = f.task("a")
+    session = f.session(task, 0, reward=1.0, calls=3)
+    with services.db.unit() as db:
+        db.execute(sa.update(Trajectory).where(Trajectory.session_id == session, Trajectory.position == 2)
+                   .values(main=False))  # fmt: skip
+    (row,) = export_rows(services, f.batch_id, "sft", None)
+    assert row["messages"][-1]["content"] == "answer 2"
+    summary = export_summary(services, f.batch_id, "sft", None)
+    assert (summary.accepted, summary.tokens) == (1, 5)  # the answer call's 3 prompt + 2 completion tokens
+    rl = list(export_rows(services, f.batch_id, "rl", None))
+    assert [r["main"] for r in rl] == [True, True, False]
+    with services.db.unit() as db:  # a session whose trajectories are all side calls has no answer to train on
+        db.execute(sa.update(Trajectory).where(Trajectory.session_id == session).values(main=False))
+    assert list(export_rows(services, f.batch_id, "sft", None)) == []

@@ -6,7 +6,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy
@@ -14,9 +14,11 @@ import pytest
 import sqlalchemy as sa
 
 from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.sessions import session_trajectories
 from polar.serialization import trajectory_json
 from polar.services import Services
 from polar.storage.captured import routed_experts_of_sessions
+from polar.storage.migration import upgrade
 from polar.storage.models import ModelCall, Trajectory
 from polar.training.feed import FeedPage, read_feed, wait_for_feed
 from tests.support import command_task, domain_services, stage_functions, submit_tasks
@@ -171,3 +173,42 @@ def test_items_written_by_postgres_are_the_trajectories_json(services: Services)
         with services.db.unit() as db:
             db.execute(sa.text("SET LOCAL session_replication_role = replica"))  # no trigger: as before 0019
             db.execute(sa.update(Trajectory).values(feed_json=None))
+
+
+@pytest.fixture
+def sqlite_services(tmp_path: Path) -> Iterator[Services]:
+    """Embedded mode's database, whose feed builds each item's JSON in Python."""
+    url = f"sqlite:///{tmp_path}/polar.db"
+    upgrade(url)
+    services = domain_services(url, tmp_path, ready_buffer=100)
+    yield services
+    services.db.dispose()
+
+
+@pytest.mark.parametrize("database", ["postgres", "sqlite"])
+def test_items_and_session_trajectories_say_which_are_the_main_chain(
+    database: str, request: pytest.FixtureRequest
+) -> None:
+    """A call of the session that continues nothing of its agent's (another opening: a tool's own use of the key)
+    is its own trajectory, served with ``main: false``; the session's main chain with ``main: true``."""
+    services = request.getfixturevalue("services" if database == "postgres" else "sqlite_services")
+    batch = submit(services, command_task("merged", "true", reconstruction="prefix_merging"),
+                   command_task("per-call", "true"))  # fmt: skip
+    merged, per_call = queued_sessions(services)
+    sent = services.dispatcher.sent  # type: ignore[attr-defined]
+    while sent:
+        stage, queued = sent.pop(0)
+        if stage is Stage.POSTRUN:
+            with services.db.unit() as db:
+                for seq, prompt in ((1, [1, 2, 3]), (2, [9, 8, 7]), (3, [1, 2, 3, 4, 5, 6])):
+                    db.add(ModelCall(session_id=queued, seq=seq, provider="openai_chat", stream=False,
+                                     prompt_token_ids=prompt, completion_token_ids=[4, 5], logprobs=[-0.1, -0.2],
+                                     finish_reason="stop", status_code=200, latency_ms=1.0, request={},
+                                     normalized_request={}, response={}))  # fmt: skip
+        STAGE_FUNCTIONS[stage](services, queued)
+    items: dict[str, list[tuple[int, bool]]] = {}
+    for item in read_feed(services, batch, after=0, limit=10).items:
+        items.setdefault(item["task_id"], []).append((len(item["call_ids"]), item["main"]))
+    assert items == {"merged": [(2, True), (1, False)], "per-call": [(1, True), (1, False), (1, True)]}
+    assert [t["main"] for t in session_trajectories(services, merged)] == [True, False]
+    assert [t["main"] for t in session_trajectories(services, per_call)] == [True, False, True]

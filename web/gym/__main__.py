@@ -1,5 +1,6 @@
 """``python -m web.gym --template FILE [--host H] [--port P] [--allow-from CIDR]... [--require-token] [--threads N]
-[--poll S]``: what ``polar gym-agent`` runs (the CLI parses and checks the flags, then hands over to this process)."""
+[--poll S] [--all-chains]``: what ``polar gym-agent`` runs (the CLI parses and checks the flags, then hands over to
+this process)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--require-token", action="store_true")
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--poll", type=float, default=0.25)
+    parser.add_argument("--all-chains", action="store_true")
     args = parser.parse_args(argv)
     template = compile_template(args.template.read_text(), str(args.template), rows_fill_values_only=True)
     config = load_config()
@@ -38,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     token = "; Authorization: Bearer <POLAR_API_TOKEN> required" if access.token else ""
     print(f"Polar gym agent: POST http://{args.host}:{args.port}/run (template {args.template}; "
           f"callers from {allowed}{token})", flush=True)  # fmt: skip
-    app = create_app(services, template, args.threads, args.poll, access)
+    app = create_app(services, template, args.threads, args.poll, access, args.all_chains)
     web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
 
 

@@ -47,11 +47,13 @@ DEFAULT_THREADS = 8
 class GymAgent:
     submitter: Submitter
     waiter: SettlementWaiter
+    all_chains: bool = False  # answer every call of a session, side calls included (default: its main chain)
 
     async def run(self, row: dict[str, Any], caller: Caller) -> Answer:
         sample = await self.submitter.submit(row, caller)
         settled, calls = await self.waiter.settled(sample)
-        return gym_answer(row, settled, calls, str(row["responses_create_params"].get("model") or "polar"))
+        model = str(row["responses_create_params"].get("model") or "polar")
+        return gym_answer(row, settled, calls, model, self.all_chains)
 
 
 AGENT = web.AppKey("agent", GymAgent)
@@ -104,16 +106,22 @@ async def alive(request: web.Request) -> web.Response:
     return _json(200, {"status": "ok", "waiting": len(request.app[AGENT].waiter.waiting)})
 
 
-def create_app(services: Services, template: jinja2.Template, threads: int = DEFAULT_THREADS,
-               poll_s: float = 0.25, access: Access | None = None) -> web.Application:  # fmt: skip
+def create_app(
+    services: Services,
+    template: jinja2.Template,
+    threads: int = DEFAULT_THREADS,
+    poll_s: float = 0.25,
+    access: Access | None = None,
+    all_chains: bool = False,
+) -> web.Application:
     """The agent app; its waiter loop starts and stops with the app, the database closes with it. ``access``:
-    who may call it (default: loopback callers, no token)."""
+    who may call it (default: loopback callers, no token); ``all_chains``: answer side calls too."""
     executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gym-agent")
 
     def on_pool(function: Any, *args: Any) -> Awaitable[Any]:  # the blocking parts, off the event loop
         return asyncio.get_running_loop().run_in_executor(executor, function, *args)
 
-    agent = GymAgent(Submitter(services, template, on_pool), SettlementWaiter(services, on_pool, poll_s))
+    agent = GymAgent(Submitter(services, template, on_pool), SettlementWaiter(services, on_pool, poll_s), all_chains)
     # A row may carry a long conversation; the caller is checked before its body is read.
     app = web.Application(client_max_size=64 * 1024 * 1024,
                           middlewares=[middleware(access or Access(allow_list(())))])  # fmt: skip

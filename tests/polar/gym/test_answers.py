@@ -62,6 +62,25 @@ def test_calls_that_break_into_sequences_are_masked_never_scored_silently() -> N
     assert (unscored.body["failure_kind"], unscored.body["reward"]) == ("verifier_error", 0.0)
 
 
+def test_side_calls_are_left_out_unless_every_chain_is_asked_for() -> None:
+    """A tool's own call with the session's key, and a title request made last, are not the sample."""
+    first, tool_own = call([1, 2], [3, 4], tool=True), call([7, 7], [8])
+    answer_call, title = call([1, 2, 3, 4, 5], [6]), call([9, 9], [4])
+    calls = [first, tool_own, answer_call, title]
+    settled = Settled(DONE.session_id, "completed", "task", 1.0, 1, None,
+                      side_calls=frozenset({tool_own["call_id"], title["call_id"]}))  # fmt: skip
+    answer = gym_answer(ROW, settled, calls, "m")
+    assert answer.status == 200 and not list(VERIFY.iter_errors(answer.body))
+    assert answer.body["mask_sample"] is False  # the main chain is one sequence
+    assert (answer.body["polar"]["calls"], answer.body["polar"]["calls_left_out"]) == (2, 2)
+    output = answer.body["response"]["output"]
+    tokens = [item["generation_token_ids"] for item in output if "generation_token_ids" in item]
+    assert tokens == [[3, 4], [6]]
+    every = gym_answer(ROW, settled, calls, "m", all_chains=True)
+    assert every.body["polar"]["calls_left_out"] == 0 and every.body["mask_sample"] is True  # 4 sequences
+    assert every.body["polar"]["calls_returned"] == 1  # the last sequence: the title
+
+
 def spanning(call_json: Any, start: str, end: str) -> Any:
     return {**call_json, "policy_version": start, "policy_version_end": end, "spans_policy_update": start != end}
 

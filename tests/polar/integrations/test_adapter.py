@@ -38,3 +38,17 @@ def test_a_session_with_several_trajectories_gives_the_one_with_most_sampled_tok
 
 def test_an_unscored_sample_keeps_its_missing_reward() -> None:
     assert sample_of([_item("s", [0, 1], reward=None)]).reward is None
+
+
+def test_only_the_main_chain_is_trained_on_unless_every_chain_is_asked_for() -> None:
+    main = {**_item("s", [0, 1, 1]), "main": True}
+    side = {**_item("s", [0, 1, 1, 1, 1, 1]), "main": False, "call_ids": ["tool-own"]}  # more sampled tokens
+    sample = sample_of([main, side])
+    assert sample.completion_ids == [1, 2] and sample.call_ids == ["c1"]
+    assert (sample.trajectories, sample.left_out) == (2, 1)
+    every = sample_of([main, side], all_chains=True)
+    assert every.call_ids == ["tool-own"] and every.left_out == 0
+    # An item without the key (an older server) counts as main.
+    assert sample_of([_item("s", [0, 1]), side]).call_ids == ["c1"]
+    with pytest.raises(ValueError, match="none of its 1 trajectories is its main chain"):
+        sample_of([side])

@@ -20,7 +20,7 @@ def test_prompts_that_are_not_whole_groups_are_refused(prompts: list[str], gener
 
 
 def _sample(session: str, reward: float | None) -> Sample:
-    return Sample("t", 0, session, 1, [1, 2], [3, 4, 5], [-0.5, 0.0, -0.25], [1, 0, 1], reward, ["c"], 1)
+    return Sample("t", 0, session, 1, [1, 2], [3, 4, 5], [-0.5, 0.0, -0.25], [1, 0, 1], reward, ["c"], 2, 1)
 
 
 def test_the_output_is_aligned_with_the_samples_and_carries_polar_s_reward() -> None:
@@ -28,6 +28,7 @@ def test_the_output_is_aligned_with_the_samples_and_carries_polar_s_reward() -> 
     assert output["prompt_ids"] == [[1, 2]] * 3 and output["env_mask"] == [[1, 0, 1]] * 3
     assert output["polar_reward"] == [1.0, 0.0, None] and output["polar_session_id"] == ["s1", "s2", "s3"]
     assert output["polar_policy_version"] == [4, 4, 4]
+    assert output["polar_left_out"] == [1, 1, 1]  # the side calls each sample's session made, not trained on
     assert polar_reward(["x", "y", "z"], polar_reward=output["polar_reward"]) == [1.0, 0.0, None]
     with pytest.raises(ValueError):
         polar_reward(["x"], polar_reward=[1.0, 0.0])
