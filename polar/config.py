@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import socket
@@ -65,6 +66,12 @@ class Config:
     served_model: str | None = None
     sampling_overrides: Mapping[str, Any] = field(default_factory=dict)
     engine_timeout_s: float = 600.0
+    # The most new tokens a call may ask of the engine (polar.proxy.sampling); None: what the engine can decode
+    # within ``engine_timeout_s`` at ``min_decode_rate`` (``max_tokens_cap``).
+    max_tokens: int | None = None
+    # The decode rate (tokens/s, one sequence) the deployment's engines keep even at their fullest batch: 20 is a
+    # dense model of ~30B parameters on one H100-class GPU at a batch of 256; smaller models decode faster.
+    min_decode_rate: float = 20.0
     engine_wait_s: float = 600.0  # how long a run waits for an engine to answer before its harness starts (0: not)
     heartbeat_interval_s: float = 5.0
     stale_after_s: float = 30.0
@@ -125,6 +132,15 @@ class Config:
         """Which Polar installation this is, as a short stable id (a digest of the database URL without its
         password): containers carry it, so two deployments on one Docker engine never reap each other's."""
         return deployment_id(self.database_url)
+
+    @property
+    def max_tokens_cap(self) -> int:
+        """The most new tokens a call may ask of the engine: ``max_tokens``, or the tokens the engine decodes within
+        ``engine_timeout_s`` at ``min_decode_rate``, so a call that outlives the timeout on a healthy engine is one
+        decoding slower than the deployment guarantees (12,000 at the defaults)."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return max(1, int(min(self.engine_timeout_s * self.min_decode_rate, 2**31 - 1)))
 
     @property
     def reconcile_tick_s(self) -> float:
@@ -192,6 +208,18 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
         raise ValidationError(f"{name} must be a whole number, got {raw!r}", field=name) from exc
     if value < 1:
         raise ValidationError(f"{name} must be at least 1, got {value}", field=name)
+    return value
+
+
+def _optional_positive_int(env: Mapping[str, str], name: str) -> int | None:
+    """A whole number of at least 1, or None when unset."""
+    return None if env.get(name) in (None, "") else _positive_int(env, name, 1)
+
+
+def _positive_number(env: Mapping[str, str], name: str, default: float) -> float:
+    value = _number(env, name, default)
+    if not (value > 0 and math.isfinite(value)):
+        raise ValidationError(f"{name} must be a finite number above 0, got {env.get(name)!r}", field=name)
     return value
 
 
@@ -318,6 +346,8 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         served_model=env.get("POLAR_SERVED_MODEL") or None,
         sampling_overrides=_json_object(env, "POLAR_SAMPLING_OVERRIDES"),
         engine_timeout_s=_number(env, "POLAR_ENGINE_TIMEOUT", base.engine_timeout_s),
+        max_tokens=_optional_positive_int(env, "POLAR_MAX_TOKENS"),
+        min_decode_rate=_positive_number(env, "POLAR_MIN_DECODE_RATE", base.min_decode_rate),
         engine_wait_s=_number(env, "POLAR_ENGINE_WAIT", base.engine_wait_s),
         heartbeat_interval_s=_number(env, "POLAR_HEARTBEAT_INTERVAL", base.heartbeat_interval_s),
         stale_after_s=_number(env, "POLAR_STALE_AFTER", base.stale_after_s),

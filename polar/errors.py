@@ -91,17 +91,33 @@ class TooManyCalls(PolarError):
         self.retry_after_s = retry_after_s
 
 
-class EngineError(PolarError):
-    """The inference engine refused, failed or returned something unusable."""
+# Why the engine failed a call, as ``model_calls.failure_kind`` records it: no engine reachable (refused, or the
+# connection dropped), an engine 5xx or unusable answer, a timeout while the engine was unhealthy or had requests
+# queued, or a timeout while it was healthy with nothing queued: it was generating this very call (the policy's
+# doing, ``polar.lifecycle.attempts``).
+UNREACHABLE = "unreachable"
+ENGINE_ERROR = "engine_error"
+ENGINE_TIMEOUT = "engine_timeout"
+GENERATION_TIMEOUT = "generation_timeout"
 
-    def __init__(self, message: str, status_code: int | None = None) -> None:
+
+class EngineError(PolarError):
+    """The inference engine refused, failed or returned something unusable; ``failure_kind`` says which way."""
+
+    default_kind = ENGINE_ERROR
+
+    def __init__(self, message: str, status_code: int | None = None, failure_kind: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status_code = status_code
+        self.failure_kind = failure_kind or self.default_kind
 
 
 class EngineTimeout(EngineError):
-    """The inference engine did not answer within the proxy's timeout."""
+    """The inference engine did not answer within the proxy's timeout (``engine_timeout``, or
+    ``generation_timeout`` when it was healthy and generating the call)."""
+
+    default_kind = ENGINE_TIMEOUT
 
 
 class CaptureFailed(PolarError):

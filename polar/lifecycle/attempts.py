@@ -17,19 +17,27 @@ only task outcomes carry data.
 
     classify(Outcome.WORKER_LOST)                    -> OutcomeClass.INFRASTRUCTURE
     classify(Outcome.CANCELLED)                      -> OutcomeClass.CANCELLED
-    refine(Outcome.EXITED, exit_code=1, engine_failures=2, evaluator_runtime_failed=False)
-                                                     -> Outcome.ENGINE_FAILED
+    paused = Disruption("proxy", "paused", count=1, last_at=t1)          # a weight-sync pause's 429
+    refine(Outcome.EXITED, 1, CallEvidence(last_answer_at=t0, disruptions=(paused,)), False)
+                                                     -> Outcome.ENGINE_FAILED   (t1 >= t0: nothing answered after)
+    refine(Outcome.EXITED, 1, CallEvidence(last_answer_at=t2, disruptions=(paused,)), False)
+                                                     -> Outcome.EXITED          (t2 > t1: the harness recovered)
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
+from typing import Literal
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session as DbSession
 
-from polar.clock import utcnow
+from polar.clock import as_utc, utcnow
+from polar.errors import GENERATION_TIMEOUT
 from polar.lifecycle.states import Outcome, State
 from polar.lifecycle.transitions import record_event
 from polar.services import Services
@@ -38,6 +46,8 @@ from polar.task_request import DEFAULT_MAX_ATTEMPTS
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
+    "CallEvidence",
+    "Disruption",
     "OutcomeClass",
     "classify",
     "is_latest_attempt",
@@ -85,27 +95,80 @@ def classify(outcome: Outcome) -> OutcomeClass:
     return _CLASS[outcome]
 
 
-def refine(
-    outcome: Outcome,
-    exit_code: int | None,
-    engine_failures: int,
-    evaluator_runtime_failed: bool,
-    infrastructure_refusals: int = 0,
-) -> Outcome:
+@dataclass(frozen=True)
+class Disruption:
+    """Calls of the harness of one kind that the infrastructure failed or turned away: the engine failed them
+    (``kind``: ``polar.errors``' failure kinds, None on calls recorded before kinds were), or the proxy refused them
+    (``kind``: the reason, ``paused`` or ``database_outage``); how many, and when the last was (the database's
+    clock, ``polar.proxy.refusals`` for refusals counted while it was away)."""
+
+    source: Literal["engine", "proxy"]
+    kind: str | None
+    count: int
+    last_at: datetime
+
+    @property
+    def counts(self) -> bool:
+        """Whether this is the infrastructure's doing: all are, except a call that was still generating on a
+        healthy engine when the engine timeout ran out (``generation_timeout``: the policy asked for that much)."""
+        return not (self.source == "engine" and self.kind == GENERATION_TIMEOUT)
+
+    def describe(self) -> str:
+        kind = f" ({self.kind})" if self.kind else ""
+        if self.source == "engine":
+            return f"the engine failed {self.count} of the harness's calls{kind}"
+        return f"the proxy refused {self.count} of its calls{kind}"
+
+
+@dataclass(frozen=True)
+class CallEvidence:
+    """What postrun knows of the harness's calls when it judges the attempt: when its last delivered answer was
+    recorded (a 200 that reached it, Polar's own stop answers aside; None: it never had one) and the disruptions
+    it met (refusals under the task's own call limits are not among them: running out of calls is the policy's
+    doing)."""
+
+    last_answer_at: datetime | None = None
+    disruptions: Sequence[Disruption] = ()
+
+    def unrecovered(self) -> list[Disruption]:
+        """The disruptions that count and that no delivered answer came after: the last of their kind was at or
+        after the harness's last answer, or it never had one."""
+        answered = self.last_answer_at
+        return [
+            d for d in self.disruptions
+            if d.counts and d.count > 0 and (answered is None or _utc(d.last_at) >= _utc(answered))
+        ]  # fmt: skip
+
+    def explained(self) -> str:
+        """What the infrastructure did that the harness did not recover from, for the attempt's error."""
+        why = "; ".join(d.describe() for d in self.unrecovered())
+        if self.last_answer_at is None:
+            return f"{why}, and the harness never had an answer"
+        return f"{why}, the last of them at or after the harness's last answer"
+
+
+def _utc(moment: datetime) -> datetime:
+    return as_utc(moment) or moment
+
+
+def refine(outcome: Outcome, exit_code: int | None, evidence: CallEvidence, evaluator_runtime_failed: bool) -> Outcome:
     """The outcome postrun records, once it knows what happened around the harness:
 
-    - a harness that failed or ran out of time after the engine failed some of its calls (unreachable, 5xx,
-      timed out), or after the proxy refused some because of the infrastructure (a weight-sync pause, a
-      database outage: ``polar.proxy.refusals``), failed because of the engine: ``ENGINE_FAILED``. One that
-      exited 0 recovered by itself, and a cancel stays a cancel; refusals under the task's own call limits are
-      not counted here (running out of calls is the policy's doing);
+    - a harness that failed (a nonzero exit) or ran out of time is the infrastructure's loss, ``ENGINE_FAILED``,
+      only when the infrastructure plausibly caused it: the engine failed one of its calls (unreachable, 5xx,
+      timed out while unhealthy or queueing) or the proxy refused one because of the infrastructure (a
+      weight-sync pause, a database outage: ``polar.proxy.refusals``) at or after its last delivered answer, or
+      it had no delivered answer at all (``CallEvidence.unrecovered``). A disruption the harness recovered from
+      (an answer came after it) leaves a later failure the policy's, and so does a call still generating on a
+      healthy engine when the engine timeout ran out (``generation_timeout``). One that exited 0 recovered by
+      itself, and a cancel stays a cancel;
     - an evaluator whose runtime broke under it (not one that judged the work bad) could not score the attempt:
       ``RUNTIME_FAILED``.
     """
     if evaluator_runtime_failed and classify(outcome) is OutcomeClass.TASK:
         return Outcome.RUNTIME_FAILED
     failed = (outcome is Outcome.EXITED and exit_code != 0) or outcome is Outcome.TIMEOUT
-    if failed and engine_failures + infrastructure_refusals > 0:
+    if failed and evidence.unrecovered():
         return Outcome.ENGINE_FAILED
     return outcome
 

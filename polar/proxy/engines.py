@@ -18,7 +18,10 @@ Routing, per session:
 
 A connection failure, or a connection the engine dropped before answering (it died), happens before any byte
 reached the client, so the call moves on to the next engine. Timeouts and engine 5xx are not retried: the engine
-may have done the work.
+may have done the work. Each failure says why (``EngineError.failure_kind``): ``unreachable`` when no engine took
+the call, ``engine_error`` for a 5xx or an unusable answer, and for a timeout the engine is asked at once (its
+``/health`` and its waiting-requests gauge, within ``JUDGE_TIMEOUT_S``): ``generation_timeout`` when it is healthy
+and nothing waits (it was generating this call), ``engine_timeout`` otherwise.
 
 Model calls go out through the proxy's own keep-alive client (``polar.proxy.engine_http``), the rest (health,
 ``/v1/models``) through httpx: on the hot path a request costs 0.07-0.09 ms of CPU here, against urllib3's
@@ -40,7 +43,7 @@ from typing import Any
 import httpx
 import orjson
 
-from polar.errors import EngineError, EngineTimeout
+from polar.errors import ENGINE_TIMEOUT, GENERATION_TIMEOUT, UNREACHABLE, EngineError, EngineTimeout
 from polar.json_body import dump_json
 from polar.observability.metrics import ProxyMetrics
 from polar.proxy.engine_addresses import EngineAddress, EngineKind, parse_engine_url
@@ -54,6 +57,12 @@ _LOAD_GAUGES = re.compile(
     r"(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$",
     re.MULTILINE,
 )
+# Requests queued for a slot, not yet generating (vLLM's, then SGLang's name).
+_WAITING_GAUGES = re.compile(
+    r"^(?:vllm:num_requests_waiting|sglang:num_queue_reqs)(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE
+)
+# How long a timed-out call's engine is given to say how it is: a dead or stuck engine is judged this quickly.
+JUDGE_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,7 @@ class EngineHealth:
     healthy: bool
     load: float | None  # None: healthy, but no load gauges (or no /metrics) to read
     error: str | None
+    waiting: float | None = None  # requests queued for a slot; None: no such gauge to read
 
 
 def read_health(client: httpx.Client, url: str, timeout: float) -> EngineHealth:
@@ -71,12 +81,20 @@ def read_health(client: httpx.Client, url: str, timeout: float) -> EngineHealth:
     if health.status_code != 200:
         return EngineHealth(False, None, f"/health answered {health.status_code}")
     metrics = client.get(url + "/metrics", timeout=timeout)
-    return EngineHealth(True, reported_load(metrics.text) if metrics.status_code == 200 else None, None)
+    if metrics.status_code != 200:
+        return EngineHealth(True, None, None)
+    return EngineHealth(True, reported_load(metrics.text), None, waiting_requests(metrics.text))
 
 
 def reported_load(metrics_text: str) -> float | None:
     """Running + waiting requests from an engine's Prometheus text (vLLM's or SGLang's gauges); None without them."""
     values = [float(v) for v in _LOAD_GAUGES.findall(metrics_text)]
+    return sum(values) if values else None
+
+
+def waiting_requests(metrics_text: str) -> float | None:
+    """Requests queued for a slot from an engine's Prometheus text (vLLM's or SGLang's gauge); None without it."""
+    values = [float(v) for v in _WAITING_GAUGES.findall(metrics_text)]
     return sum(values) if values else None
 
 
@@ -280,7 +298,10 @@ class EnginePool:
                 failures.append(f"{shown_url(url)}: {type(exc).__name__}: {exc}")
                 continue
             except TimedOut as exc:
-                raise EngineTimeout(f"engine {shown_url(url)} did not answer in time", status_code=504) from exc
+                why, seen = self._timed_out(url)
+                raise EngineTimeout(
+                    f"engine {shown_url(url)} did not answer in time ({seen})", status_code=504, failure_kind=why
+                ) from exc
             latency = (time.perf_counter() - started) * 1000
             if url != order[0]:  # the engine the session was on failed under this very call: it moves here
                 self._pin(session_id, url)
@@ -295,7 +316,23 @@ class EnginePool:
                 return EngineReply(url, status, parse(content), latency, state.address.kind)
             except ValueError as exc:
                 raise EngineError("engine answered with invalid JSON", status_code=502) from exc
-        raise EngineError(f"no engine reachable: {'; '.join(failures)}", status_code=502)
+        raise EngineError(f"no engine reachable: {'; '.join(failures)}", status_code=502, failure_kind=UNREACHABLE)
+
+    def _timed_out(self, url: str) -> tuple[str, str]:
+        """Why a call to ``url`` timed out, with what the engine showed: ``generation_timeout`` when it answers
+        ``/health`` and its ``/metrics`` show no request waiting (it was generating the call), ``engine_timeout``
+        when it is unhealthy, unreachable, queueing, or does not say."""
+        try:
+            found = read_health(self._client, url, timeout=JUDGE_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            return ENGINE_TIMEOUT, f"its /health did not answer: {type(exc).__name__}"
+        if not found.healthy:
+            return ENGINE_TIMEOUT, found.error or "unhealthy"
+        if found.waiting is None:
+            return ENGINE_TIMEOUT, "healthy, no waiting-requests gauge to read"
+        if found.waiting > 0:
+            return ENGINE_TIMEOUT, f"healthy, {found.waiting:g} requests waiting"
+        return GENERATION_TIMEOUT, "healthy, none waiting: still generating"
 
     @contextlib.contextmanager
     def _in_flight(self, state: _State) -> Iterator[None]:

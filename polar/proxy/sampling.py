@@ -9,6 +9,13 @@ The task field ``sampling`` is ``record`` (the default: send what the harness as
 temperature 1 and top_p 1 with no top_k, min_p or penalties, so the tokens are sampled from the policy's own
 distribution whatever the harness asks (on-policy RL); what the harness asked is still recorded. Seed and max tokens
 are kept: they do not change the distribution.
+
+Whatever the mode, the new tokens a call asks are capped at ``POLAR_MAX_TOKENS`` (``Config.max_tokens_cap``: by
+default what the engine decodes within ``POLAR_ENGINE_TIMEOUT`` at ``POLAR_MIN_DECODE_RATE``), and a call that asks
+none is sent the cap: no call can outlive the engine timeout on an engine that decodes at the guaranteed rate. The
+cap is part of what was sent (``used``). SGLang's ``max_new_tokens`` and TITO's completions ``max_tokens`` are made
+from the capped body; the engine may still be asked less when the prompt leaves less room
+(``polar.proxy.service.fit_max_tokens``).
 """
 
 from __future__ import annotations
@@ -38,11 +45,46 @@ def neutralized(body: Mapping[str, Any]) -> dict[str, Any]:
     return {**sent, **NEUTRAL}
 
 
+LENGTH_FIELDS = ("max_tokens", "max_completion_tokens")
+
+
+def _as_number(value: Any) -> float | None:
+    """A length field's value as the engine would read it (vLLM's request model takes ``"900"`` for 900)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def capped(body: Mapping[str, Any], cap: int) -> dict[str, Any]:
+    """``body`` (a chat body) asking at most ``cap`` new tokens (a new dict): each length field it sets to a number
+    above the cap is cut to it, and a body that sets neither gets ``max_tokens = cap``. A value that is no number is
+    left for the engine to refuse."""
+    sent = dict(body)
+    asked = [name for name in LENGTH_FIELDS if sent.get(name) is not None]
+    if not asked:
+        sent["max_tokens"] = cap
+    for name in asked:
+        number = _as_number(sent[name])
+        if number is not None and number > cap:
+            sent[name] = cap
+    return sent
+
+
 def engine_sampling(
-    requested: Mapping[str, Any], overrides: Mapping[str, Any], mode: str
+    requested: Mapping[str, Any], overrides: Mapping[str, Any], mode: str, max_tokens: int | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The chat body to send for a harness's normalised ``requested`` body, and its sampling record."""
+    """The chat body to send for a harness's normalised ``requested`` body, and its sampling record; with
+    ``max_tokens``, the new tokens asked are capped there (``capped``)."""
     sent = {**requested, **overrides}
     if mode == "neutralize":
         sent = neutralized(sent)
+    if max_tokens is not None:
+        sent = capped(sent, max_tokens)
     return sent, {"requested": sampling_fields(requested), "used": sampling_fields(sent), "mode": mode}

@@ -10,12 +10,15 @@ counting tokens takes a concurrency slot but does not count toward ``max_calls``
 stop`` a call over ``max_calls`` is answered instead with a final stop, recorded as synthesized (``budget``).
 
 Before the engine is asked, the task's ``sampling`` mode and ``POLAR_SAMPLING_OVERRIDES`` shape the sampling
-parameters, and both what was asked and what was sent are recorded (``sampling``). A 200 answer without the token
-ids and logprobs capture needs is an engine failure (``token_check``).
+parameters and ``POLAR_MAX_TOKENS`` caps the new tokens asked, and both what was asked and what was sent are
+recorded (``sampling``). A 200 answer without the token ids and logprobs capture needs is an engine failure
+(``token_check``).
 
-A call the engine failed (unreachable, 5xx, timed out) is recorded too, with the status the harness got, so
-postrun can tell an engine outage from the policy's own failure (``polar.lifecycle.attempts``). While the
-database is unreachable the proxy waits (``POLAR_DB_OUTAGE``) rather than answer a call it could not record.
+A call the engine failed (unreachable, 5xx, timed out) is recorded too, with the status the harness got and why
+(``failure_kind``, ``polar.proxy.engines``), so postrun can tell an engine outage from the policy's own failure
+(``polar.lifecycle.attempts``): a timeout on a healthy engine that was generating the call is the policy's
+(``generation_timeout``), unless a weight-sync pause held it. While the database is unreachable the proxy waits
+(``POLAR_DB_OUTAGE``) rather than answer a call it could not record.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ import sqlalchemy as sa
 
 from polar.config import Config
 from polar.errors import (
+    ENGINE_TIMEOUT,
+    GENERATION_TIMEOUT,
     Busy,
     CaptureFailed,
     EngineError,
@@ -538,7 +543,9 @@ class ProxyService:
         protocol."""
         session_id, agent, request, started = call.session_id, call.agent, call.request, call.started
         served = self.config.served_model
-        chat_body, sampling = engine_sampling(request.engine_body, self.config.sampling_overrides, call.sampling_mode)
+        chat_body, sampling = engine_sampling(
+            request.engine_body, self.config.sampling_overrides, call.sampling_mode, self.config.max_tokens_cap
+        )
         kind = self._route(session_id).kind
         link = self._tito_link(session_id, agent, chat_body) if kind == "vllm" else None
         engine_body = _capture_fields(chat_body)
@@ -575,6 +582,8 @@ class ProxyService:
             if reply.status_code == 200:
                 check_tokens(reply.body)
         except EngineError as exc:
+            if exc.failure_kind == GENERATION_TIMEOUT and self._held_by_pause(call):
+                exc.failure_kind = ENGINE_TIMEOUT  # frozen by a weight sync, not generating all that time
             self._capture_failure(call, engine_body, exc, sampling, insert_on)
             raise
         captured = time.perf_counter()
@@ -609,6 +618,12 @@ class ProxyService:
             return ProxyAnswer(200, stream=stream, media_type=media_type, headers=headers, call_id=call_id)
         return ProxyAnswer(200, protocol.render_response(request, answer), headers=headers, call_id=call_id)
 
+    def _held_by_pause(self, call: _Call) -> bool:
+        """Whether a weight-sync pause may have held ``call`` in the engines: calls are paused now, or the policy
+        version moved on since the call started."""
+        state = self.control.current()
+        return state.paused or state.policy_version != call.policy_version
+
     def _capture_failure(
         self,
         call: _Call,
@@ -617,12 +632,13 @@ class ProxyService:
         sampling: dict[str, Any],
         insert_on: EarlyConnection | None = None,
     ) -> None:
-        """Record a call the engine failed, with the status the harness gets (best effort: the harness gets its
-        error either way), on ``insert_on`` if it was checked out (a second checkout could wait on a full pool)."""
+        """Record a call the engine failed, with the status the harness gets and why (``failure_kind``; best
+        effort: the harness gets its error either way), on ``insert_on`` if it was checked out (a second checkout
+        could wait on a full pool)."""
         status = exc.status_code or 502
         try:
             failed = EngineReply(None, status, {"error": {"message": str(exc)}}, 0.0)
-            self._capture(call, engine_body, failed, sampling, insert_on=insert_on)
+            self._capture(call, engine_body, failed, sampling, insert_on=insert_on, failure_kind=exc.failure_kind)
         except (PolarError, sa.exc.DBAPIError):
             log.warning("could not record a call the engine failed (%s)", status)
 
@@ -643,6 +659,7 @@ class ProxyService:
         synthesized: bool = False,
         parents: Parents | None = None,
         insert_on: EarlyConnection | None = None,
+        failure_kind: str | None = None,
     ) -> uuid.UUID:
         answer = EngineAnswer(reply.body) if reply.status_code == 200 else None
         record = CallRecord(
@@ -667,6 +684,7 @@ class ProxyService:
             routed_experts=answer.routed_experts if answer else None,
             sampling=sampling,
             synthesized=synthesized,
+            failure_kind=failure_kind,
         )
         # The same call id on every try: a commit whose acknowledgement was lost is not stored twice.
         call_id = uuid.uuid4()

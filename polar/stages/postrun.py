@@ -33,11 +33,19 @@ from polar.errors import EvaluationError, RuntimeFailure, UnsafePath
 from polar.evaluators import Evaluation, EvaluationContext, load_evaluator
 from polar.json_body import storable, storable_text
 from polar.lifecycle.admission import admit
-from polar.lifecycle.attempts import OutcomeClass, classify, refine, retries_left, start_next_attempt
+from polar.lifecycle.attempts import (
+    CallEvidence,
+    Disruption,
+    OutcomeClass,
+    classify,
+    refine,
+    retries_left,
+    start_next_attempt,
+)
 from polar.lifecycle.batches import mark_batch_finished
 from polar.lifecycle.states import Outcome, State
 from polar.lifecycle.transitions import transition
-from polar.proxy.refusals import INFRASTRUCTURE_REASONS, fold_in, refusal_counts
+from polar.proxy.refusals import INFRASTRUCTURE_REASONS, fold_in
 from polar.reconstruction import RECONSTRUCTIONS, CapturedCall, TrajectoryData
 from polar.reconstruction.main_chain import answer_call
 from polar.runtimes import Runtime, attach_runtime
@@ -46,7 +54,7 @@ from polar.stages.breaks import explain_breaks
 from polar.stages.lease import Claimed, claim, heartbeat
 from polar.stages.main_chain import mark_main
 from polar.storage.captured import rebuild, session_rows
-from polar.storage.models import Batch, ModelCall, Session, Trajectory
+from polar.storage.models import Batch, CallRefusal, ModelCall, Session, Trajectory
 from polar.storage.prompts import prompt_views
 from polar.storage.storable import storing
 from polar.training.callbacks import record_session_events
@@ -120,25 +128,34 @@ MAX_POSTRUN_CLAIMS = 3
 ENGINE_FAILURE_STATUSES = (502, 503, 504)
 
 
-def engine_failures(services: Services, session_id: uuid.UUID) -> int:
-    """How many of the session's calls the engine failed."""
-    with services.db.unit() as db:
-        return int(
-            db.scalar(
-                sa.select(sa.func.count())
-                .select_from(ModelCall)
-                .where(ModelCall.session_id == session_id, ModelCall.status_code.in_(ENGINE_FAILURE_STATUSES))
-            )
-            or 0
-        )
-
-
-def infrastructure_refusals(services: Services, session: Session) -> dict[str, int]:
-    """The session's calls the proxy refused because of the infrastructure, by reason (a pause, a database
-    outage); what Redis counted while the database was away is folded into ``call_refusals`` first."""
+def call_evidence(services: Services, session: Session) -> CallEvidence:
+    """What happened to the session's calls, for ``refine``: when its last delivered answer was recorded, the calls
+    the engine failed (by ``failure_kind``) and those the proxy refused because of the infrastructure (a pause, a
+    database outage; what Redis counted while the database was away is folded into ``call_refusals`` first), each
+    kind with its count and its last time."""
     fold_in(services.db, services.config.redis_url, session.id, session.proxy_key_hash)
-    counts = refusal_counts(services.db, session.id)
-    return {reason: counts[reason] for reason in INFRASTRUCTURE_REASONS if counts.get(reason)}
+    with services.db.unit() as db:
+        last_answer = db.scalar(
+            sa.select(sa.func.max(ModelCall.created_at)).where(
+                ModelCall.session_id == session.id,
+                ModelCall.status_code == 200,
+                ModelCall.delivered,
+                ~ModelCall.synthesized,
+            )
+        )
+        failed = db.execute(
+            sa.select(ModelCall.failure_kind, sa.func.count(), sa.func.max(ModelCall.created_at))
+            .where(ModelCall.session_id == session.id, ModelCall.status_code.in_(ENGINE_FAILURE_STATUSES))
+            .group_by(ModelCall.failure_kind)
+        ).all()
+        refused = db.execute(
+            sa.select(CallRefusal.reason, CallRefusal.count, CallRefusal.last_at).where(
+                CallRefusal.session_id == session.id, CallRefusal.reason.in_(INFRASTRUCTURE_REASONS)
+            )
+        ).all()
+    disruptions = [Disruption("engine", kind, int(count), at) for kind, count, at in failed]
+    disruptions += [Disruption("proxy", reason, int(count), at) for reason, count, at in sorted(refused)]
+    return CallEvidence(last_answer, tuple(disruptions))
 
 
 @dataclass(frozen=True)
@@ -336,18 +353,15 @@ def _ending(
     an attempt with a task outcome is scored."""
     session = claimed.session
     recorded = Outcome(session.outcome or Outcome.ERROR.value)
-    failures = engine_failures(services, session.id)
-    refused = infrastructure_refusals(services, session)
-    outcome = refine(recorded, session.exit_code, failures, False, sum(refused.values()))
+    evidence = call_evidence(services, session)
+    outcome = refine(recorded, session.exit_code, evidence, False)
     error = session.error
-    if outcome is Outcome.ENGINE_FAILED:
-        why = [f"the engine failed {failures} of the harness's calls"] if failures else []
-        why += [f"the proxy refused {count} of its calls ({reason})" for reason, count in sorted(refused.items())]
-        error = f"{'; '.join(why)}; {error or recorded.value}"
+    if outcome is Outcome.ENGINE_FAILED and recorded is not Outcome.ENGINE_FAILED:
+        error = f"{evidence.explained()}; {error or recorded.value}"
     if classify(outcome) is not OutcomeClass.TASK:  # lost to the infrastructure, or cancelled: never scored
         return _Ending(outcome, error, _Scored(None, None))
     scored = _evaluate(services, claimed, outcome, runtimes or _Runtimes(None, None), calls, trajectories)
-    if refine(outcome, session.exit_code, failures, scored.runtime_failed) is Outcome.RUNTIME_FAILED:
+    if refine(outcome, session.exit_code, evidence, scored.runtime_failed) is Outcome.RUNTIME_FAILED:
         return _Ending(Outcome.RUNTIME_FAILED, error or scored.error, _Scored(None, scored.error, runtime_failed=True))
     if scored.unscorable:
         return _Ending(Outcome.UNSCORABLE, error or scored.error, _Scored(None, scored.error, unscorable=True))

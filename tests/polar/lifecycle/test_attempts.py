@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -17,7 +18,7 @@ import sqlalchemy as sa
 
 from polar.client import PolarClient
 from polar.config import load_config
-from polar.lifecycle.attempts import OutcomeClass, classify, refine
+from polar.lifecycle.attempts import CallEvidence, Disruption, OutcomeClass, classify, refine
 from polar.lifecycle.batches import batch_status
 from polar.lifecycle.cancel import cancel_batch
 from polar.lifecycle.dispatch import Stage
@@ -67,6 +68,27 @@ def test_the_table_covers_every_outcome() -> None:
     assert {classify(outcome) for outcome in Outcome} == {TASK, INFRA, CANCELLED}
 
 
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def evidence(
+    last_answer_s: float | None = None, *disruptions: tuple[str, str | None, float], count: int = 1
+) -> CallEvidence:
+    """What postrun found: the last delivered answer ``last_answer_s`` after T0 (None: none), and each disruption
+    as (source, kind, when its last one was, after T0)."""
+    answered = None if last_answer_s is None else at(last_answer_s)
+    return CallEvidence(answered, tuple(Disruption(src, kind, count, at(s)) for src, kind, s in disruptions))  # type: ignore[arg-type]
+
+
+def failures(count: int) -> CallEvidence:
+    """``count`` calls the engine failed, and no answer ever delivered."""
+    return CallEvidence(None, (Disruption("engine", "engine_error", count, T0),) if count else ())
+
+
 @pytest.mark.parametrize(
     ("outcome", "exit_code", "engine_failures", "evaluator_runtime_failed", "expected"),
     [
@@ -88,7 +110,7 @@ def test_the_table_covers_every_outcome() -> None:
 def test_refine_engine_failures(
     outcome: Outcome, exit_code: int | None, engine_failures: int, evaluator_runtime_failed: bool, expected: Outcome
 ) -> None:
-    assert refine(outcome, exit_code, engine_failures, evaluator_runtime_failed) is expected
+    assert refine(outcome, exit_code, failures(engine_failures), evaluator_runtime_failed) is expected
 
 
 @pytest.mark.parametrize(
@@ -103,7 +125,53 @@ def test_refine_engine_failures(
 def test_refine_infrastructure_refusals(
     outcome: Outcome, exit_code: int | None, refusals: int, expected: Outcome
 ) -> None:
-    assert refine(outcome, exit_code, 0, False, infrastructure_refusals=refusals) is expected
+    refused = CallEvidence(None, (Disruption("proxy", "paused", refusals, T0),))
+    assert refine(outcome, exit_code, refused, False) is expected
+
+
+@pytest.mark.parametrize(
+    ("found", "expected"),
+    [
+        # A pause's 429, then an answer, then the harness failed by itself: the policy's.
+        (evidence(5, ("proxy", "paused", 3)), Outcome.EXITED),
+        # The pause's 429 was the last thing the harness met: the infrastructure's.
+        (evidence(3, ("proxy", "paused", 5)), Outcome.ENGINE_FAILED),
+        (evidence(5, ("proxy", "paused", 5)), Outcome.ENGINE_FAILED),  # at the same moment: not recovered
+        (evidence(None, ("proxy", "database_outage", 1)), Outcome.ENGINE_FAILED),  # never had an answer
+        (evidence(5, ("proxy", "database_outage", 2)), Outcome.EXITED),
+        (evidence(3, ("proxy", "database_outage", 5)), Outcome.ENGINE_FAILED),
+        # Engine failures the harness recovered from, and ones it did not.
+        (evidence(5, ("engine", "engine_error", 2), ("engine", "unreachable", 4)), Outcome.EXITED),
+        (evidence(5, ("engine", "engine_error", 2), ("engine", "engine_timeout", 6)), Outcome.ENGINE_FAILED),
+        (evidence(5, ("engine", None, 7)), Outcome.ENGINE_FAILED),  # recorded before failure kinds were
+        # A call still generating on a healthy engine at the engine timeout is the policy's doing, last or not.
+        (evidence(5, ("engine", "generation_timeout", 7)), Outcome.EXITED),
+        (evidence(None, ("engine", "generation_timeout", 7)), Outcome.EXITED),
+        (evidence(5, ("engine", "generation_timeout", 7), ("proxy", "paused", 6)), Outcome.ENGINE_FAILED),
+        (evidence(5), Outcome.EXITED),
+        (evidence(None), Outcome.EXITED),
+    ],
+)
+def test_only_what_the_harness_did_not_recover_from_is_the_infrastructures(
+    found: CallEvidence, expected: Outcome
+) -> None:
+    assert refine(Outcome.EXITED, 1, found, False) is expected
+    assert refine(Outcome.TIMEOUT, None, found, False) is (
+        expected if expected is Outcome.ENGINE_FAILED else Outcome.TIMEOUT
+    )
+    assert refine(Outcome.EXITED, 0, found, False) is Outcome.EXITED  # a harness that exited 0 recovered by itself
+
+
+def test_an_engine_failed_attempt_says_what_it_did_not_recover_from() -> None:
+    found = evidence(5, ("engine", "engine_error", 2), ("engine", "engine_timeout", 6), ("proxy", "paused", 7))
+    assert found.explained() == (
+        "the engine failed 1 of the harness's calls (engine_timeout); the proxy refused 1 of its calls (paused), "
+        "the last of them at or after the harness's last answer"
+    )
+    never = evidence(None, ("proxy", "database_outage", 1), count=3)
+    assert (
+        never.explained() == "the proxy refused 3 of its calls (database_outage), and the harness never had an answer"
+    )
 
 
 @pytest.fixture
@@ -278,6 +346,35 @@ def test_a_harness_that_gave_up_on_refusals_of_the_infrastructure_is_retried(ser
     assert ended(first) == ("failed", "engine_failed", "infrastructure") and first.reward is None
     assert "the proxy refused 1 of its calls (database_outage)" in (first.error or "")
     assert "the proxy refused 3 of its calls (paused)" in (first.error or "")
+    assert ended(second) == ("completed", "exited", "task") and second.reward == 1.0
+
+
+def test_a_harness_that_recovered_from_a_pause_then_failed_is_scored(services: Services) -> None:
+    # Audit G1: a pause's 429, the SDK's retry answered, then the harness failed by itself: the policy's zero.
+    submit_tasks(services, command_task("t", "exit 1"))
+    deliver_all(services, until=lambda stage, _: stage is Stage.POSTRUN)
+    session_id = only(services).id
+    _record_call(services, session_id)
+    add_counts(services.db, session_id, {"paused": 2})
+    _with_engine_failure(services, session_id)
+    _record_call(services, session_id)  # answered after all of them
+    deliver_all(services)
+    session = only(services)
+    assert ended(session) == ("failed", "exited", "task") and session.reward == 0.0 and session.retried_as is None
+
+
+def test_a_harness_failing_on_a_refusal_after_its_last_answer_is_retried(services: Services) -> None:
+    submit_tasks(services, command_task("t", 'test "$POLAR_ATTEMPT" = 2'))  # fails on attempt 1 only
+    deliver_all(services, until=lambda stage, _: stage is Stage.POSTRUN)
+    session_id = only(services).id
+    _record_call(services, session_id)
+    add_counts(services.db, session_id, {"paused": 1})  # the last thing before it exited 1
+    deliver_all(services)
+    first, second = attempts(services)
+    assert ended(first) == ("failed", "engine_failed", "infrastructure") and first.reward is None
+    assert "the proxy refused 1 of its calls (paused), the last of them at or after the harness's last answer" in (
+        first.error or ""
+    )
     assert ended(second) == ("completed", "exited", "task") and second.reward == 1.0
 
 

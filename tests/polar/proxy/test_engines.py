@@ -9,9 +9,10 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 
-from polar.errors import EngineError, EngineTimeout
+from polar.errors import ENGINE_TIMEOUT, GENERATION_TIMEOUT, UNREACHABLE, EngineError, EngineTimeout
 from polar.launcher import Stack, engine_spec
 from polar.proxy.engines import EnginePool
 from tests.support import free_port
@@ -58,6 +59,7 @@ def test_no_engine_reachable_is_a_502(engines: dict[str, str]) -> None:
     with pytest.raises(EngineError) as caught:
         pool.post(uuid.uuid4(), "/v1/chat/completions", dict(CHAT), None)
     assert caught.value.status_code == 502 and "no engine reachable" in str(caught.value)
+    assert caught.value.failure_kind == UNREACHABLE
 
 
 def test_a_slow_engine_is_a_504(engines: dict[str, str]) -> None:
@@ -65,6 +67,34 @@ def test_a_slow_engine_is_a_504(engines: dict[str, str]) -> None:
     with pytest.raises(EngineTimeout) as caught:
         pool.post(uuid.uuid4(), "/v1/chat/completions", {**CHAT, "max_tokens": 64}, None)
     assert caught.value.status_code == 504
+
+
+def test_a_timeout_says_whether_the_engine_was_generating_the_call(engines: dict[str, str]) -> None:
+    """Healthy, nothing waiting: the call was being generated (the policy asked that much). Requests queued, or an
+    engine that does not answer its /health: the engine's."""
+    pool = EnginePool([engines["slow"]], timeout_s=0.5)
+    with pytest.raises(EngineTimeout) as generating:
+        pool.post(uuid.uuid4(), "/v1/chat/completions", {**CHAT, "max_tokens": 64}, None)
+    assert generating.value.failure_kind == GENERATION_TIMEOUT and "none waiting" in str(generating.value)
+    # Paused (vLLM's mode=keep): a new request waits for a slot, counted as waiting.
+    assert httpx.post(f"{engines['slow']}/pause", params={"mode": "keep"}, timeout=HANG_GUARD_S).status_code == 200
+    try:
+        with pytest.raises(EngineTimeout) as queued:
+            pool.post(uuid.uuid4(), "/v1/chat/completions", {**CHAT, "max_tokens": 64}, None)
+    finally:
+        httpx.post(f"{engines['slow']}/resume", timeout=HANG_GUARD_S)
+    assert queued.value.failure_kind == ENGINE_TIMEOUT and "1 requests waiting" in str(queued.value)
+    pool.close()
+
+    silent = socket.create_server(("127.0.0.1", 0))  # takes connections, never answers: not even its /health
+    try:
+        pool = EnginePool([f"http://127.0.0.1:{silent.getsockname()[1]}"], timeout_s=0.5)
+        with pytest.raises(EngineTimeout) as stuck:
+            pool.post(uuid.uuid4(), "/v1/chat/completions", dict(CHAT), "m")
+        assert stuck.value.failure_kind == ENGINE_TIMEOUT and "/health did not answer" in str(stuck.value)
+        pool.close()
+    finally:
+        silent.close()
 
 
 def test_engine_4xx_comes_back_as_a_reply(engines: dict[str, str]) -> None:

@@ -8,9 +8,11 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from polar.config import load_config
 from polar.protocols import detect
@@ -18,8 +20,9 @@ from polar.proxy import EnginePool, ProxyService
 from polar.proxy.fleet import pinned_engine
 from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimits, LocalLimiter
-from polar.proxy.refusals import RefusalCounter, fold_in, refusal_counts
+from polar.proxy.refusals import RefusalCounter, add_counts, fold_in, refusal_counts
 from polar.storage.database import Database
+from polar.storage.models import CallRefusal
 from polar.training.engine_control import REFRESH_S, set_state
 from tests.conftest import redis_database
 from tests.support import command_task, running_proxy_session
@@ -121,3 +124,42 @@ def test_the_database_away_while_a_call_finds_its_engine_is_a_refusal_on_record(
         engines.close()
         db.dispose()
         away.dispose()
+
+
+def test_refusals_counted_in_redis_keep_when_they_happened(database_url: str, redis_url: str, tmp_path: Path) -> None:
+    """Postrun orders refusals against the harness's answers (polar.lifecycle.attempts): one counted in Redis while
+    the database was away is folded in with the time it happened (the refusing machine's clock), not the fold's;
+    a row keeps its earliest first and latest last refusal."""
+    assert CHAT is not None
+    session_id, key = _running_session(database_url, tmp_path)
+    away = "postgresql+psycopg://postgres@127.0.0.1:1/polar"
+    proxy, engines = _proxy(away, redis_url, tmp_path, POLAR_DB_OUTAGE="0.2")
+    try:
+        before = datetime.now(UTC)
+        statuses = [proxy.handle(CHAT, key, None, BODY).status for _ in range(2)]
+        after = datetime.now(UTC)
+    finally:
+        engines.close()
+        proxy.db.dispose()
+    assert statuses == [503, 503]
+    db = Database(database_url)
+    try:
+        add_counts(db, session_id, {"database_outage": 1})  # one recorded directly, later than those in Redis
+        (recorded_at,) = _times(db, session_id)[1:]
+        fold_in(db, redis_url, session_id, hash_key(key))
+        assert refusal_counts(db, session_id) == {"database_outage": 3}
+        first, last = _times(db, session_id)
+        assert before <= first <= after < recorded_at and last == recorded_at  # the fold took Redis's own times
+        RefusalCounter(db, redis_url).refused(hash_key(key), None, "database_outage")  # one more while away
+        fold_in(db, redis_url, session_id, hash_key(key))
+        assert _times(db, session_id)[1] > recorded_at
+    finally:
+        db.dispose()
+
+
+def _times(db: Database, session_id: uuid.UUID) -> tuple[datetime, datetime]:
+    with db.unit() as session:
+        row = session.execute(
+            sa.select(CallRefusal.first_at, CallRefusal.last_at).where(CallRefusal.session_id == session_id)
+        ).one()
+    return row.first_at, row.last_at

@@ -141,3 +141,49 @@ def test_oversized_bodies_get_413_in_each_protocols_shape(database_url: str, tmp
             assert response.status_code == 413, path
             assert shaped(response.json()), (path, response.json())
         assert proxy.calls(_session_id) == []
+
+
+# ~300 tokens of answer at 2 tokens/s: a call generates far longer than the proxy's 1 s engine timeout (20 tokens).
+LONG_ANSWER = json.dumps({"turns": [{"content": " ".join(["word"] * 300)}]})
+
+
+def test_a_timed_out_call_is_stored_with_why_and_every_call_asks_at_most_the_cap(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A 504 on a healthy engine with nothing waiting was generating the call (``generation_timeout``, the policy's
+    doing); one whose request waited for a slot is the engine's (``engine_timeout``). Either way the harness gets
+    its 504, and every call asked at most ``POLAR_MAX_TOKENS``: by default what the engine decodes within the
+    engine timeout at ``POLAR_MIN_DECODE_RATE`` (1 s at 20 tokens/s here), also when it asked none."""
+    env, slow = {"POLAR_ENGINE_TIMEOUT": "1"}, ("--decode-rate", "2")
+    with live_proxy(database_url, tmp_path, policy_config=LONG_ANSWER, env=env, engine_args=slow) as proxy:
+        generating, generating_key = proxy.session()
+        client = openai.OpenAI(base_url=f"{proxy.base(generating_key)}/v1", api_key=generating_key, max_retries=0)
+        with pytest.raises(openai.APIStatusError) as timed_out:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "talk"}])
+        assert timed_out.value.status_code == 504 and "still generating" in str(timed_out.value)
+
+        queued, queued_key = proxy.session()
+        paused = httpx.post(f"{proxy.engine_url}/pause", params={"mode": "keep"}, timeout=HANG_GUARD_S)
+        assert paused.status_code == 200  # a new request waits for a slot, counted as waiting
+        try:
+            client = openai.OpenAI(base_url=f"{proxy.base(queued_key)}/v1", api_key=queued_key, max_retries=0)
+            with pytest.raises(openai.APIStatusError) as waited:
+                client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "talk"}], max_tokens=30_000
+                )
+            assert waited.value.status_code == 504
+        finally:
+            httpx.post(f"{proxy.engine_url}/resume", timeout=HANG_GUARD_S)
+
+        with proxy.services.db.unit() as db:
+            rows = db.execute(sa.select(ModelCall.session_id, ModelCall.status_code, ModelCall.failure_kind)).all()
+        assert sorted(tuple(row)[1:] for row in rows) == [(504, "engine_timeout"), (504, "generation_timeout")]
+        assert {row.session_id: row.failure_kind for row in rows} == {
+            generating: "generation_timeout",
+            queued: "engine_timeout",
+        }
+        (asked_none,), (asked_more,) = proxy.calls(generating), proxy.calls(queued)
+        for call in (asked_none, asked_more):
+            assert call["normalized_request"]["max_tokens"] == 20 and call["sampling"]["used"]["max_tokens"] == 20
+        assert "max_tokens" not in asked_none["sampling"]["requested"]
+        assert asked_more["sampling"]["requested"]["max_tokens"] == 30_000
