@@ -346,7 +346,7 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         served_model=env.get("POLAR_SERVED_MODEL") or None,
         sampling_overrides=_json_object(env, "POLAR_SAMPLING_OVERRIDES"),
         engine_timeout_s=_number(env, "POLAR_ENGINE_TIMEOUT", base.engine_timeout_s),
-        max_tokens=_optional_positive_int(env, "POLAR_MAX_TOKENS"),
+        max_tokens=_optional_positive_int(env, "POLAR_MAX_NEW_TOKENS"),
         min_decode_rate=_positive_number(env, "POLAR_MIN_DECODE_RATE", base.min_decode_rate),
         engine_wait_s=_number(env, "POLAR_ENGINE_WAIT", base.engine_wait_s),
         heartbeat_interval_s=_number(env, "POLAR_HEARTBEAT_INTERVAL", base.heartbeat_interval_s),

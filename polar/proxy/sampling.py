@@ -10,7 +10,7 @@ temperature 1 and top_p 1 with no top_k, min_p or penalties, so the tokens are s
 distribution whatever the harness asks (on-policy RL); what the harness asked is still recorded. Seed and max tokens
 are kept: they do not change the distribution.
 
-Whatever the mode, the new tokens a call asks are capped at ``POLAR_MAX_TOKENS`` (``Config.max_tokens_cap``: by
+Whatever the mode, the new tokens a call asks are capped at ``POLAR_MAX_NEW_TOKENS`` (``Config.max_tokens_cap``: by
 default what the engine decodes within ``POLAR_ENGINE_TIMEOUT`` at ``POLAR_MIN_DECODE_RATE``), and a call that asks
 none is sent the cap: no call can outlive the engine timeout on an engine that decodes at the guaranteed rate. The
 cap is part of what was sent (``used``). SGLang's ``max_new_tokens`` and TITO's completions ``max_tokens`` are made

@@ -10,7 +10,7 @@ counting tokens takes a concurrency slot but does not count toward ``max_calls``
 stop`` a call over ``max_calls`` is answered instead with a final stop, recorded as synthesized (``budget``).
 
 Before the engine is asked, the task's ``sampling`` mode and ``POLAR_SAMPLING_OVERRIDES`` shape the sampling
-parameters and ``POLAR_MAX_TOKENS`` caps the new tokens asked, and both what was asked and what was sent are
+parameters and ``POLAR_MAX_NEW_TOKENS`` caps the new tokens asked, and both what was asked and what was sent are
 recorded (``sampling``). A 200 answer without the token ids and logprobs capture needs is an engine failure
 (``token_check``).
 

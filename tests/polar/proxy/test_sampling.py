@@ -60,8 +60,8 @@ def test_the_cap_is_what_the_engine_decodes_within_its_timeout_at_the_guaranteed
 
     assert cap() == 12_000  # 600 s at 20 tokens/s
     assert cap(POLAR_ENGINE_TIMEOUT="900", POLAR_MIN_DECODE_RATE="50") == 45_000
-    assert cap(POLAR_ENGINE_TIMEOUT="900", POLAR_MAX_TOKENS="32768") == 32_768  # set: taken as it is
-    for name, value in (("POLAR_MAX_TOKENS", "0"), ("POLAR_MAX_TOKENS", "lots"), ("POLAR_MIN_DECODE_RATE", "0"),
+    assert cap(POLAR_ENGINE_TIMEOUT="900", POLAR_MAX_NEW_TOKENS="32768") == 32_768  # set: taken as it is
+    for name, value in (("POLAR_MAX_NEW_TOKENS", "0"), ("POLAR_MAX_NEW_TOKENS", "lots"), ("POLAR_MIN_DECODE_RATE", "0"),
                         ("POLAR_MIN_DECODE_RATE", "-3"), ("POLAR_MIN_DECODE_RATE", "inf")):  # fmt: skip
         with pytest.raises(ValidationError) as bad:
             cap(**{name: value})

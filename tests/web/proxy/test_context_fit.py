@@ -38,8 +38,8 @@ def test_sglangs_refusal_is_fitted_to_the_room_left() -> None:
 
 
 def test_an_sglang_call_asking_past_the_context_is_answered(database_url: str, tmp_path: Path) -> None:
-    # A deployment whose cap on new tokens (POLAR_MAX_TOKENS) is above the context: the context is what cuts.
-    uncapped = {"POLAR_MAX_TOKENS": str(2 * CONTEXT)}
+    # A deployment whose cap on new tokens (POLAR_MAX_NEW_TOKENS) is above the context: the context is what cuts.
+    uncapped = {"POLAR_MAX_NEW_TOKENS": str(2 * CONTEXT)}
     with live_proxy(database_url, tmp_path, engine_api="sglang", env=uncapped) as live:
         ids, asked = list(range(5, 205)), CONTEXT - 200  # prompt + max_new_tokens reach the context: SGLang refuses
         sent = {"input_ids": ids, "sampling_params": {"max_new_tokens": asked}}

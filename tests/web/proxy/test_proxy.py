@@ -152,7 +152,7 @@ def test_a_timed_out_call_is_stored_with_why_and_every_call_asks_at_most_the_cap
 ) -> None:
     """A 504 on a healthy engine with nothing waiting was generating the call (``generation_timeout``, the policy's
     doing); one whose request waited for a slot is the engine's (``engine_timeout``). Either way the harness gets
-    its 504, and every call asked at most ``POLAR_MAX_TOKENS``: by default what the engine decodes within the
+    its 504, and every call asked at most ``POLAR_MAX_NEW_TOKENS``: by default what the engine decodes within the
     engine timeout at ``POLAR_MIN_DECODE_RATE`` (1 s at 20 tokens/s here), also when it asked none."""
     env, slow = {"POLAR_ENGINE_TIMEOUT": "1"}, ("--decode-rate", "2")
     with live_proxy(database_url, tmp_path, policy_config=LONG_ANSWER, env=env, engine_args=slow) as proxy:
