@@ -5,15 +5,20 @@ runtime, and configs refused at submission."""
 from __future__ import annotations
 
 import shlex
+import shutil
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from polar.config import load_config
 from polar.errors import EvaluationError, UnsafePath
 from polar.evaluators import EVALUATORS
 from polar.evaluators.test_on_output import TestOnOutput, score_tests
+from polar.runtimes import create_runtime
 from polar.task_request import RuntimeSpec, task_from_json
+from tests.docker_engine import require_docker_image
 from tests.polar.evaluators.support import FinishedSession, refused_field
 from tests.support import command_task
 
@@ -413,3 +418,35 @@ def test_fresh_runtime_spec() -> None:
 )
 def test_bad_configs_are_refused_naming_the_field(config: dict[str, Any], refused: str) -> None:
     assert refused_field("test_on_output", config).startswith(f"tasks[0].evaluator.{refused}")
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "docker"])
+def test_the_report_plugin_works_in_each_sandbox(tmp_path: Path, backend: str) -> None:
+    """The plugin and its report directory live in the session directory, which every runtime has at its host path;
+    a sandbox's user (nobody under bwrap with a root worker, the container's user in Docker) writes the report."""
+    if backend == "docker":
+        require_docker_image()
+    elif shutil.which("bwrap") is None:
+        pytest.skip("NO BWRAP: the bubblewrap package is not installed")
+    config = load_config({"POLAR_WORK_ROOT": str(tmp_path / "sessions"), "POLAR_NODE": backend}, cwd=tmp_path)
+    session = FinishedSession(config)
+    session.runtime.destroy()
+    session.runtime = create_runtime(session.session_id, RuntimeSpec(backend=backend), config)
+    try:
+        session.write("test_tiny.py", TINY_TESTS)
+        session.write("conftest.py", f"print('{FORGED}')\n")
+        expected = {"test_tiny.py::test_adds": "PASSED", "test_tiny.py::test_breaks": "PASSED"}
+        evaluator = TestOnOutput(
+            {"command": f"{PYTEST} -rA test_tiny.py", "reward_from": "tests", "expected_tests": expected}
+        )
+        evaluation = evaluator.evaluate(session.context())
+        details = evaluation.details["command"]
+        assert details["tests"] == {
+            "test_tiny.py::test_adds": "PASSED",
+            "test_tiny.py::test_breaks": "FAILED",
+            "test_tiny.py::test_param[a - b]": "FAILED",
+            "test_tiny.py::test_param[c]": "PASSED",
+        }, details["output_tail"]
+        assert evaluation.reward == 0.0
+    finally:
+        session.runtime.destroy()
