@@ -141,7 +141,7 @@ def test_tests_mode_with_a_real_pytest_run(session: FinishedSession) -> None:
 def test_tests_mode_reads_the_report_whatever_pytest_prints(session: FinishedSession) -> None:
     session.write("test_tiny.py", TINY_TESTS)
     expected = {"test_tiny.py::test_adds": "PASSED", "test_tiny.py::test_param[a - b]": "FAILED"}
-    for flags in ("-v", "-q", "-qq --tb=no", "-p no:terminal"):
+    for flags in ("-v", "-q", "-qq --tb=no", "-p no:terminal", "-n 2"):  # -n: xdist, reported by its controller
         config = {"command": f"{PYTEST} {flags} test_tiny.py", "reward_from": "tests", "expected_tests": expected}
         evaluation = evaluate(session, config)
         assert evaluation.reward == 1.0, (flags, evaluation.details)
