@@ -9,6 +9,7 @@ task's ``failure_reward``.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -107,17 +108,23 @@ def run_command(
     timeout_s: float,
     log_name: str,
     extra_env: Mapping[str, str] | None = None,
+    shell_vars: Mapping[str, str] | None = None,
 ) -> tuple[ExecResult, str]:
     """Run ``command`` with ``/bin/sh -c`` in ``runtime``'s work directory; returns how it ended and its output
     (read back from ``logs/<log_name>.log``, which is truncated first so a rerun starts clean; only its end when
-    it is larger than ``READ_LIMIT_BYTES``)."""
+    it is larger than ``READ_LIMIT_BYTES``). ``shell_vars`` are variables of that shell alone, set before the
+    command and not exported (removed from the environment too): the programs it starts do not inherit them."""
     log = f"logs/{log_name}.log"
     try:  # never through a link the harness left there (UnsafePath)
         write_file(runtime.session_dir, log, b"")
     except OSError as exc:  # the harness left a directory there, or made logs/ a file: its doing
         raise EvaluationError(f"cannot write the judging log {log}: {exc}") from exc
     env = {**command_env(runtime.session_dir, task.runtime.env), **(extra_env or {})}
-    result = runtime.exec(["/bin/sh", "-c", command], env, timeout_s, log_name=log_name)
+    assignments = ""
+    for name, value in (shell_vars or {}).items():
+        env.pop(name, None)
+        assignments += f"{name}={shlex.quote(value)}\n"
+    result = runtime.exec(["/bin/sh", "-c", assignments + command], env, timeout_s, log_name=log_name)
     return result, _read(runtime.session_dir, log)
 
 

@@ -44,6 +44,10 @@ DEFAULT_TEST_CMD = "pytest -rA"
 DEFAULT_LOG_PARSER = "parse_log_pytest"
 # The apply script's exit code when repo_dir holds no git repository (a setup error, not the harness's fault).
 NO_REPOSITORY_EXIT = 97
+# The diff script's exit code when the harness's changes are over the patch's size limit (the work's failure).
+OVER_LIMIT_EXIT = 95
+# Context lines of the pyproject.toml diff: the whole file, so each changed line's table can be told.
+FULL_CONTEXT_LINES = 10_000_000
 DIFF_HEADER = re.compile(r"^diff --git a/.* b/(.*)$", re.M)
 _q = shlex.quote
 
@@ -53,16 +57,40 @@ def known_parser(name: str) -> bool:
     return name in PARSER_REGISTRY
 
 
-def diff_script(repo_dir: str, base_commit: str, folder: Path) -> str:
+def diff_script(repo_dir: str, base_commit: str, folder: Path, max_bytes: int) -> str:
     """Write ``folder/model.patch``: everything under ``repo_dir`` that differs from ``base_commit``, new untracked
-    files included and ignored ones not. A scratch index keeps the harness's own index (and any conflict in it)
-    out of the way; stderr is left to the log, so only the diff lands in the file."""
-    index = _q(str(folder / "diff.index"))
-    return (
-        f"set -e; mkdir -p {_q(str(folder))}; cd {_q(repo_dir)}; export GIT_INDEX_FILE={index}; rm -f {index}; "
-        f"git read-tree {_q(base_commit)}; git add -A; git -c core.quotepath=off diff --cached --binary --no-color "
-        f"--no-ext-diff {_q(base_commit)} > {_q(str(folder / 'model.patch'))}"
-    )
+    files included and ignored ones not, and ``folder/pyproject.diff``, the same diff of ``pyproject.toml`` files
+    with the whole file as context (so their changed lines' sections can be told). A scratch index keeps the
+    harness's own index (and any conflict in it) out of the way; stderr is left to the log, so only the diff lands
+    in the file.
+
+    Bounded by ``max_bytes`` at each step, none of which reads a file to measure it: the files ``git add`` would
+    copy into the object store (untracked ones, and tracked ones that differ from the harness's index by their
+    stat: counted whole) are measured first; then the new content the diff would load (the blobs staged against
+    ``base_commit``); the diff itself goes through ``head -c``. So a multi-GB file the harness left fills neither
+    disk nor memory. Over the limit, the script writes why to ``folder/over`` (and ``folder/changed.sizes``: size
+    and name of each file measured, largest last) and exits ``OVER_LIMIT_EXIT``."""
+    q_folder, index, limit = _q(str(folder)), _q(str(folder / "diff.index")), max_bytes + 1
+    diff = f"git -c core.quotepath=off diff --cached --no-color --no-ext-diff {_q(base_commit)}"
+    over = f"{q_folder}/over; exit {OVER_LIMIT_EXIT}; fi"
+    return f"""set -e; mkdir -p {q_folder}; cd {_q(repo_dir)}; rm -f {q_folder}/over
+{{ git ls-files -z --others --exclude-standard; git diff-files -z --name-only; }} > {q_folder}/changed.list
+xargs -0 -r stat -c '%s %n' -- < {q_folder}/changed.list 2>/dev/null | sort -n > {q_folder}/changed.sizes || true
+total=$(awk '{{s += $1}} END {{printf "%d", s}}' {q_folder}/changed.sizes)
+if [ "$total" -gt {max_bytes} ]; then echo "the new and changed files hold $total bytes" > {over}
+export GIT_INDEX_FILE={index}; rm -f {index}
+git read-tree {_q(base_commit)}
+git add -A
+staged=$({diff} --raw --no-renames -z | tr '\\0' '\\n' \\
+  | awk '/^:[0-7]+ [0-7]+ [0-9a-f]+ [0-9a-f]+ [ACMTU]/ {{print $4}}' \\
+  | git cat-file --batch-check='%(objecttype) %(objectsize)' | awk '$1 == "blob" {{s += $2}} END {{printf "%d", s}}')
+if [ "$staged" -gt {max_bytes} ]; then echo "the changed files' new content holds $staged bytes" > {over}
+{{ status=0; {diff} --binary || status=$?; echo "$status" > {q_folder}/diff.status; }} \\
+  | head -c {limit} > {q_folder}/model.patch
+if [ "$(wc -c < {q_folder}/model.patch)" -gt {max_bytes} ]; then echo "the diff is longer" > {over}
+status=$(cat {q_folder}/diff.status); [ "$status" = 0 ] || exit "$status"
+{diff} -U{FULL_CONTEXT_LINES} -- ':(glob)**/pyproject.toml' | head -c {limit} > {q_folder}/pyproject.diff
+"""
 
 
 def apply_script(repo_dir: str, patch: Path) -> str:

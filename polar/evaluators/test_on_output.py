@@ -5,33 +5,33 @@ The command runs with ``/bin/sh -c`` in the session's work directory, or with ``
 prepared in init, into which the harness's work (``collect``) is copied first. Its score, by ``reward_from``:
 
 - ``exit_code`` (default): 1.0 when it exits 0, else 0.0;
-- ``number``: the last number it prints (stdout and stderr together), as is; printing none is the work's failure;
-- ``tests``: the test statuses it prints, compared with ``expected_tests``; ``tests_score`` ``all`` (1.0 when
-  every expected test has its expected status, else 0.0) or ``fraction`` (the share that do).
+- ``number``: the last number it prints (stdout and stderr together), as is; it must be finite and within
+  ``reward_range`` (default [0, 1]); printing none, or one that is not, is the work's failure;
+- ``tests``: the statuses of the tests its pytest run reports, compared with ``expected_tests``; ``tests_score``
+  ``all`` (1.0 when every expected test has its expected status, else 0.0) or ``fraction`` (the share that do).
 
-Test statuses are read from the two line shapes pytest prints, and no others, so nothing is guessed:
-
-- ``STATUS <test>`` with an optional `` - <message>``: the short summary of ``pytest -rA`` (also with xdist's
-  ``[gw0] [ 50%] `` in front);
-- ``<test> STATUS`` with an optional `` (<reason>)`` and ``[ 50%]``: ``pytest -v``, where <test> holds ``::``.
+Test statuses come from Polar's pytest plugin, loaded into the command's pytest, which writes them to a report
+made after collection (``polar.evaluators.pytest_report``); lines the command prints decide nothing. The command
+runs pytest once. No report, or a report the judged code could have forged (a second file, a test named twice), is
+the work's failure; an expected test the report lacks (its module failed to collect) is a mismatch.
 
 A command that runs out of its ``timeout_seconds`` was hung by the work, whatever ``reward_from``: like printing no
 number, that is the work's failure (``EvaluationError``), and the session scores its task's ``failure_reward``.
 
-STATUS is one of PASSED, FAILED, ERROR, SKIPPED, XFAIL, XPASS. ``-rA`` names a skipped test by its location
-rather than its id, so a SKIPPED expectation needs ``-v`` output. A test reported twice (it passed, then its
-teardown errored) keeps the worse status.
+STATUS is one of PASSED, FAILED, ERROR, SKIPPED, XFAIL, XPASS, each test's worst over its setup, call and
+teardown (it passed, then its teardown errored: ERROR).
 """
 
 from __future__ import annotations
 
-import re
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from polar.errors import EvaluationError
+from polar.evaluators import pytest_report
 from polar.evaluators.answers import AnswerConfig, check_answer, last_number
 from polar.evaluators.base import Evaluation, EvaluationContext
 from polar.evaluators.commands import (
@@ -41,18 +41,11 @@ from polar.evaluators.commands import (
     refuse_idle_fresh_options,
     run_command,
 )
+from polar.evaluators.pytest_report import TestStatus
+from polar.evaluators.reward_range import DEFAULT_RANGE, RewardRange, checked
 from polar.task_request import RuntimeSpec, TaskRequest
 
 LOG_NAME = "evaluator"
-TestStatus = Literal["PASSED", "SKIPPED", "XFAIL", "XPASS", "FAILED", "ERROR"]
-# Better to worse: the order a test reported more than once is ranked by.
-STATUS_RANK: dict[str, int] = {"PASSED": 0, "SKIPPED": 1, "XFAIL": 2, "XPASS": 3, "FAILED": 4, "ERROR": 5}
-
-_STATUS = "|".join(STATUS_RANK)
-_SUMMARY_LINE = re.compile(rf"^(?:\[gw\d+\] \[\s*\d+%\] )?({_STATUS}) (\S.*)$")
-_VERBOSE_LINE = re.compile(rf"^(\S+::.*?) ({_STATUS})(?: \(.*\))?(?:\s+\[\s*\d+%\])?$")
-_PARAMETRIZED_END = re.compile(r"\](?= - |$)")
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 class TestOnOutputConfig(CommandConfig):
@@ -62,6 +55,8 @@ class TestOnOutputConfig(CommandConfig):
     # Test id (as pytest prints it) → the status it must have; required with reward_from "tests".
     expected_tests: dict[str, TestStatus] | None = Field(default=None, validate_default=True)
     tests_score: Literal["all", "fraction"] = "all"
+    # [low, high] of reward_from "number": a number outside it is the work's failure.
+    reward_range: RewardRange = DEFAULT_RANGE
     answer: AnswerConfig | None = None
 
     @field_validator("expected_tests")
@@ -81,42 +76,16 @@ class TestOnOutputConfig(CommandConfig):
         if self.command is None and self.answer is None:
             raise ValueError("needs a 'command', an 'answer', or both")
         if self.command is None:
-            given = sorted({"reward_from", "tests_score", "timeout_seconds", "fresh_runtime"} & self.model_fields_set)
+            command_only = {"reward_from", "tests_score", "reward_range", "timeout_seconds", "fresh_runtime"}
+            given = sorted(command_only & self.model_fields_set)
             if given:
                 raise ValueError(f"{given[0]}: applies only with a 'command'")
         if self.reward_from != "tests" and "tests_score" in self.model_fields_set:
             raise ValueError("tests_score: applies only to reward_from 'tests'")
+        if self.reward_from != "number" and "reward_range" in self.model_fields_set:
+            raise ValueError("reward_range: applies only to reward_from 'number'")
         refuse_idle_fresh_options(self)
         return self
-
-
-def _test_id(rest: str) -> str:
-    """The test id at the start of a summary line's remainder, without the `` - message`` after it."""
-    bracket, dash = rest.find("["), rest.find(" - ")
-    if bracket != -1 and (dash == -1 or bracket < dash):
-        # A parametrized id may itself hold " - ": it ends at the "]" followed by the message or the line's end.
-        end = _PARAMETRIZED_END.search(rest, bracket)
-        if end:
-            return rest[: end.end()]
-    return rest if dash == -1 else rest[:dash]
-
-
-def parse_test_statuses(output: str) -> dict[str, str]:
-    """Test id → status, from ``pytest -rA`` summary lines and ``pytest -v`` lines in ``output``."""
-    statuses: dict[str, str] = {}
-    for raw in output.splitlines():
-        line = _ANSI.sub("", raw).rstrip()
-        verbose = _VERBOSE_LINE.match(line)
-        summary = None if verbose else _SUMMARY_LINE.match(line)
-        if verbose:
-            test, status = verbose.group(1), verbose.group(2)
-        elif summary and not summary.group(2).startswith("["):  # "SKIPPED [1] file.py:3: why" names no test
-            test, status = _test_id(summary.group(2)), summary.group(1)
-        else:
-            continue
-        if test not in statuses or STATUS_RANK[status] > STATUS_RANK[statuses[test]]:
-            statuses[test] = status
-    return statuses
 
 
 def score_tests(
@@ -156,7 +125,11 @@ class TestOnOutput:
     def _run_command(self, context: EvaluationContext, command: str) -> tuple[float, dict[str, Any]]:
         config = self.config
         runtime, collected = prepare_judging(context, config)
-        result, output = run_command(runtime, context.task, command, config.timeout_seconds, LOG_NAME)
+        report: str | None = None
+        env: dict[str, str] = {}
+        if config.reward_from == "tests":
+            report, env = pytest_report.prepare(runtime.session_dir, context.task.runtime.env)
+        result, output = run_command(runtime, context.task, command, config.timeout_seconds, LOG_NAME, env)
         details = command_details(result, output)
         if collected is not None:
             details["collected"] = collected
@@ -173,10 +146,20 @@ class TestOnOutput:
                     f"its output ends: {output[-500:]!r}",
                     {"command": details},
                 )
-            score = details["number"] = number
+            details["number"] = number if math.isfinite(number) else str(number)  # JSON has no inf
+            try:
+                score = checked(number, config.reward_range, "reward_from 'number': the last number printed")
+            except EvaluationError as exc:
+                raise EvaluationError(f"{exc}; its output ends: {output[-500:]!r}", {"command": details}) from exc
         elif config.reward_from == "tests":
-            assert config.expected_tests is not None  # the config validator made sure
-            details["tests"] = parse_test_statuses(output)
+            assert config.expected_tests is not None and report is not None  # the config validator made sure
+            try:
+                details["tests"], errors = pytest_report.statuses(runtime.session_dir, report)
+            except EvaluationError as exc:
+                why = f"exited with code {result.exit_code}; its output ends: {output[-500:]!r}"
+                raise EvaluationError(f"{exc} (the command {why})", {"command": {**details, **exc.details}}) from exc
+            if errors:
+                details["collection_errors"] = errors
             score, details["mismatched"] = score_tests(config.expected_tests, details["tests"], config.tests_score)
         else:
             score = 1.0 if result.exit_code == 0 else 0.0

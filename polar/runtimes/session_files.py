@@ -187,10 +187,33 @@ def read_output(root: Path, path: SessionPath, limit: int = READ_LIMIT_BYTES) ->
     return text if size <= limit else f"[polar: the first {size - limit} bytes of {size} were left out]\n{text}"
 
 
-def read_bytes(root: Path, path: SessionPath) -> bytes:
-    """The bytes of the file at ``path`` under ``root`` (refusals as ``read_output``)."""
+def read_bytes(root: Path, path: SessionPath, limit: int | None = None) -> bytes:
+    """The bytes of the file at ``path`` under ``root`` (refusals as ``read_output``). With ``limit``, a file
+    larger than that is not read: ``FileTooLarge``, which says its size (one growing while it is read is cut at
+    ``limit + 1`` bytes and refused alike)."""
     with os.fdopen(_open_file(root, path, os.O_RDONLY), "rb") as handle:
-        return handle.read()
+        if limit is None:
+            return handle.read()
+        size = os.fstat(handle.fileno()).st_size
+        data = handle.read(limit + 1) if size <= limit else b""
+        if size > limit or len(data) > limit:
+            raise FileTooLarge(_shown(root, _parts(root, path)), max(size, len(data)), limit)
+        return data
+
+
+class FileTooLarge(OSError):
+    """A file a session left that is larger than what Polar reads of it."""
+
+    def __init__(self, shown: str, size: int, limit: int) -> None:
+        super().__init__(errno.EFBIG, f"{size} bytes, over the limit of {limit}", shown)
+        self.size = size
+        self.limit = limit
+
+
+def list_dir(root: Path, path: SessionPath) -> list[str]:
+    """The names in the directory at ``path`` under ``root``, sorted (reached without following links)."""
+    with _directory(root, _parts(root, path)) as fd:
+        return sorted(os.listdir(fd))
 
 
 def output_tail(root: Path, path: SessionPath) -> str:

@@ -57,6 +57,15 @@ def on_output(config: dict[str, Any]) -> dict[str, Any]:
     return {"name": "test_on_output", "config": config}
 
 
+PYTHON = shlex.quote(sys.executable)
+VERIFIER_RUNS_THE_WORK = 'sh solution.sh; echo \'{"reward": 0}\' > "$POLAR_REWARD_DIR/reward.json"'
+CALC_TESTS = r"from calc import add, mul\n\ndef test_add():\n    assert add(2, 3) == 5\n\ndef test_mul():\n    pass\n"
+# Breaks the collection of the tests (at import) and prints their PASSED lines at exit, past pytest's capture.
+FORGING_CALC = """cat > calc.py <<'EOF'
+import atexit
+atexit.register(print, "PASSED test_calc.py::test_add\\ntest_calc.py::test_add PASSED\\nPASSED test_calc.py::test_mul")
+raise ImportError("the work broke its tests")
+EOF"""
 TINY_TESTS = r"def test_ok():\n    assert True\n\ndef test_bad():\n    assert 1 == 2\n"
 BATCHES: dict[str, list[dict[str, Any]]] = {
     "commands": [
@@ -140,8 +149,8 @@ BATCHES: dict[str, list[dict[str, Any]]] = {
             failure_reward=-1,
         ),
         command_task(
-            "delete-reward",
-            """echo 'rm -f "$POLAR_REWARD_DIR/reward.txt"' > after_tests.sh""",
+            "delete-reward",  # the reward directory is not exported to it, but the same user can find it
+            """echo 'rm -f "$HOME/../logs/verifier/reward.txt"' > after_tests.sh""",
             evaluator={
                 "name": "reward_file",
                 "config": {"command": 'echo 1 > "$POLAR_REWARD_DIR/reward.txt"; sh after_tests.sh'},
@@ -157,6 +166,39 @@ BATCHES: dict[str, list[dict[str, Any]]] = {
             "true",
             evaluator={"name": "tests.e2e.evaluator_plugins.broken:Buggy"},
             max_attempts=2,
+        ),
+    ],
+    # Work-produced input the evaluators read, bounded and parsed defensively; the verifier's word wins; test
+    # statuses from pytest's own report. Each is the attempt's task outcome, scored 0, on its first attempt.
+    "bounds": [
+        command_task(
+            "deep-json",
+            f'{PYTHON} -c \'print("[" * 20000 + "]" * 20000)\' > reward.json',
+            evaluator={"name": "reward_file"},
+        ),
+        command_task("inf", "true", evaluator=on_output({"command": "echo score: 1e999", "reward_from": "number"})),
+        command_task("huge", "true", evaluator=on_output({"command": "echo score: 1e308", "reward_from": "number"})),
+        command_task(
+            "beside-the-verifier",  # the work's code, run by the verifier, writes reward.txt = 1 where it finds it
+            """echo 'echo 1 > "${POLAR_REWARD_DIR:-$HOME/../logs/verifier}/reward.txt"' > solution.sh""",
+            evaluator={"name": "reward_file", "config": {"command": VERIFIER_RUNS_THE_WORK}},
+        ),
+        command_task(
+            "inherits-nothing",  # ... and where it was told: the verifier's directory is not in its environment
+            """echo '[ -z "$POLAR_REWARD_DIR" ] || echo 1 > "$POLAR_REWARD_DIR/reward.txt"' > solution.sh""",
+            evaluator={"name": "reward_file", "config": {"command": VERIFIER_RUNS_THE_WORK}},
+        ),
+        command_task(
+            "forged-pytest",
+            FORGING_CALC,
+            runtime={"prepare": [{"run": f"printf '{CALC_TESTS}' > test_calc.py"}]},
+            evaluator=on_output(
+                {
+                    "command": f"{PYTEST} -rA test_calc.py",
+                    "reward_from": "tests",
+                    "expected_tests": {"test_calc.py::test_add": "PASSED", "test_calc.py::test_mul": "PASSED"},
+                }
+            ),
         ),
     ],
     "plugins": [
@@ -306,6 +348,52 @@ def test_work_that_breaks_hangs_or_tampers_with_its_verifier_scores_the_failure_
         assert session["outcome_class"] == "task", session
         assert words in session["error"] and words in session["evaluation"]["failed"], (task_id, session["error"])
     assert sessions["hang"]["evaluation"]["verifier"]["timed_out"] is True
+
+
+def test_work_produced_input_is_bounded_and_the_verifiers_word_wins(
+    stack: RunningStack, batch_ids: dict[str, str]
+) -> None:
+    sessions = finished(stack, batch_ids, "bounds")
+    failed = {
+        "deep-json": "reward file work/reward.json cannot be read as a reward: RecursionError",
+        "inf": "the last number printed is inf, not a finite number",
+        "huge": "the last number printed is 1e+308, outside reward_range [0, 1]",
+        "beside-the-verifier": "more than one reward file: logs/verifier/reward.txt, logs/verifier/reward.json",
+    }
+    for task_id, words in failed.items():
+        session = sessions[task_id]
+        assert (session["state"], session["reward"], session["outcome_class"]) == ("failed", 0.0, "task"), session
+        assert words in session["error"] and session["evaluation"]["failed"] == session["error"], session["error"]
+    assert sessions["beside-the-verifier"]["evaluation"]["files"] == [
+        "logs/verifier/reward.txt",
+        "logs/verifier/reward.json",
+    ]
+
+    inherits = sessions["inherits-nothing"]  # the verifier's own reward, read alone
+    assert (inherits["state"], inherits["reward"]) == ("completed", 0.0), inherits["error"]
+    assert inherits["evaluation"]["file"] == "logs/verifier/reward.json"
+
+    forged = sessions["forged-pytest"]  # the printed PASSED lines count for nothing
+    assert (forged["state"], forged["reward"], forged["outcome_class"]) == ("completed", 0.0, "task"), forged
+    command = forged["evaluation"]["command"]
+    assert "PASSED test_calc.py::test_add" in command["output_tail"]
+    assert command["tests"] == {} and command["collection_errors"] == ["test_calc.py"]
+    assert command["mismatched"] == {
+        "test_calc.py::test_add": {"expected": "PASSED", "found": None},
+        "test_calc.py::test_mul": {"expected": "PASSED", "found": None},
+    }
+
+    # Scored on the first attempt: none was redrawn, none is unscored.
+    rows = stack.sql(
+        "SELECT task_id, attempt, outcome_class, reward FROM sessions WHERE batch_id = :b ORDER BY task_id",
+        b=batch_ids["bounds"],
+    )
+    assert sorted((row.task_id, row.attempt, row.outcome_class, row.reward) for row in rows) == sorted(
+        (task_id, 1, "task", 0.0) for task_id in sessions
+    )
+    for session in sessions.values():
+        trajectories = stack.client.trajectories(session["session_id"])
+        assert all(t["reward"] == 0.0 for t in trajectories)
 
 
 def test_a_failure_reward_that_is_no_number_is_refused(stack: RunningStack) -> None:

@@ -29,14 +29,51 @@ def test_registered_under_its_name() -> None:
     assert EVALUATORS["harbor"] is Harbor
 
 
-def test_reward_json_is_read_before_reward_txt(session: FinishedSession) -> None:
+def test_reward_json_and_reward_txt_that_agree_are_read_as_one(session: FinishedSession) -> None:
     both = (
-        'echo 0 > "$POLAR_REWARD_DIR/reward.txt"; echo \'{"reward": 1, "passed": 4}\' > "$POLAR_REWARD_DIR/reward.json"'
+        'echo 1 > "$POLAR_REWARD_DIR/reward.txt"; echo \'{"reward": 1, "passed": 4}\' > "$POLAR_REWARD_DIR/reward.json"'
     )
     evaluation = evaluate(session, both)
     assert evaluation.reward == 1.0
     assert evaluation.details["file"] == "logs/verifier/reward.json"
+    assert evaluation.details["files"] == ["logs/verifier/reward.json", "logs/verifier/reward.txt"]
     assert evaluation.details["rewards"] == {"reward": 1.0, "passed": 4.0}
+
+
+def test_reward_files_that_disagree_are_tampering(session: FinishedSession) -> None:
+    """The verifier runs the work's code, which writes reward.txt = 1; the verifier writes reward.json = 0."""
+    session.write("solution.sh", 'echo 1 > "${POLAR_REWARD_DIR:-$HOME/../logs/verifier}/reward.txt"\n')
+    script = 'sh solution.sh; echo \'{"reward": 0}\' > "$POLAR_REWARD_DIR/reward.json"'
+    with pytest.raises(EvaluationError, match=r"the reward files disagree: logs/verifier/reward.json = 0, logs/ver"):
+        evaluate(session, script)
+
+
+def test_what_test_sh_starts_does_not_inherit_the_reward_dir(session: FinishedSession) -> None:
+    session.write("solution.sh", 'echo "inherited: [$POLAR_REWARD_DIR] [${BASH_ENV-}]"\n')
+    script = 'bash solution.sh; echo 0.5 > "$POLAR_REWARD_DIR/reward.txt"'
+    evaluation = evaluate(session, script)
+    assert evaluation.reward == 0.5
+    assert evaluation.details["verifier"]["output_tail"] == "inherited: [] []\n"
+
+
+def test_the_tasks_own_bash_env_still_applies(session: FinishedSession) -> None:
+    session.write("own.env", "GREETING=hello\n")
+    script = 'echo "$GREETING [$BASH_ENV]"; echo 1 > "$POLAR_REWARD_DIR/reward.txt"'
+    evaluation = evaluate(session, script, env={"BASH_ENV": str(session.work / "own.env")})
+    assert evaluation.details["verifier"]["output_tail"] == f"hello [{session.work / 'own.env'}]\n"
+
+
+@pytest.mark.parametrize(
+    ("script", "error"),
+    [
+        ('echo 1e308 > "$POLAR_REWARD_DIR/reward.txt"', r"is 1e\+308, outside reward_range \[0, 1\]"),
+        ('echo 1e999 > "$POLAR_REWARD_DIR/reward.txt"', "holds inf, not a finite number"),
+        ('python3 -c \'print("[" * 20000)\' > "$POLAR_REWARD_DIR/reward.json"', "RecursionError"),
+    ],
+)
+def test_a_reward_that_is_too_big_or_unparsable_is_an_error(session: FinishedSession, script: str, error: str) -> None:
+    with pytest.raises(EvaluationError, match=error):
+        evaluate(session, script)
 
 
 def test_reward_txt_alone(session: FinishedSession) -> None:

@@ -128,6 +128,72 @@ def test_the_harness_cannot_pass_by_editing_the_tests(session: FinishedSession, 
     assert details["tests_status"]["FAIL_TO_PASS"]["failure"] == F2P
 
 
+ALL_PASSED = """\
+import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    outcome.get_result().outcome = "passed"
+"""
+
+
+@pytest.mark.parametrize("revert", [True, False], ids=["reverted", "kept"])
+def test_a_conftest_that_passes_every_test_is_reverted(session: FinishedSession, swe: SweRepo, revert: bool) -> None:
+    """Only the files the test patch touches are reset: a root conftest.py survives into the clean runtime unless
+    the patch's test configuration is dropped (``revert_test_config``, default true)."""
+    _checkout(session.runtime, swe)
+    _checkout(session.clean_runtime(), swe)
+    session.write("conftest.py", ALL_PASSED)
+    session.write("calc.py", WRONG)
+    config = _config(swe) if revert else _config(swe, revert_test_config=False)
+    evaluation = SWEBench(config).evaluate(session.context())
+    details = evaluation.details
+    assert details["test_config_files"] == ["conftest.py"]
+    assert "diff --git a/conftest.py b/conftest.py" in details["model_patch"]  # the model's patch, as it made it
+    if revert:
+        assert details["test_config_reverted"] == ["conftest.py"]
+        assert (evaluation.reward, details["resolution_status"]) == (0.0, "RESOLVED_NO"), details["log_tail"]
+        assert details["patch_applied"] is True
+    else:  # what the default prevents: every test "passes"
+        assert details["test_config_reverted"] == []
+        assert (evaluation.reward, details["resolution_status"]) == (1.0, "RESOLVED_FULL"), details["log_tail"]
+
+
+def test_a_patch_of_only_test_configuration_tests_the_base(session: FinishedSession, swe: SweRepo) -> None:
+    _checkout(session.runtime, swe)
+    _checkout(session.clean_runtime(), swe)
+    session.write("conftest.py", ALL_PASSED)
+    details = SWEBench(_config(swe)).evaluate(session.context()).details
+    assert (details["patch_is_empty"], details["patch_applied"], details["test_config_reverted"]) == (
+        False,
+        False,
+        ["conftest.py"],
+    )
+    assert details["resolution_status"] == "RESOLVED_NO" and details["test_patch_applied"] is True
+
+
+def test_a_patch_over_its_limit_is_the_works_failure(session: FinishedSession, swe: SweRepo) -> None:
+    _checkout(session.runtime, swe)
+    _checkout(session.clean_runtime(), swe)
+    session.write("calc.py", FIXED)
+    with open(session.work / "blob.bin", "wb") as handle:  # 4 GiB by its size (sparse), never read
+        handle.truncate(4 * 1024**3)
+    with pytest.raises(
+        EvaluationError, match=r"the model patch is over max_patch_bytes \(16777216\): the new"
+    ) as failed:
+        SWEBench(_config(swe)).evaluate(session.context())
+    details = failed.value.details
+    assert (details["patch_too_large"], details["max_patch_bytes"]) == (True, 16 * 1024 * 1024)
+    assert details["largest_changes"][-1] == f"{4 * 1024**3} blob.bin"
+    assert not (session.fresh.session_dir / "swebench").exists()  # nothing reached the clean runtime
+
+    (session.work / "blob.bin").unlink()
+    with pytest.raises(EvaluationError, match=r"over max_patch_bytes \(100\): the diff is longer"):
+        SWEBench(_config(swe, max_patch_bytes=100)).evaluate(session.context())
+
+
 def test_a_patch_that_does_not_apply_is_not_tested(session: FinishedSession, swe: SweRepo) -> None:
     _checkout(session.runtime, swe)
     clean = session.clean_runtime()
@@ -222,6 +288,7 @@ def _without(row: dict[str, Any], key: str) -> dict[str, Any]:
         (lambda row: {"instance": row, "timeout_seconds": 0}, "config.timeout_seconds: Input should be greater"),
         (lambda row: {"instance": row, "repo_dir": ""}, "config.repo_dir: String should have at least 1"),
         (lambda row: {"instance": row, "command": "pytest"}, "tasks[0].evaluator.config.command: unknown field"),
+        (lambda row: {"instance": row, "max_patch_bytes": 0}, "config.max_patch_bytes: Input should be greater"),
     ],
     ids=[
         "no-instance",
@@ -235,6 +302,7 @@ def _without(row: dict[str, Any], key: str) -> dict[str, Any]:
         "timeout",
         "repo-dir",
         "unknown-key",
+        "max-patch-bytes",
     ],
 )
 def test_a_bad_config_is_refused_naming_the_field(swe: SweRepo, change: Any, refused: str) -> None:

@@ -12,6 +12,7 @@ import pytest
 from polar.evaluators.swebench import SWEBenchInstance
 from polar.evaluators.swebench_script import (
     NO_REPOSITORY_EXIT,
+    OVER_LIMIT_EXIT,
     apply_script,
     diff_script,
     eval_lines,
@@ -24,6 +25,7 @@ from tests.swebench_repo import FIXED, SweRepo, build_swe_repo
 
 F2P = ["tests/test_calc.py::test_mul", "tests/test_table.py::test_table"]
 P2P = ["tests/test_calc.py::test_add"]
+LIMIT = 16 * 1024 * 1024
 
 
 @pytest.fixture
@@ -44,14 +46,70 @@ def test_the_diff_leaves_the_harness_index_alone(swe: SweRepo, tmp_path: Path) -
     (swe.path / "staged.txt").write_text("staged by the harness\n")
     subprocess.run(["git", "add", "staged.txt"], cwd=swe.path, check=True)
     before = _bash("git status --porcelain", swe.path).stdout
-    assert _bash(diff_script(".", swe.base_commit, tmp_path / "out"), swe.path).returncode == 0
+    assert _bash(diff_script(".", swe.base_commit, tmp_path / "out", LIMIT), swe.path).returncode == 0
     patch = (tmp_path / "out" / "model.patch").read_text()
     assert "diff --git a/calc.py b/calc.py" in patch and "diff --git a/staged.txt b/staged.txt" in patch
     assert _bash("git status --porcelain", swe.path).stdout == before
 
 
+def _objects(repo: Path) -> int:
+    """The bytes of the repository's object store."""
+    return sum(path.stat().st_size for path in (repo / ".git" / "objects").rglob("*") if path.is_file())
+
+
+@pytest.mark.parametrize("tracked", [False, True], ids=["new-file", "grown-file"])
+def test_a_multi_gigabyte_file_is_measured_never_read(swe: SweRepo, tmp_path: Path, tracked: bool) -> None:
+    # Sparse: 4 GiB by its size, no disk; git add would have copied it into the object store.
+    name = "calc.py" if tracked else "blob.bin"
+    with open(swe.path / name, "ab") as handle:
+        handle.truncate(4 * 1024**3)
+    before = _objects(swe.path)
+    done = _bash(diff_script(".", swe.base_commit, tmp_path / "out", LIMIT), swe.path)
+    assert done.returncode == OVER_LIMIT_EXIT, done.stderr
+    assert (tmp_path / "out" / "over").read_text() == f"the new and changed files hold {4 * 1024**3} bytes\n"
+    assert (tmp_path / "out" / "changed.sizes").read_text().splitlines()[-1] == f"{4 * 1024**3} {name}"
+    assert not (tmp_path / "out" / "model.patch").exists()
+    assert _objects(swe.path) == before
+
+
+def test_content_the_harness_committed_is_measured_too(swe: SweRepo, tmp_path: Path) -> None:
+    # Already in the object store (the harness committed it): nothing new to copy, but the diff would load it.
+    (swe.path / "data.bin").write_bytes(b"x" * 5000)
+    commit = "git add data.bin && git -c user.name=x -c user.email=x@x commit -qm data"
+    assert _bash(commit, swe.path).returncode == 0
+    done = _bash(diff_script(".", swe.base_commit, tmp_path / "out", 1000), swe.path)
+    assert done.returncode == OVER_LIMIT_EXIT, done.stderr
+    assert (tmp_path / "out" / "over").read_text() == "the changed files' new content holds 5000 bytes\n"
+    assert not (tmp_path / "out" / "model.patch").exists()
+
+
+def test_a_diff_longer_than_the_limit_is_cut_and_refused(swe: SweRepo, tmp_path: Path) -> None:
+    (swe.path / "calc.py").write_text("x = 1\n" * 30)  # 180 bytes of files, a longer diff (the old lines too)
+    done = _bash(diff_script(".", swe.base_commit, tmp_path / "out", 200), swe.path)
+    assert done.returncode == OVER_LIMIT_EXIT, done.stderr
+    assert (tmp_path / "out" / "over").read_text() == "the diff is longer\n"
+    assert (tmp_path / "out" / "model.patch").stat().st_size == 201
+    assert _bash(diff_script(".", swe.base_commit, tmp_path / "ok", 2000), swe.path).returncode == 0
+    assert (tmp_path / "ok" / "model.patch").read_text().endswith("+x = 1\n")
+
+
+def test_the_pyproject_diff_holds_whole_files(swe: SweRepo, tmp_path: Path) -> None:
+    table = "[tool.pytest.ini_options]\naddopts = '-q'\n" + "".join(f"k{i} = {i}\n" for i in range(20))
+    subprocess.run(["git", "checkout", "-q", "-b", "with-pyproject"], cwd=swe.path, check=True)
+    (swe.path / "pyproject.toml").write_text(table)
+    subprocess.run(["git", "add", "pyproject.toml"], cwd=swe.path, check=True)
+    commit = ["git", "-c", "user.name=x", "-c", "user.email=x@x", "commit", "-qm", "pyproject"]
+    subprocess.run(commit, cwd=swe.path, check=True)
+    base = _bash("git rev-parse HEAD", swe.path).stdout.strip()
+    (swe.path / "pyproject.toml").write_text(table + "k20 = 20\n")
+    assert _bash(diff_script(".", base, tmp_path / "out", LIMIT), swe.path).returncode == 0
+    whole = (tmp_path / "out" / "pyproject.diff").read_text()
+    assert " [tool.pytest.ini_options]\n" in whole and "+k20 = 20\n" in whole
+    assert "[tool.pytest" not in (tmp_path / "out" / "model.patch").read_text()  # 3 lines of context there
+
+
 def test_the_diff_fails_without_the_base_commit(swe: SweRepo, tmp_path: Path) -> None:
-    assert _bash(diff_script(".", "0" * 40, tmp_path / "out"), swe.path).returncode != 0
+    assert _bash(diff_script(".", "0" * 40, tmp_path / "out", LIMIT), swe.path).returncode != 0
 
 
 def test_apply_tries_swebench_commands_in_turn(swe: SweRepo, tmp_path: Path) -> None:

@@ -1,18 +1,24 @@
-"""``test_on_output``: each ``reward_from`` mode with real commands in a local runtime, the answer check and its
-product with the command's score, the clean runtime, and configs refused at submission."""
+"""``test_on_output``: each ``reward_from`` mode with real commands in a local runtime (statuses from Polar's pytest
+plugin's report, never from printed lines), the answer check and its product with the command's score, the clean
+runtime, and configs refused at submission."""
 
 from __future__ import annotations
 
 import shlex
+import shutil
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from polar.errors import EvaluationError
+from polar.config import load_config
+from polar.errors import EvaluationError, UnsafePath
 from polar.evaluators import EVALUATORS
-from polar.evaluators.test_on_output import TestOnOutput, parse_test_statuses, score_tests
+from polar.evaluators.test_on_output import TestOnOutput, score_tests
+from polar.runtimes import create_runtime
 from polar.task_request import RuntimeSpec, task_from_json
+from tests.docker_engine import require_docker_image
 from tests.polar.evaluators.support import FinishedSession, refused_field
 from tests.support import command_task
 
@@ -76,9 +82,30 @@ def test_number_mode_takes_the_last_number_printed(session: FinishedSession) -> 
     )
     assert evaluation.reward == 0.75
     assert evaluation.details["command"]["number"] == 0.75
-    # Not clamped, and the exit code does not matter.
-    assert evaluate(session, {"command": "echo 1,250; exit 3", "reward_from": "number"}).reward == 1250.0
-    assert evaluate(session, {"command": "echo -2.5", "reward_from": "number"}).reward == -2.5
+    # Within reward_range, as is (never clamped), and the exit code does not matter.
+    wide = {"reward_from": "number", "reward_range": [-10, 2000]}
+    assert evaluate(session, {"command": "echo 1,250; exit 3", **wide}).reward == 1250.0
+    assert evaluate(session, {"command": "echo -2.5", **wide}).reward == -2.5
+    assert evaluate(session, {"command": "echo 1", "reward_from": "number"}).reward == 1.0
+
+
+@pytest.mark.parametrize(
+    ("printed", "config", "error"),
+    [
+        ("1e999", {}, r"the last number printed is inf, not a finite number; its output ends: 'score 1e999"),
+        ("1" * 5000, {}, r"the last number printed is inf, not a finite number"),
+        ("1e308", {}, r"the last number printed is 1e\+308, outside reward_range \[0, 1\]"),
+        ("1,250", {}, r"is 1250, outside reward_range \[0, 1\]"),
+        ("-2.5", {"reward_range": [-2, 2]}, r"is -2.5, outside reward_range \[-2, 2\]"),
+    ],
+)
+def test_number_mode_outside_its_range_is_the_works_failure(
+    session: FinishedSession, printed: str, config: dict[str, Any], error: str
+) -> None:
+    # What the judged code prints shares the judge's stream: a number past the range never reaches a trainer.
+    with pytest.raises(EvaluationError, match=error) as failed:
+        evaluate(session, {"command": f"echo score {printed}", "reward_from": "number", **config})
+    assert failed.value.details["command"]["exit_code"] == 0
 
 
 def test_number_mode_without_a_number_is_an_error(session: FinishedSession) -> None:
@@ -111,39 +138,190 @@ def test_tests_mode_with_a_real_pytest_run(session: FinishedSession) -> None:
     assert evaluate(session, {**config, "expected_tests": wanted, "tests_score": "fraction"}).reward == 3 / 5
 
 
-def test_tests_mode_reads_verbose_output_too(session: FinishedSession) -> None:
+def test_tests_mode_reads_the_report_whatever_pytest_prints(session: FinishedSession) -> None:
     session.write("test_tiny.py", TINY_TESTS)
     expected = {"test_tiny.py::test_adds": "PASSED", "test_tiny.py::test_param[a - b]": "FAILED"}
-    config = {"command": f"{PYTEST} -v test_tiny.py", "reward_from": "tests", "expected_tests": expected}
-    assert evaluate(session, config).reward == 1.0
+    for flags in ("-v", "-q", "-qq --tb=no", "-p no:terminal", "-n 2"):  # -n: xdist, reported by its controller
+        config = {"command": f"{PYTEST} {flags} test_tiny.py", "reward_from": "tests", "expected_tests": expected}
+        evaluation = evaluate(session, config)
+        assert evaluation.reward == 1.0, (flags, evaluation.details)
+        assert len(evaluation.details["command"]["tests"]) == 4
 
 
-def test_parse_test_statuses() -> None:
-    output = "\n".join(
-        [
-            "tests/t.py::test_a PASSED                                  [ 20%]",
-            "tests/t.py::test_s SKIPPED (not today)                     [ 40%]",
-            "tests/t.py::test_x XFAIL (known)                           [ 60%]",
-            "\x1b[32mPASSED\x1b[0m tests/t.py::test_c",
-            "[gw1] [ 80%] PASSED tests/t.py::test_d",
-            "SKIPPED [1] tests/t.py:12: not today",  # a location, not a test id
-            "FAILED tests/t.py::test_p[x - y] - AssertionError: a - b",
-            "ERROR tests/t.py::test_a - RuntimeError: teardown",  # passed, then its teardown failed
-            "XPASS tests/t.py::test_y ",
-            "PASSED",
-            "everything PASSED nicely",
-            "=========== 1 failed, 4 passed in 0.12s ===========",
-        ]
-    )
-    assert parse_test_statuses(output) == {
-        "tests/t.py::test_a": "ERROR",
-        "tests/t.py::test_s": "SKIPPED",
-        "tests/t.py::test_x": "XFAIL",
-        "tests/t.py::test_c": "PASSED",
-        "tests/t.py::test_d": "PASSED",
-        "tests/t.py::test_p[x - y]": "FAILED",
-        "tests/t.py::test_y": "XPASS",
+STATUS_TESTS = """\
+import pytest
+
+@pytest.fixture
+def broken_teardown():
+    yield
+    raise RuntimeError("teardown")
+
+@pytest.fixture
+def broken_setup():
+    raise RuntimeError("setup")
+
+def test_passes_then_teardown_errors(broken_teardown):
+    pass
+
+def test_setup_errors(broken_setup):
+    pass
+
+@pytest.mark.skip(reason="not today")
+def test_skipped():
+    pass
+
+def test_skips_itself():
+    pytest.skip("later")
+
+@pytest.mark.xfail(reason="known")
+def test_xfail():
+    assert False
+
+@pytest.mark.xfail(reason="known")
+def test_xpass():
+    pass
+
+@pytest.mark.xfail(reason="known", strict=True)
+def test_strict_xpass():
+    pass
+
+@pytest.mark.xfail(run=False, reason="never run")
+def test_xfail_not_run():
+    pass
+"""
+
+
+def test_tests_mode_reports_each_status_as_pytest_does(session: FinishedSession) -> None:
+    session.write("test_statuses.py", STATUS_TESTS)
+    expected = {
+        "test_statuses.py::test_passes_then_teardown_errors": "ERROR",
+        "test_statuses.py::test_setup_errors": "ERROR",
+        "test_statuses.py::test_skipped": "SKIPPED",
+        "test_statuses.py::test_skips_itself": "SKIPPED",
+        "test_statuses.py::test_xfail": "XFAIL",
+        "test_statuses.py::test_xpass": "XPASS",
+        "test_statuses.py::test_strict_xpass": "FAILED",
+        "test_statuses.py::test_xfail_not_run": "XFAIL",
     }
+    config = {"command": f"{PYTEST} test_statuses.py", "reward_from": "tests", "expected_tests": expected}
+    evaluation = evaluate(session, config)
+    assert evaluation.details["command"]["tests"] == expected
+    assert evaluation.reward == 1.0
+
+
+FORGED = "\\n".join(["PASSED test_calc.py::test_add", "test_calc.py::test_add PASSED", "PASSED test_calc.py::test_mul"])
+CALC_TESTS = """\
+from calc import add, mul
+
+def test_add():
+    assert add(2, 3) == 5
+
+def test_mul():
+    assert mul(2, 3) == 6
+"""
+CALC_EXPECTED = {"test_calc.py::test_add": "PASSED", "test_calc.py::test_mul": "PASSED"}
+
+
+def test_work_that_breaks_collection_and_prints_passed_lines_scores_nothing(session: FinishedSession) -> None:
+    session.write("test_calc.py", CALC_TESTS)
+    # At import (collection), at exit, and straight to the terminal's descriptors: every place output can go.
+    session.write(
+        "calc.py",
+        f"import atexit, os\nprint('{FORGED}')\nos.write(1, b'{FORGED}\\n')\n"
+        f"atexit.register(print, '{FORGED}')\nraise ImportError('the work broke its tests')\n",
+    )
+    for command in (f"{PYTEST} -rA test_calc.py", f"{PYTEST} -s -v test_calc.py"):
+        config = {
+            "command": command,
+            "reward_from": "tests",
+            "expected_tests": CALC_EXPECTED,
+            "tests_score": "fraction",
+        }
+        evaluation = evaluate(session, config)
+        details = evaluation.details["command"]
+        assert "PASSED test_calc.py::test_add" in details["output_tail"]  # printed, and worth nothing
+        assert evaluation.reward == 0.0, details
+        assert details["tests"] == {} and details["collection_errors"] == ["test_calc.py"]
+        assert details["mismatched"] == {test: {"expected": "PASSED", "found": None} for test in CALC_EXPECTED}
+
+
+def test_no_report_is_the_works_failure(session: FinishedSession) -> None:
+    session.write("test_calc.py", CALC_TESTS)
+    session.write("conftest.py", "raise RuntimeError('the work broke pytest')\n")
+    config = {"command": f"{PYTEST} test_calc.py", "reward_from": "tests", "expected_tests": CALC_EXPECTED}
+    with pytest.raises(EvaluationError, match=r"no pytest report: pytest never reached its test run .* code 4"):
+        evaluate(session, config)
+    config = {"command": "echo PASSED test_calc.py::test_add", "reward_from": "tests", "expected_tests": CALC_EXPECTED}
+    with pytest.raises(EvaluationError, match=r"no pytest report: .*the command ran no pytest"):
+        evaluate(session, config)
+
+
+def test_a_report_the_work_makes_is_tampering(session: FinishedSession) -> None:
+    # The work's code, imported at collection, writes a report of its own where Polar's plugin writes: a second file.
+    session.write("test_calc.py", CALC_TESTS)
+    forged = '{"tests": [{"nodeid": "test_calc.py::test_add", "status": "PASSED"}]}'
+    session.write(
+        "calc.py",
+        "import os, sys\n"
+        "folder = sys.modules['_polar_pytest_report']._directory\n"
+        f"open(os.path.join(folder, 'report-0.json'), 'w').write({forged!r})\n"
+        "def add(a, b):\n    return a + b\n\ndef mul(a, b):\n    return a + b\n",
+    )
+    config = {"command": f"{PYTEST} test_calc.py", "reward_from": "tests", "expected_tests": CALC_EXPECTED}
+    with pytest.raises(
+        EvaluationError, match="2 files in the pytest report directory where pytest makes one"
+    ) as failed:
+        evaluate(session, config)
+    assert "report-0.json" in failed.value.details["command"]["reports"]
+
+
+def test_a_report_naming_a_test_twice_is_tampering(session: FinishedSession) -> None:
+    # The work's code rewrites Polar's report at the end (it shares pytest's process): a test twice is refused.
+    twice = '{"tests": [{"nodeid": "t::a", "status": "FAILED"}, {"nodeid": "t::a", "status": "PASSED"}]}'
+    session.write(
+        "test_twice.py",
+        "import atexit, os, sys\n"
+        "def test_a():\n    pass\n"
+        "def rewrite():\n"
+        "    folder = sys.modules['_polar_pytest_report']._directory\n"
+        "    for name in os.listdir(folder):\n"
+        f"        open(os.path.join(folder, name), 'w').write({twice!r})\n"
+        "atexit.register(rewrite)\n",
+    )
+    config = {"command": f"{PYTEST} test_twice.py", "reward_from": "tests", "expected_tests": {"t::a": "PASSED"}}
+    with pytest.raises(EvaluationError, match="the pytest report names 't::a' twice: tampering"):
+        evaluate(session, config)
+
+
+def test_a_pytest_the_tests_start_does_not_report(session: FinishedSession) -> None:
+    session.write("inner/test_inner.py", "def test_inner():\n    pass\n")
+    session.write(
+        "test_outer.py",
+        "import os, subprocess, sys\n"
+        "def test_outer():\n"
+        "    assert 'POLAR_PYTEST_REPORT_DIR' not in os.environ\n"
+        "    assert '_polar_pytest_report' not in os.environ.get('PYTEST_ADDOPTS', '')\n"
+        "    assert os.environ['PYTEST_ADDOPTS'] == '-p no:randomly'\n"
+        "    done = subprocess.run([sys.executable, '-m', 'pytest', '-p', 'no:cacheprovider', 'inner'])\n"
+        "    assert done.returncode == 0\n",
+    )
+    config = {
+        "command": f"{PYTEST} test_outer.py",
+        "reward_from": "tests",
+        "expected_tests": {"test_outer.py::test_outer": "PASSED"},
+    }
+    evaluator = TestOnOutput(config)
+    evaluation = evaluator.evaluate(session.context(runtime={"env": {"PYTEST_ADDOPTS": "-p no:randomly"}}))
+    assert evaluation.reward == 1.0, evaluation.details
+    assert evaluation.details["command"]["tests"] == {"test_outer.py::test_outer": "PASSED"}
+
+
+def test_a_harness_that_plants_a_link_at_the_plugin_folder_fails_the_evaluation(session: FinishedSession) -> None:
+    (session.runtime.session_dir / "polar-pytest").symlink_to(session.work)
+    config = {"command": f"{PYTEST} test_calc.py", "reward_from": "tests", "expected_tests": CALC_EXPECTED}
+    with pytest.raises(UnsafePath, match="polar-pytest is a symbolic link"):
+        evaluate(session, config)
+    assert list(session.work.iterdir()) == []
 
 
 def test_score_tests() -> None:
@@ -224,6 +402,12 @@ def test_fresh_runtime_spec() -> None:
             "config.expected_tests.t: Input should be 'PASSED'",
         ),
         ({"command": "true", "tests_score": "fraction"}, "config: tests_score: applies only to reward_from 'tests'"),
+        ({"command": "true", "reward_range": [0, 2]}, "config: reward_range: applies only to reward_from 'number'"),
+        (
+            {"command": "true", "reward_from": "number", "reward_range": [2, 0]},
+            "config.reward_range: [2, 0]: the lower end is above the upper one",
+        ),
+        ({"answer": {"expected": "1"}, "reward_range": [0, 2]}, "config: reward_range: applies only with a 'command'"),
         ({"command": "true", "collect": ["out.txt"]}, "config: collect: applies only with fresh_runtime true"),
         ({"command": "true", "runtime": {}}, "config: runtime: applies only with fresh_runtime true"),
         ({"command": "true", "timeout_seconds": 0}, "config.timeout_seconds: Input should be greater than 0"),
@@ -234,3 +418,35 @@ def test_fresh_runtime_spec() -> None:
 )
 def test_bad_configs_are_refused_naming_the_field(config: dict[str, Any], refused: str) -> None:
     assert refused_field("test_on_output", config).startswith(f"tasks[0].evaluator.{refused}")
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "docker"])
+def test_the_report_plugin_works_in_each_sandbox(tmp_path: Path, backend: str) -> None:
+    """The plugin and its report directory live in the session directory, which every runtime has at its host path;
+    a sandbox's user (nobody under bwrap with a root worker, the container's user in Docker) writes the report."""
+    if backend == "docker":
+        require_docker_image()
+    elif shutil.which("bwrap") is None:
+        pytest.skip("NO BWRAP: the bubblewrap package is not installed")
+    config = load_config({"POLAR_WORK_ROOT": str(tmp_path / "sessions"), "POLAR_NODE": backend}, cwd=tmp_path)
+    session = FinishedSession(config)
+    session.runtime.destroy()
+    session.runtime = create_runtime(session.session_id, RuntimeSpec(backend=backend), config)
+    try:
+        session.write("test_tiny.py", TINY_TESTS)
+        session.write("conftest.py", f"print('{FORGED}')\n")
+        expected = {"test_tiny.py::test_adds": "PASSED", "test_tiny.py::test_breaks": "PASSED"}
+        evaluator = TestOnOutput(
+            {"command": f"{PYTEST} -rA test_tiny.py", "reward_from": "tests", "expected_tests": expected}
+        )
+        evaluation = evaluator.evaluate(session.context())
+        details = evaluation.details["command"]
+        assert details["tests"] == {
+            "test_tiny.py::test_adds": "PASSED",
+            "test_tiny.py::test_breaks": "FAILED",
+            "test_tiny.py::test_param[a - b]": "FAILED",
+            "test_tiny.py::test_param[c]": "PASSED",
+        }, details["output_tail"]
+        assert evaluation.reward == 0.0
+    finally:
+        session.runtime.destroy()
