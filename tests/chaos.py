@@ -5,6 +5,11 @@
 - ``long``: three outages of ``outage_s`` each, spaced apart: the engine stopped, model calls paused for a weight
   sync in ``reject`` mode, and Postgres stopped.
 
+The short schedule also holds a probe of attribution: one more task, of one sample, whose harness makes a call, waits
+for a weight-sync pause (``reject``) that refuses its next call, rides it out, gets every answer and then exits 1 by
+itself. It recovered from the pause, so its failure is its own: scored (0.0, a task outcome) on the attempt that met
+the pause, never redrawn.
+
 Afterwards, what must hold: every session terminal, every answer a harness received in Postgres, no duplicate
 trajectories, every sample ended with exactly one scored attempt (a task outcome with a reward), no task outcome
 that is a failure (the chaos harness always succeeds when the infrastructure lets it: a failure is a fault scored
@@ -57,8 +62,13 @@ class ChaosPlan:
     outage_s: float = 60.0  # the long schedule: how long each outage lasts
 
     @property
+    def pause_probe(self) -> bool:
+        """Whether the batch holds the attribution probe's task (the short schedule's, with faults)."""
+        return self.faults and self.schedule == "short"
+
+    @property
     def sessions(self) -> int:
-        return self.tasks * self.samples
+        return self.tasks * self.samples + (1 if self.pause_probe else 0)
 
 
 @dataclass
@@ -70,6 +80,7 @@ class ChaosReport:
     samples: int = 0
     task_outcomes: int = 0
     scored_failures: int = 0  # settled task outcomes that failed: a fault scored as the policy's
+    recovered_and_scored: int = 0  # the probe: refused by a pause, recovered, failed by itself, scored as a task
     retried: Counter[str] = field(default_factory=Counter)  # lost attempts by outcome
     refusals: Counter[str] = field(default_factory=Counter)  # calls the proxy refused, by reason (call_refusals)
     out_of_attempts: int = 0
@@ -92,6 +103,7 @@ class ChaosReport:
             ("batch wall time", f"{self.wall_s:.1f} s"),
             ("samples ending with a task outcome", f"{self.task_outcomes} / {self.samples}"),
             ("task outcomes that failed (faults scored)", str(self.scored_failures)),
+            ("recovered from a pause, then failed by itself: scored", self._probe()),
             ("attempts lost to the infrastructure", f"{lost} ({by_outcome})"),
             ("samples out of attempts", str(self.out_of_attempts)),
             ("refused calls recorded", ", ".join(f"{k} {v}" for k, v in sorted(self.refusals.items())) or "none"),
@@ -103,6 +115,9 @@ class ChaosReport:
             ("processes that exited on their own (restarted)", ", ".join(self.unplanned_restarts) or "none"),
             ("violations", str(len(self.violations))),
         ]  # fmt: skip
+
+    def _probe(self) -> str:
+        return str(self.recovered_and_scored) if self.plan.pause_probe else "n/a (no probe in this schedule)"
 
     def _reaped(self) -> str:
         if not self.plan.faults or self.plan.schedule != "short":
@@ -120,6 +135,8 @@ class _Deployment:
         self.plan = plan
         self.workdir = workdir
         self.received_log = workdir / "received.jsonl"
+        self.signals = workdir / "probe-signals"  # the probe harness's rendezvous with its pause
+        self.signals.mkdir(parents=True, exist_ok=True)
         self.postgres = PrivatePostgres()
         self.redis = PrivateRedis()
         self.nodes = {name: NodeSpec(name, workdir / name / "sessions") for name in NODES}
@@ -163,6 +180,9 @@ class _Deployment:
             return list(connection.execute(sa.text(query), params).all())
 
 
+PROBE_TASK = "chaos-pause-probe"
+
+
 def _task(index: int, plan: ChaosPlan, received_log: Path) -> dict[str, Any]:
     return {
         "task_id": f"chaos-{index:03d}",
@@ -182,6 +202,14 @@ def _task(index: int, plan: ChaosPlan, received_log: Path) -> dict[str, Any]:
             },
         },
     }
+
+
+def _probe_task(plan: ChaosPlan, received_log: Path, signals: Path) -> dict[str, Any]:
+    """The attribution probe: it waits after its first answer for the pause (``_Faults.pause_probe``), is refused,
+    rides the pause out, and exits 1 once it has every answer."""
+    task = _task(0, plan, received_log)
+    task["harness"]["env"].update({"CHAOS_FAIL_IF_REFUSED": "1", "CHAOS_PAUSE_SIGNALS": str(signals)})
+    return {**task, "task_id": PROBE_TASK, "num_samples": 1}
 
 
 class _Faults:
@@ -206,6 +234,8 @@ class _Faults:
             (28.0 + 3 * stale + 10.0, self.revive_node),
             (30.0, lambda: self.kill_worker(Stage.RUN)),
         ]
+        if deployment.plan.pause_probe:
+            self.schedule.append((3.0, self.pause_probe))
         if deployment.plan.schedule == "long":
             gap = deployment.plan.outage_s + 15.0  # each outage over and its effects settling before the next
             self.schedule = [
@@ -297,6 +327,30 @@ class _Faults:
         self.d.client.resume()
         self._note("model calls resumed")
 
+    def pause_probe(self) -> None:
+        """The probe's pause: once its harness has an answer and waits (``waiting-<session>``), calls are paused
+        (``reject``), the harness let go (``go-<session>``) and, once its next call was refused, resumed. An attempt
+        of the probe lost to another fault meanwhile is retried: its next attempt waits, and meets a pause, likewise."""
+        signals = self.d.signals
+        deadline = time.monotonic() + 240.0
+        while time.monotonic() < deadline:
+            waiting = [p.name.removeprefix("waiting-") for p in signals.glob("waiting-*")]
+            session = next((s for s in waiting if not (signals / f"go-{s}").exists()), None)
+            if session is None:
+                if self.d.sql(_PROBE_SCORED):
+                    return
+                time.sleep(0.2)
+                continue
+            self.d.client.pause(mode="reject")
+            self._note(f"model calls paused (reject) for the probe's session {session[:8]}")
+            (signals / f"go-{session}").touch()
+            refused = time.monotonic() + 60.0
+            while not self.d.sql(_PROBE_REFUSED, session=session) and time.monotonic() < refused:
+                time.sleep(0.1)
+            self.d.client.resume()
+            self._note("model calls resumed")
+        raise TimeoutError("the probe's session was never scored after a pause")
+
     def stop_postgres(self) -> None:
         """Postgres stopped (as in a crash) for ``outage_s``, then started on the same data."""
         self.d.postgres.stop("immediate")
@@ -324,6 +378,10 @@ class _Faults:
             self.stack.release(f"{LOST_NODE}-worker-{stage.value}")  # the supervisor starts them again
         self.down.discard(LOST_NODE)
         self._note(f"node {LOST_NODE} back")
+
+
+_PROBE_REFUSED = "SELECT 1 FROM call_refusals WHERE session_id = CAST(:session AS uuid) AND reason = 'paused'"
+_PROBE_SCORED = f"SELECT 1 FROM sessions WHERE task_id = '{PROBE_TASK}' AND feed_seq IS NOT NULL"
 
 
 def _unplanned(restarts: list[tuple[str, int | None]]) -> list[str]:
@@ -354,9 +412,10 @@ def run_chaos(plan: ChaosPlan, workdir: Path, log: Callable[[str], None] = print
         log(f"deployment up: {plan.sessions} sessions on {len(NODES)} nodes")
         faults = _Faults(deployment, report, random.Random(plan.seed))
         started = time.monotonic()
-        batch = deployment.client.submit({"name": "chaos", "tasks": [
-            _task(i, plan, deployment.received_log) for i in range(plan.tasks)
-        ]})  # fmt: skip
+        tasks = [_task(i, plan, deployment.received_log) for i in range(plan.tasks)]
+        if plan.pause_probe:
+            tasks.append(_probe_task(plan, deployment.received_log, deployment.signals))
+        batch = deployment.client.submit({"name": "chaos", "tasks": tasks})
         faults.thread.start()
         final = _wait_finished(deployment, batch["batch_id"], faults, timeout_s=900)
         report.wall_s = time.monotonic() - started
@@ -385,6 +444,17 @@ def _wait_finished(deployment: _Deployment, batch_id: str, faults: _Faults, time
     raise TimeoutError(f"batch {batch_id} not finished after {timeout_s}s")
 
 
+def _check_probe(d: _Deployment, final: Any, v: list[str], report: ChaosReport) -> None:
+    """The probe's settled attempt: refused by the pause, every answer received, failed by itself: scored 0.0."""
+    refused = d.sql(_PROBE_REFUSED, session=final.id)
+    if refused and (final.state, final.outcome, final.reward) == ("failed", "exited", 0.0):
+        report.recovered_and_scored += 1
+    else:
+        ended = f"{final.state}, {final.outcome}, reward {final.reward}"
+        v.append(f"the probe's attempt {final.attempt}: refused {bool(refused)}, ended {ended} (a harness that "
+                 "recovered from a pause is scored)")  # fmt: skip
+
+
 def _check(d: _Deployment, batch_id: str, report: ChaosReport) -> None:
     v = report.violations
     rows = d.sql(
@@ -411,7 +481,9 @@ def _check(d: _Deployment, batch_id: str, report: ChaosReport) -> None:
             report.task_outcomes += 1
             if final.reward is None:
                 v.append(f"sample {key}: its task outcome has no reward ({final.state}, {final.outcome})")
-            if final.state != "completed" or final.reward != 1.0:  # the harness succeeds unless a fault hit it
+            if key[0] == PROBE_TASK:
+                _check_probe(d, final, v, report)
+            elif final.state != "completed" or final.reward != 1.0:  # the harness succeeds unless a fault hit it
                 report.scored_failures += 1
                 v.append(f"sample {key}: a fault scored as the policy's ({final.state}, {final.outcome}, "
                          f"reward {final.reward})")  # fmt: skip
@@ -425,6 +497,9 @@ def _check(d: _Deployment, batch_id: str, report: ChaosReport) -> None:
                 report.retried[lost.outcome] += 1
                 if lost.outcome_class != "infrastructure" or lost.retried_as is None:
                     v.append(f"sample {key}: attempt {lost.attempt} neither settled nor retried")
+
+    if d.plan.pause_probe and report.recovered_and_scored != 1:
+        v.append("the probe: no session refused by a pause, recovered and failed by itself was scored")
 
     report.refusals.update({r.reason: int(r.n) for r in d.sql(
         "SELECT reason, sum(count) AS n FROM call_refusals GROUP BY reason"

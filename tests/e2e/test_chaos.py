@@ -2,7 +2,8 @@
 a worker of every stage is SIGKILLed, and one whole node is killed and comes back. Nothing it must guarantee may
 break: every session terminal, every answer a harness received in Postgres, no duplicate trajectories, every
 sample ending with a task outcome, lost attempts nowhere in the feed or the exports, the lost node's directories
-torn down when it returns. ``bench/chaos.py`` runs the same at 200 sessions and prints the figures."""
+torn down when it returns; and a harness that recovered from a weight-sync pause's refusal and then failed by
+itself is scored as the policy's failure, not redrawn. ``bench/chaos.py`` runs the same at 200 sessions and prints the figures."""
 
 from __future__ import annotations
 
@@ -33,3 +34,4 @@ def test_faults_never_become_training_signal(tmp_path: Path) -> None:
     assert report.task_outcomes == report.samples and report.received > 0
     assert sum(report.retried.values()) > 0  # the faults did hit sessions, and they were retried
     assert len(report.faults) >= 9 and report.reaped_on_return
+    assert report.recovered_and_scored == 1, figures
