@@ -13,8 +13,9 @@ moves them on, so every session ends in a terminal state.
   (``polar.lifecycle.outbox``);
 - ``init``/``ready``/``postrun`` whose stage message was lost (``polar.lifecycle.lost_messages`` says how that
   is told from waiting one's turn): sent again (a duplicate is harmless: the second claim finds it taken);
-- ``init`` past its deadline: to ``postrun`` as timed out (a task outcome: its prepare steps took the budget);
-  ``ready`` never expires, since waiting for a run slot is not charged (``polar.lifecycle.budget``);
+- ``init`` past its deadline with its worker gone: to ``postrun`` as ``init_timeout`` (the infrastructure's: the
+  harness never started, so the sample is retried); ``ready`` never expires, since waiting for a run slot is not
+  charged (``polar.lifecycle.budget``);
 - this node's runtimes whose session has ended (teardown interrupted, or finished elsewhere while this node was
   lost): torn down; session directories and containers of sessions that ended or are unknown: removed.
 
@@ -288,8 +289,9 @@ def reconcile(services: Services, judge: LeaseJudge | None = None, every_s: floa
                 _kill_lost(services, handle)
             done["lost_runs"] += 1
     for session_id, state in plan.expired:
-        # Out of time while preparing is the task's (its prepare steps).
-        if send_to_postrun(services, session_id, state, Outcome.TIMEOUT, f"budget exhausted while {state.value}"):
+        # Out of time while preparing: the harness never started, so nothing of the policy's was measured.
+        error = f"budget exhausted while {state.value}, before the harness started"
+        if send_to_postrun(services, session_id, state, Outcome.INIT_TIMEOUT, error):
             done["expired"] += 1
     expired = {session_id for session_id, _ in plan.expired}
     for stage, session_id in plan.resend:

@@ -102,7 +102,8 @@ def test_the_harness_starts_once_an_engine_answers(database_url: str, tmp_path: 
     with _engine_after(port, delay_s=5.0):
         deliver_all(services)
     session = _only(services)
-    assert (session.state, session.outcome, session.outcome_class) == ("completed", "exited", "task"), session.error
+    assert (session.state, session.outcome, session.reward) == ("completed", "exited", 1.0), session.error
+    assert session.outcome_class == "excluded"  # its probe asked /health, never the model
 
 
 def test_an_engine_that_never_answers_is_the_infrastructures_loss(database_url: str, tmp_path: Path) -> None:
