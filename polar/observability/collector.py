@@ -1,10 +1,10 @@
 """Gauges the API computes when it is scraped: the deployment's state as Postgres and the broker hold it.
 
 Each scrape runs a few cheap queries (one GROUP BY over the sessions' states, the active sessions by node, the
-nodes, the retried attempts through their partial index, the pauses Polar ended from the audit trail) and reads the stage queues' lengths from the broker;
-the answer is kept for ``ttl_s`` so frequent scrapes (or several Prometheus servers) cost no more. A database or
-broker that does not answer fails no scrape: ``polar_database_up`` / ``polar_broker_up`` say 0 and the series
-that depend on it are left out.
+nodes, the retried attempts through their partial index, the pauses Polar ended from the audit trail) and reads
+the stage queues' lengths from the broker; the answer is kept for ``ttl_s`` so frequent scrapes (or several
+Prometheus servers) cost no more. A database or broker that does not answer fails no scrape: ``polar_database_up``
+/ ``polar_broker_up`` say 0 and the series that depend on it are left out.
 
     probe = queue_probe(config.broker_url, config.state_dir)
     collector = DeploymentCollector(db, config.stale_after_s, queue_names, probe)  # queue_names(nodes) -> [...]

@@ -126,12 +126,16 @@ class ExpiredPause:
 def expire_pause(db: Database, max_pause_s: float) -> ExpiredPause | None:
     """Resume a pause that began more than ``max_pause_s`` ago (on the database's clock), as a resume without a
     new policy version would, with its audit row in the same transaction; None when there is none."""
-    with db.unit() as session:
-        row = _control_row(session)
-        now = _db_now(session)
-        paused_at = as_utc(row.paused_at)
-        if not row.paused or paused_at is None or (now - paused_at).total_seconds() <= max_pause_s:
+    overdue = sa.and_(EngineControl.paused, EngineControl.paused_at < db_clock.ago(db, max_pause_s))
+    with db.autocommit() as connection:  # each reconciler pass asks: a plain read, no lock, while none is overdue
+        if connection.execute(sa.select(EngineControl.id).where(overdue)).first() is None:
             return None
+    with db.unit() as session:
+        row = session.get(EngineControl, 1, with_for_update=True)
+        now = _db_now(session)
+        paused_at = as_utc(row.paused_at) if row is not None else None
+        if row is None or not row.paused or paused_at is None or (now - paused_at).total_seconds() <= max_pause_s:
+            return None  # resumed (or paused anew) meanwhile
         _resume(session, row, now, max_pause_s)
         state = ControlState(row.paused, cast(PauseMode, row.mode), row.policy_version)
         paused_s = (now - paused_at).total_seconds()

@@ -148,7 +148,6 @@ def test_a_pause_gives_back_only_the_time_it_held_a_harness(database_url: str, t
     given = after[held].deadline_at - before[held]  # type: ignore[operator]
     # From its hold (a second after the pause began) until the resume, on the database's clock.
     assert resuming - as_utc(held_at) <= given <= resumed - as_utc(held_at)
-    assert given < resuming - paused_at
     assert {s.pause_held_at for s in after.values()} == {None}
 
 
