@@ -73,6 +73,9 @@ class Config:
     # dense model of ~30B parameters on one H100-class GPU at a batch of 256; smaller models decode faster.
     min_decode_rate: float = 20.0
     engine_wait_s: float = 600.0  # how long a run waits for an engine to answer before its harness starts (0: not)
+    # The longest a weight-sync pause may hold calls: the reconciler resumes one held longer (a trainer that died
+    # paused), and no harness's budget is given back more than this for one pause (polar.lifecycle.budget).
+    max_pause_s: float = 1800.0
     heartbeat_interval_s: float = 5.0
     stale_after_s: float = 30.0
     requeue_after_s: float = 300.0
@@ -183,6 +186,13 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
         return float(raw)
     except ValueError as exc:
         raise ValidationError(f"{name} must be a number, got {raw!r}", field=name) from exc
+
+
+def _positive_number(env: Mapping[str, str], name: str, default: float) -> float:
+    value = _number(env, name, default)
+    if not value > 0 or value == float("inf"):
+        raise ValidationError(f"{name} must be a number of seconds above 0, got {env.get(name)!r}", field=name)
+    return value
 
 
 def _json_object(env: Mapping[str, str], name: str) -> dict[str, Any]:
@@ -349,6 +359,7 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         max_tokens=_optional_positive_int(env, "POLAR_MAX_NEW_TOKENS"),
         min_decode_rate=_positive_number(env, "POLAR_MIN_DECODE_RATE", base.min_decode_rate),
         engine_wait_s=_number(env, "POLAR_ENGINE_WAIT", base.engine_wait_s),
+        max_pause_s=_positive_number(env, "POLAR_MAX_PAUSE", base.max_pause_s),
         heartbeat_interval_s=_number(env, "POLAR_HEARTBEAT_INTERVAL", base.heartbeat_interval_s),
         stale_after_s=_number(env, "POLAR_STALE_AFTER", base.stale_after_s),
         requeue_after_s=_number(env, "POLAR_REQUEUE_AFTER", base.requeue_after_s),

@@ -27,9 +27,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+# The most times a flaky prepare step may be run again after it failed (``retry_on_failure``).
+MAX_STEP_RETRIES = 5
+
+
 class RunStep(_Strict):
     run: str = Field(min_length=1)
     timeout_seconds: float | None = Field(default=None, gt=0)
+    # Runs again after a failure (non-zero exit, or its own timeout) up to this many times, within the session
+    # budget: for a step known to be flaky (a network fetch). polar.stages.init.
+    retry_on_failure: int = Field(default=0, ge=0, le=MAX_STEP_RETRIES)
 
 
 class CopyStep(_Strict):

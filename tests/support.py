@@ -471,6 +471,39 @@ def deliver_all(services: Services, until: Callable[[Stage, uuid.UUID], bool] | 
         functions[stage](services, session_id)
 
 
+def record_call(services: Services, session_id: uuid.UUID, status: int = 200) -> None:
+    """What the proxy records for a call: answered (200, with tokens), or the engine failed it (502)."""
+    from polar.storage.models import ModelCall
+
+    tokens = [1, 2, 3] if status == 200 else []
+    with services.db.unit() as db:
+        seq = 1 + int(db.scalar(sa.select(sa.func.count()).where(ModelCall.session_id == session_id)) or 0)
+        db.add(
+            ModelCall(
+                session_id=session_id, seq=seq, provider="openai_chat", prompt_token_ids=tokens,
+                completion_token_ids=tokens[:1], logprobs=[-0.5] * len(tokens[:1]), status_code=status,
+                latency_ms=1.0, request={}, normalized_request={"messages": []}, response={},
+            )
+        )  # fmt: skip
+
+
+def calls_before_postrun(services: Services) -> Callable[[Stage, uuid.UUID], bool]:
+    """A ``deliver_all`` hook: every session that made no call makes one answered call before its postrun, as a
+    harness whose policy acted has (an attempt without one is excluded, ``polar.lifecycle.attempts``). It stops
+    nothing."""
+    from polar.storage.models import ModelCall
+
+    def hook(stage: Stage, session_id: uuid.UUID) -> bool:
+        if stage is Stage.POSTRUN:
+            with services.db.unit() as db:
+                made = db.scalar(sa.select(sa.func.count()).where(ModelCall.session_id == session_id))
+            if not made:
+                record_call(services, session_id)
+        return False
+
+    return hook
+
+
 def stage_functions() -> dict[Stage, Callable[[Services, uuid.UUID], None]]:
     """What each stage queue's worker calls, for tests that deliver stage messages themselves."""
     from polar.stages.init import init_session

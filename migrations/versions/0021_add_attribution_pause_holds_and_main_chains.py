@@ -7,7 +7,9 @@ against the infrastructure (``polar.lifecycle.attempts``).
 
 ``sessions.pause_held_at``: when the current weight-sync pause first refused or held one of the session's calls
 (null when it has not). Only a held session's budget is frozen, and only that time is given back at resume
-(``polar.lifecycle.budget``).
+(``polar.lifecycle.budget``), which clears it on every session (a partial index finds the few set).
+``sessions.budget_started_at``: when the harness's budget started (after the wait for an engine): no credit
+reaches back before it.
 
 ``trajectories.main``: whether the trajectory is the session's main chain (the first call's agent and what
 continues it) rather than a side call (a title request, a tool's own use of the key). The feed's JSON carries it,
@@ -39,6 +41,7 @@ ROW_JSON = """CREATE OR REPLACE FUNCTION polar_trajectory_json(t trajectories) R
         'call_ids', t.call_ids, 'reward', t.reward, 'stats', t.stats, 'main', t.main)::text
 $$"""
 OLD_ROW_JSON = ROW_JSON.replace(", 'main', t.main)", ")")
+HELD = "pause_held_at IS NOT NULL"
 
 # ``merge_breaks`` as migration 0012 left it, and with the trajectory's ``main`` at its end.
 OLD_BREAKS = """CREATE VIEW merge_breaks AS
@@ -61,6 +64,9 @@ def upgrade() -> None:
         batch.add_column(sa.Column("failure_kind", sa.Text(), nullable=True))
     with op.batch_alter_table("sessions") as batch:
         batch.add_column(sa.Column("pause_held_at", sa.DateTime(timezone=True), nullable=True))
+        batch.add_column(sa.Column("budget_started_at", sa.DateTime(timezone=True), nullable=True))
+    op.create_index("ix_sessions_pause_held_at", "sessions", ["pause_held_at"], postgresql_where=sa.text(HELD),
+                    sqlite_where=sa.text(HELD))  # fmt: skip
     with op.batch_alter_table("trajectories") as batch:
         batch.add_column(sa.Column("main", sa.Boolean(), nullable=False, server_default=sa.true()))
     if op.get_bind().dialect.name == "postgresql":
@@ -75,7 +81,9 @@ def downgrade() -> None:
         op.execute(OLD_BREAKS)
     with op.batch_alter_table("trajectories") as batch:
         batch.drop_column("main")
+    op.drop_index("ix_sessions_pause_held_at", table_name="sessions")
     with op.batch_alter_table("sessions") as batch:
+        batch.drop_column("budget_started_at")
         batch.drop_column("pause_held_at")
     with op.batch_alter_table("model_calls") as batch:
         batch.drop_column("failure_kind")

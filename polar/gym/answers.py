@@ -20,7 +20,9 @@ are the infrastructure's and retried; any other 4xx is the row's own):
   history; the sequence holding the last call is returned, ``polar:split_token_sequences``), a returned call's
   tokens were sampled across a policy update (``polar:spans_policy_update``, AUDIT F7), no evaluator scored it
   (``verifier_error``), or the session was cancelled (``cancelled``);
-- no model call at all: 422 (the row ran, but there is no sample; NeMo RL treats it as the row's fault);
+- no model call at all: 422 (the row ran, but there is no sample; NeMo RL treats it as the row's fault); an
+  attempt stored ``excluded`` (its harness got no model answer: the policy never acted) says so,
+  ``polar:no_model_calls``, and its stored reward is never sent;
 - the sample's last attempt was lost to the infrastructure: 503 ``session_lost``, which NeMo RL retries (Polar
   already retried it ``max_attempts`` times).
 """
@@ -71,6 +73,10 @@ def gym_answer(
     if settled.outcome_class == "infrastructure":
         return _error(503, f"the session's last attempt ({settled.attempt}) was lost to the infrastructure: "
                            f"{settled.error}; send the row again", polar, SESSION_LOST)  # fmt: skip
+    if settled.outcome_class == "excluded":
+        return _error(422, f"the session ended {settled.state} without a model call answered, so the policy never "
+                           f"acted and there is no sample ({settled.error or 'no error recorded'})", polar,
+                      NO_MODEL_CALLS)  # fmt: skip
     answered = [c for c in calls if c["delivered"] and c["status_code"] == 200 and not c.get("synthesized")]
     delivered = [c for c in answered if all_chains or c["call_id"] not in settled.side_calls]
     if not delivered:
@@ -114,6 +120,7 @@ VERIFIER_ERROR = "verifier_error"
 PERSISTENCE_FAILED = "persistence_failed"
 SPLIT_SEQUENCES = "polar:split_token_sequences"
 SPANS_POLICY_UPDATE = "polar:spans_policy_update"
+NO_MODEL_CALLS = "polar:no_model_calls"
 
 
 def _masks(settled: Settled, delivered: Sequence[CallJSON], runs: list[list[CallJSON]]) -> list[tuple[str, str]]:

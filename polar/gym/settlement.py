@@ -4,8 +4,8 @@ A row's sample is ``(batch_id, task_position)``: rows are submitted together, on
 
 A sample is settled when its latest attempt (``retried_as`` unset: an attempt lost to the infrastructure with
 attempts left has a successor already) is terminal. Its outcome class says whether that attempt is training
-signal (``task``) or was the last allowed one and lost (``infrastructure``); the calls of its trajectories outside the
-main chain come with it (``Settled.side_calls``).
+signal (``task``), ended without a model call answered (``excluded``), or was the last allowed one and lost
+(``infrastructure``); the calls of its trajectories outside the main chain come with it (``Settled.side_calls``).
 """
 
 from __future__ import annotations

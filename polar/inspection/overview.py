@@ -2,7 +2,8 @@
 
 Each sample counts once, by its latest attempt (as in ``polar.lifecycle.batches``). A finished sample is
 *accepted* when it has a reward and the reward is positive, or at least ``min_reward`` when one is given (the same
-threshold an export's ``min_reward`` applies): the acceptance rate is accepted / finished.
+threshold an export's ``min_reward`` applies): the acceptance rate is accepted / finished. The reward an excluded
+attempt keeps for the record (no model call answered: ``polar.lifecycle.attempts``) is no reward here.
 """
 
 from __future__ import annotations
@@ -150,8 +151,9 @@ def batch_overview(services: Services, batch_id: uuid.UUID, min_reward: float | 
             .where(Task.batch_id == batch_id)
             .order_by(Task.position)
         ).all()
+        served_reward = sa.case((Session.outcome_class == OutcomeClass.EXCLUDED.value, None), else_=Session.reward)
         samples = db.execute(
-            sa.select(Session.task_pk, Session.state, Session.reward, Session.node).where(
+            sa.select(Session.task_pk, Session.state, served_reward.label("reward"), Session.node).where(
                 Session.batch_id == batch_id, is_latest_attempt()
             )
         ).all()

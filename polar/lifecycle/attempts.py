@@ -2,21 +2,26 @@
 
 Every way an attempt can end has one class, and the class says what follows (docs/training-data.md, "Outcomes"):
 
-- *task* (``exited``, ``timeout``, ``prepare_failed``): the policy's doing. The evaluator scores it, and a
-  verifier the work broke, hung or tampered with scores the task's ``failure_reward`` (0.0 unless set), never
-  None. The only class served to trainers: the feed, the groups, the exports and the reward views.
+- *task* (``exited``, ``timeout``): the policy's doing. The evaluator scores it, and a verifier the work broke,
+  hung or tampered with scores the task's ``failure_reward`` (0.0 unless set), never None. The only class served
+  to trainers: the feed, the groups, the exports and the reward views.
+- *excluded*: a task outcome whose harness ended without one answered model call (no delivered 200): the policy
+  never acted, so its reward measures nothing of it. Still evaluated and its reward stored, for the record; never
+  retried, never served; its group counts the sample as missing (``no_model_calls``).
 - *infrastructure* (``worker_lost``, ``node_lost``, ``runtime_failed``, ``engine_failed``, ``queue_timeout``,
-  ``unscorable``, ``error``): an accident of the machinery, including an evaluator whose own code failed
-  (``unscorable``). It starts the next attempt of the same sample, up to the task's ``max_attempts``; the lost
-  attempt stays in Postgres with its calls for audit and is never training data.
+  ``prepare_failed``, ``init_timeout``, ``unscorable``, ``error``): an accident of the machinery, including a
+  preparation that failed or ran out of time before the harness started (the policy never ran) and an evaluator
+  whose own code failed (``unscorable``). It starts the next attempt of the same sample, up to the task's
+  ``max_attempts``; the lost attempt stays in Postgres with its calls for audit and is never training data.
 - *cancelled* (``cancelled``): the batch was cancelled. Never scored (the evaluator does not run), never served.
 
-A sample is *settled* when an attempt ended with a task outcome, when it was cancelled, or when its last allowed
-attempt was lost (reported on the batch as out of attempts): its GRPO group counts it as done in each case, but
-only task outcomes carry data.
+A sample is *settled* when an attempt ended with a task outcome (excluded or not), when it was cancelled, or when
+its last allowed attempt was lost (reported on the batch as out of attempts): its GRPO group counts it as done in
+each case, but only the task class carries data.
 
     classify(Outcome.WORKER_LOST)                    -> OutcomeClass.INFRASTRUCTURE
     classify(Outcome.CANCELLED)                      -> OutcomeClass.CANCELLED
+    class_of(Outcome.EXITED, answered_calls=0)       -> OutcomeClass.EXCLUDED
     paused = Disruption("proxy", "paused", count=1, last_at=t1)          # a weight-sync pause's 429
     refine(Outcome.EXITED, 1, CallEvidence(last_answer_at=t0, disruptions=(paused,)), False)
                                                      -> Outcome.ENGINE_FAILED   (t1 >= t0: nothing answered after)
@@ -49,6 +54,7 @@ __all__ = [
     "CallEvidence",
     "Disruption",
     "OutcomeClass",
+    "class_of",
     "classify",
     "is_latest_attempt",
     "is_training_signal",
@@ -60,6 +66,7 @@ __all__ = [
 
 class OutcomeClass(StrEnum):
     TASK = "task"  # scored; training signal
+    EXCLUDED = "excluded"  # a task outcome without one answered model call: the policy never acted; never served
     INFRASTRUCTURE = "infrastructure"  # retried; never training data
     CANCELLED = "cancelled"  # never scored, never served
 
@@ -67,21 +74,22 @@ class OutcomeClass(StrEnum):
 _CLASS: dict[Outcome, OutcomeClass] = {
     Outcome.EXITED: OutcomeClass.TASK,
     Outcome.TIMEOUT: OutcomeClass.TASK,
-    Outcome.PREPARE_FAILED: OutcomeClass.TASK,
     Outcome.CANCELLED: OutcomeClass.CANCELLED,
     Outcome.WORKER_LOST: OutcomeClass.INFRASTRUCTURE,
     Outcome.NODE_LOST: OutcomeClass.INFRASTRUCTURE,
     Outcome.RUNTIME_FAILED: OutcomeClass.INFRASTRUCTURE,
     Outcome.ENGINE_FAILED: OutcomeClass.INFRASTRUCTURE,
     Outcome.QUEUE_TIMEOUT: OutcomeClass.INFRASTRUCTURE,
+    Outcome.PREPARE_FAILED: OutcomeClass.INFRASTRUCTURE,
+    Outcome.INIT_TIMEOUT: OutcomeClass.INFRASTRUCTURE,
     Outcome.UNSCORABLE: OutcomeClass.INFRASTRUCTURE,
     Outcome.ERROR: OutcomeClass.INFRASTRUCTURE,
 }
 
 
 def is_training_signal() -> sa.ColumnElement[bool]:
-    """SQL: the session ended with a task outcome: neither lost to the infrastructure nor cancelled (the feed,
-    the exports and the reward views serve only these)."""
+    """SQL: the session ended with a task outcome the policy acted in: neither excluded (no model call answered),
+    lost to the infrastructure nor cancelled (the feed, the exports and the reward views serve only these)."""
     return Session.outcome_class == OutcomeClass.TASK.value
 
 
@@ -93,6 +101,13 @@ def is_latest_attempt() -> sa.ColumnElement[bool]:
 def classify(outcome: Outcome) -> OutcomeClass:
     """Whether ``outcome`` is training signal (task), an accident of the machinery (infrastructure) or a cancel."""
     return _CLASS[outcome]
+
+
+def class_of(outcome: Outcome, answered_calls: int) -> OutcomeClass:
+    """The class an ended attempt is stored under: ``classify``'s, except that a task outcome whose harness got no
+    model answer (``answered_calls``: its delivered 200s, synthesized stops not counted) is ``EXCLUDED``."""
+    found = classify(outcome)
+    return OutcomeClass.EXCLUDED if found is OutcomeClass.TASK and answered_calls == 0 else found
 
 
 @dataclass(frozen=True)

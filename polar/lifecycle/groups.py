@@ -7,6 +7,7 @@ each for one reason:
 
 - ``cancelled``: the batch was cancelled before the sample was scored;
 - ``out_of_attempts``: its last allowed attempt was lost to the infrastructure;
+- ``no_model_calls``: its attempt ended without one answered model call (``excluded``: the policy never acted);
 - ``pending``: it has not settled yet (queued, running, or a retry of a lost attempt on its way).
 """
 
@@ -25,6 +26,7 @@ from polar.storage.models import Session
 
 CANCELLED = "cancelled"
 OUT_OF_ATTEMPTS = "out_of_attempts"
+NO_MODEL_CALLS = "no_model_calls"
 PENDING = "pending"
 
 
@@ -49,6 +51,8 @@ def _reason(outcome_class: str | None, settled: bool) -> str | None:
         return PENDING
     if outcome_class == OutcomeClass.TASK.value:
         return None
+    if outcome_class == OutcomeClass.EXCLUDED.value:
+        return NO_MODEL_CALLS
     return CANCELLED if outcome_class == OutcomeClass.CANCELLED.value else OUT_OF_ATTEMPTS
 
 

@@ -13,8 +13,11 @@ moves them on, so every session ends in a terminal state.
   (``polar.lifecycle.outbox``);
 - ``init``/``ready``/``postrun`` whose stage message was lost (``polar.lifecycle.lost_messages`` says how that
   is told from waiting one's turn): sent again (a duplicate is harmless: the second claim finds it taken);
-- ``init`` past its deadline: to ``postrun`` as timed out (a task outcome: its prepare steps took the budget);
-  ``ready`` never expires, since waiting for a run slot is not charged (``polar.lifecycle.budget``);
+- ``init`` past its deadline with its worker gone: to ``postrun`` as ``init_timeout`` (the infrastructure's: the
+  harness never started, so the sample is retried); ``ready`` never expires, since waiting for a run slot is not
+  charged (``polar.lifecycle.budget``);
+- a weight-sync pause held longer than ``POLAR_MAX_PAUSE`` (a trainer that died paused): resumed, audited and
+  logged (``polar.training.pause_limit``);
 - this node's runtimes whose session has ended (teardown interrupted, or finished elsewhere while this node was
   lost): torn down; session directories and containers of sessions that ended or are unknown: removed.
 
@@ -52,6 +55,7 @@ from polar.stages.handoff import send_to_postrun
 from polar.storage import db_clock
 from polar.storage.locks import RECONCILER, try_exclusive
 from polar.storage.models import Session
+from polar.training.pause_limit import end_overlong_pause
 
 _HELD = [State.INIT.value, State.READY.value, State.RUNNING.value]
 
@@ -277,6 +281,7 @@ def reconcile(services: Services, judge: LeaseJudge | None = None, every_s: floa
         plan.node_lost, plan.lost_runs = [], []
         done["judgments_dropped"] += 1
     done["unsent_sent"] += send_due(services, plan.unsent)
+    done["pauses_expired"] += end_overlong_pause(services) is not None
     for session_id, state, node in plan.node_lost:
         done["node_lost"] += _end_on_lost_node(services, session_id, state, node)
     for session_id, handle, node in plan.lost_runs:
@@ -288,8 +293,9 @@ def reconcile(services: Services, judge: LeaseJudge | None = None, every_s: floa
                 _kill_lost(services, handle)
             done["lost_runs"] += 1
     for session_id, state in plan.expired:
-        # Out of time while preparing is the task's (its prepare steps).
-        if send_to_postrun(services, session_id, state, Outcome.TIMEOUT, f"budget exhausted while {state.value}"):
+        # Out of time while preparing: the harness never started, so nothing of the policy's was measured.
+        error = f"budget exhausted while {state.value}, before the harness started"
+        if send_to_postrun(services, session_id, state, Outcome.INIT_TIMEOUT, error):
             done["expired"] += 1
     expired = {session_id for session_id, _ in plan.expired}
     for stage, session_id in plan.resend:

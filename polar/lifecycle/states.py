@@ -37,8 +37,7 @@ class Outcome(StrEnum):
 
     # What the task did: the training signal.
     EXITED = "exited"  # the harness exited by itself (any exit code)
-    TIMEOUT = "timeout"  # the session's budget ran out while its own steps ran (prepare, the harness)
-    PREPARE_FAILED = "prepare_failed"  # one of the task's own prepare steps failed
+    TIMEOUT = "timeout"  # the harness's budget ran out while it ran
     # Neither: never scored, never served.
     CANCELLED = "cancelled"  # the batch was cancelled
     # What the machinery did: never a reward.
@@ -47,5 +46,8 @@ class Outcome(StrEnum):
     RUNTIME_FAILED = "runtime_failed"  # the runtime could not be created, reached, or disappeared
     ENGINE_FAILED = "engine_failed"  # the harness failed after the engine failed its calls
     QUEUE_TIMEOUT = "queue_timeout"  # the budget ran out before the harness started (waiting for a run slot)
+    # Preparation is not the policy: the harness never started.
+    PREPARE_FAILED = "prepare_failed"  # a prepare step failed (the session's runtime or the evaluator's)
+    INIT_TIMEOUT = "init_timeout"  # init's budget ran out before the harness started (slow steps, a lost init)
     UNSCORABLE = "unscorable"  # the evaluator's own code failed (a bug, its runtime gone), not the work it judged
     ERROR = "error"  # Polar itself failed unexpectedly

@@ -1,10 +1,10 @@
 """Gauges the API computes when it is scraped: the deployment's state as Postgres and the broker hold it.
 
 Each scrape runs a few cheap queries (one GROUP BY over the sessions' states, the active sessions by node, the
-nodes, the retried attempts through their partial index) and reads the stage queues' lengths from the broker;
-the answer is kept for ``ttl_s`` so frequent scrapes (or several Prometheus servers) cost no more. A database or
-broker that does not answer fails no scrape: ``polar_database_up`` / ``polar_broker_up`` say 0 and the series
-that depend on it are left out.
+nodes, the retried attempts through their partial index, the pauses Polar ended from the audit trail) and reads
+the stage queues' lengths from the broker; the answer is kept for ``ttl_s`` so frequent scrapes (or several
+Prometheus servers) cost no more. A database or broker that does not answer fails no scrape: ``polar_database_up``
+/ ``polar_broker_up`` say 0 and the series that depend on it are left out.
 
     probe = queue_probe(config.broker_url, config.state_dir)
     collector = DeploymentCollector(db, config.stale_after_s, queue_names, probe)  # queue_names(nodes) -> [...]
@@ -20,14 +20,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from polar.lifecycle.nodes import NodeInfo, nodes
 from polar.lifecycle.states import BUFFERED, TERMINAL, State
 from polar.observability.queues import QueueProbe
 from polar.storage.database import Database
-from polar.storage.models import Session
+from polar.storage.models import AuditEvent, Session
+from polar.training.engine_control import EXPIRY_ACTOR
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class DatabaseState:
     active: dict[tuple[str, str], int]  # (node, state) → sessions in init, ready, running or postrun
     nodes: list[NodeInfo]
     retried: dict[str, int]  # outcome of the lost attempt → attempts retried
+    pauses_expired: int = 0  # weight-sync pauses Polar ended after POLAR_MAX_PAUSE (audit rows)
 
 
 @dataclass(frozen=True)
@@ -72,11 +74,17 @@ def read_database(db: Database, stale_after_s: float) -> DatabaseState:
             sa.select(Session.outcome, sa.func.count()).where(Session.retried_as.is_not(None)).group_by(Session.outcome)
         ).all()
         known = nodes(unit, stale_after_s)
+        expired = unit.scalar(
+            sa.select(sa.func.count())
+            .select_from(AuditEvent)
+            .where(AuditEvent.actor == EXPIRY_ACTOR, AuditEvent.action == "resume")
+        )
     return DatabaseState(
         sessions={str(state): int(n) for state, n in by_state},
         active={(node or NO_NODE, str(state)): int(n) for node, state, n in active},
         nodes=known,
         retried={str(outcome or "unknown"): int(n) for outcome, n in retried},
+        pauses_expired=int(expired or 0),
     )
 
 
@@ -211,3 +219,10 @@ def _database_metrics(snap: DatabaseState) -> Iterator[Metric]:
         [((outcome,), float(n)) for outcome, n in sorted(snap.retried.items())],
         ["outcome"],
     )
+    expired = CounterMetricFamily(
+        "polar_pauses_expired_total",
+        "Weight-sync pauses Polar ended because they outlasted POLAR_MAX_PAUSE (a trainer that died paused?), "
+        "counted from the audit trail.",
+    )
+    expired.add_metric([], float(snap.pauses_expired))
+    yield expired

@@ -5,7 +5,8 @@ Errors come back in the client's own error shape with a truthful status; nothing
 
 A session's calls run under its call limits (``polar.proxy.limits``): a model call over ``max_concurrent_calls``
 or ``max_calls`` gets the protocol's 429 and is not sent to the engine; it is no model call, but it is counted on the
-session (``polar.proxy.refusals``), as are the 429s of a weight-sync pause and the 503s of a database outage;
+session (``polar.proxy.refusals``), as are the 429s of a weight-sync pause and the 503s of a database outage (a
+call a pause refuses or holds also marks its session held, so its budget stands still: ``polar.proxy.pause_holds``);
 counting tokens takes a concurrency slot but does not count toward ``max_calls``. Under the task's ``over_budget:
 stop`` a call over ``max_calls`` is answered instead with a final stop, recorded as synthesized (``budget``).
 
@@ -69,6 +70,7 @@ from polar.proxy.engines import EngineAddress, EnginePool, EngineReply
 from polar.proxy.key_misses import STALE_S, KeyMisses
 from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimiter, CallLimits, call_limiter
+from polar.proxy.pause_holds import PauseHolds
 from polar.proxy.prompt_ids import KnownPrompts
 from polar.proxy.recent_calls import RecentCalls
 from polar.proxy.refusals import DATABASE_OUTAGE, RefusalCounter
@@ -242,6 +244,7 @@ class ProxyService:
         self._keys: dict[str, tuple[uuid.UUID, CallLimits, str, float]] = {}
         self._misses = KeyMisses()
         self.control = ControlView(db, config.pause_max_waiters)
+        self.holds = PauseHolds(db)
         check_setting(config.chat_template_kwargs)
         self._tito: dict[uuid.UUID, bool] = {}
         self.tips: TipStore = tip_store(config.redis_url)
@@ -316,11 +319,17 @@ class ProxyService:
                 headers["x-should-retry"] = "false"
         return ProxyAnswer(status, protocol.render_error(status, str(exc)), headers=headers)
 
-    def _admitted(self) -> ControlState:
-        """The engine control state a new call runs under; raises while calls are held and the mode rejects."""
+    def _admitted(self, session_id: uuid.UUID) -> ControlState:
+        """The engine control state a new call runs under; raises while calls are held and the mode rejects. A
+        call the pause refuses or holds marks its session held, so its budget stands still (``PauseHolds``)."""
         state = self.control.current()
-        if state.paused and state.mode == "wait":
+        if not state.paused:
+            return state
+        self.holds.held(session_id, self.control.paused_at)
+        if state.mode == "wait":
             state = self.control.wait_until_resumed(self.config.engine_timeout_s)
+            if state.paused:  # gave up waiting (perhaps under a later pause than the one it began in)
+                self.holds.held(session_id, self.control.paused_at)
         if state.paused:
             raise EnginePaused("model calls are paused while the trainer syncs weights; retry shortly")
         return state
@@ -515,7 +524,7 @@ class ProxyService:
         size: int = 0,
     ) -> ProxyAnswer:
         started = time.perf_counter()
-        control = self._admitted()
+        control = self._admitted(session_id)
         call = _Call(
             session_id, agent, request, body, started, control.policy_version, sampling_mode, limits.keep_s, size
         )

@@ -9,9 +9,12 @@ hands the session back to the shared queue for another.
 Init's prepare steps are bounded by the session budget from init's start (``deadline_at = init start +
 timeout_seconds``); the harness gets its whole budget again when it starts (``polar.lifecycle.budget``).
 
-A prepare step of the task's own that fails is the task's outcome (``prepare_failed``); a runtime that cannot be
-created or used is the infrastructure's (``runtime_failed``, retried as a new attempt), and so is an evaluator whose
-own code fails while it says which runtime it wants (``unscorable``: it could not be loaded, or raised).
+Preparation is not the policy: the harness has not started, so however init fails the attempt is the
+infrastructure's, retried as a new attempt up to ``max_attempts`` and never served. A prepare step that fails (of
+the session's runtime or the evaluator's) ends it ``prepare_failed``; init's budget running out ``init_timeout``;
+a runtime that cannot be created or used ``runtime_failed``; an evaluator whose own code fails while it says which
+runtime it wants ``unscorable`` (it could not be loaded, or raised). A run step known to be flaky (a network
+fetch) may ask to be run again when it fails, ``retry_on_failure`` times, within the same budget.
 """
 
 from __future__ import annotations
@@ -43,12 +46,16 @@ from polar.task_request import CopyStep, RunStep, RuntimeSpec
 HAND_BACK_S = 0.5
 
 
+# The pause before a failed run step's next try (seconds, times the tries so far), within the budget.
+RETRY_PAUSE_S = 1.0
+
+
 class _BudgetExhausted(Exception):
     """The session's time ran out during init."""
 
 
 class _StepFailed(Exception):
-    """One of the task's own prepare steps failed: the task's outcome, not the infrastructure's."""
+    """A prepare step failed (its last try, when it may be retried)."""
 
 
 class _EvaluatorFailed(Exception):
@@ -95,16 +102,32 @@ def _prepare(
                 raise _StepFailed(f"{what} {index}: {exc}") from exc
             continue
         assert isinstance(step, RunStep)
+        _run_step(runtime, step, env, claimed, f"{what} {index}")
+
+
+def _run_step(runtime: Runtime, step: RunStep, env: dict[str, str], claimed: Claimed, name: str) -> None:
+    """One run step, tried again after a failure (a non-zero exit, or its own timeout) up to its
+    ``retry_on_failure`` times while the budget lasts."""
+    tries = step.retry_on_failure + 1
+    for tried in range(tries):
+        if tried:
+            if claimed.remaining_s <= RETRY_PAUSE_S * tried:
+                raise _BudgetExhausted(f"budget exhausted before {name} could be tried again (tried {tried} times)")
+            time.sleep(RETRY_PAUSE_S * tried)
+        remaining = claimed.remaining_s
         limit = min(remaining, step.timeout_seconds or remaining)
         try:
             result = runtime.exec(["/bin/sh", "-c", step.run], env, limit, log_name="prepare")
         except UnsafePath as exc:  # an earlier step linked the log somewhere
-            raise _StepFailed(f"{what} {index}: {exc}") from exc
+            raise _StepFailed(f"{name}: {exc}") from exc
         if result.timed_out and limit >= remaining:
-            raise _BudgetExhausted(f"{what} {index} ran past the session budget")
-        if result.timed_out or result.exit_code != 0:
+            raise _BudgetExhausted(f"{name} ran past the session budget")
+        if not result.timed_out and result.exit_code == 0:
+            return
+        if tried == tries - 1:
             status = "timed out" if result.timed_out else f"exited with code {result.exit_code}"
-            raise _StepFailed(f"{what} {index} ({step.run!r}) {status}: {result.output_tail[-500:]}")
+            times = f" (tried {tries} times)" if tries > 1 else ""
+            raise _StepFailed(f"{name} ({step.run!r}) {status}{times}: {result.output_tail[-500:]}")
 
 
 def _record(services: Services, claimed: Claimed, runtime: Runtime, column: str) -> None:
@@ -167,7 +190,7 @@ def init_session(services: Services, session_id: uuid.UUID) -> None:
         except _LeaseLost:
             moved = False
         except _BudgetExhausted as exc:
-            moved = fail(Outcome.TIMEOUT, str(exc))
+            moved = fail(Outcome.INIT_TIMEOUT, str(exc))
         except _StepFailed as exc:
             moved = fail(Outcome.PREPARE_FAILED, str(exc))
         except _EvaluatorFailed as exc:

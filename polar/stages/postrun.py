@@ -5,7 +5,8 @@ terminal state, then tear the runtimes down (the session's, and the evaluator's 
 The terminal compare-and-set, the trajectory rows and the reward commit in one transaction, so a redelivered
 postrun can never leave duplicate trajectories.
 
-Only an attempt with a task outcome is scored (``polar.lifecycle.attempts``); a cancelled one never is. How the
+Only an attempt with a task outcome is scored (``polar.lifecycle.attempts``); a cancelled one never is, and one
+whose harness got no model answer is scored for the record but stored ``excluded`` (never served). How the
 evaluator ends decides the rest: a score; a work that broke, hung or tampered with its judging (``EvaluationError``,
 ``UnsafePath``) scores the task's ``failure_reward``, never None; the evaluator's own code failing (any other
 exception, or a reward that is no finite number) makes the attempt ``unscorable``, an infrastructure outcome, and
@@ -37,6 +38,7 @@ from polar.lifecycle.attempts import (
     CallEvidence,
     Disruption,
     OutcomeClass,
+    class_of,
     classify,
     refine,
     retries_left,
@@ -114,7 +116,7 @@ def final_message(services: Services, session_id: uuid.UUID, call: CapturedCall 
 def final_state(outcome: Outcome, exit_code: int | None, evaluator_error: str | None) -> State:
     if outcome is Outcome.CANCELLED:
         return State.CANCELLED
-    if outcome is Outcome.TIMEOUT:
+    if outcome in (Outcome.TIMEOUT, Outcome.INIT_TIMEOUT):
         return State.TIMED_OUT
     if evaluator_error or outcome is not Outcome.EXITED or exit_code != 0:
         return State.FAILED
@@ -181,8 +183,7 @@ def _checked(evaluation: object) -> Evaluation:
 
 
 def _failed_work(claimed: Claimed, exc: EvaluationError | UnsafePath | None, error: str) -> _Scored:
-    """The work broke, hung or tampered with its judging (or the task's own prepare step left nothing to judge):
-    the task's failure, scored ``failure_reward``."""
+    """The work broke, hung or tampered with its judging: the task's failure, scored ``failure_reward``."""
     details = dict(exc.details) if isinstance(exc, EvaluationError) else {}
     details["failed"] = error
     return _Scored(Evaluation(reward=claimed.task.failure_reward, details=details), error)
@@ -218,8 +219,6 @@ def _evaluate(
             return _failed_work(claimed, exc, error)
         if isinstance(exc, RuntimeFailure):
             return _Scored(None, error, runtime_failed=True)
-        if outcome is Outcome.PREPARE_FAILED:  # the task's own setup failed: nothing to judge, and a retry fails alike
-            return _failed_work(claimed, None, error)
         return _Scored(None, error, unscorable=True)
 
 
@@ -255,10 +254,14 @@ class _Ending:
     outcome: Outcome
     error: str | None
     scored: _Scored
+    # The harness's answered model calls, for a task outcome (None: not counted, the outcome alone decides).
+    answered_calls: int | None = None
 
     @property
     def outcome_class(self) -> OutcomeClass:
-        return classify(self.outcome)
+        if self.answered_calls is None:
+            return classify(self.outcome)
+        return class_of(self.outcome, self.answered_calls)
 
 
 def _settle(db: Any, services: Services, claimed: Claimed, ending: _Ending) -> bool:
@@ -276,6 +279,15 @@ def _settle(db: Any, services: Services, claimed: Claimed, ending: _Ending) -> b
     else:
         assign_position(db, session.id)
     return retry
+
+
+def _event_detail(ending: _Ending) -> str | None:
+    """What the terminal event says of an attempt that is not training signal."""
+    if ending.outcome_class is OutcomeClass.INFRASTRUCTURE:
+        return ending.outcome.value
+    if ending.outcome_class is OutcomeClass.EXCLUDED:
+        return f"{ending.outcome.value}, excluded: the harness got no model answer (the policy never acted)"
+    return None
 
 
 def _store(
@@ -305,8 +317,7 @@ def _store(
                 State.POSTRUN,
                 state,
                 by=services,
-                detail=evaluator_error
-                or (ending.outcome.value if ending.outcome_class is OutcomeClass.INFRASTRUCTURE else None),
+                detail=evaluator_error or _event_detail(ending),
                 where=[claimed.held],
                 reward=reward,
                 evaluation=details,
@@ -365,7 +376,7 @@ def _ending(
         return _Ending(Outcome.RUNTIME_FAILED, error or scored.error, _Scored(None, scored.error, runtime_failed=True))
     if scored.unscorable:
         return _Ending(Outcome.UNSCORABLE, error or scored.error, _Scored(None, scored.error, unscorable=True))
-    return _Ending(outcome, error, scored)
+    return _Ending(outcome, error, scored, answered_calls=len(calls))
 
 
 def _give_up(claimed: Claimed) -> _Ending:

@@ -141,7 +141,7 @@ def _run(services: Services, claimed: Claimed, key: str) -> tuple[Outcome, int |
                 outcome, exit_code, error = Outcome.EXITED, None, "the harness was not started"
     except RuntimeFailure as exc:
         return Outcome.RUNTIME_FAILED, None, str(exc)
-    except UnsafePath as exc:  # a prepare step linked the harness's config or log somewhere: the task's doing
+    except UnsafePath as exc:  # a prepare step linked the harness's config or log somewhere: it never started
         return Outcome.PREPARE_FAILED, None, f"the harness was not started: {exc}"
     if cancelled.is_set():
         return Outcome.CANCELLED, exit_code, "the batch was cancelled while the harness ran"

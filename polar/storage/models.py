@@ -100,6 +100,8 @@ class Session(Base):
         _partial_index("ix_sessions_retry_of", "retry_of", where="retry_of IS NOT NULL"),
         _partial_index("ix_sessions_retried_as", "retried_as", where="retried_as IS NOT NULL"),
         _partial_index("ix_sessions_due_unsent", "due_at", where="due_stage IS NOT NULL AND stage_enqueued_at IS NULL"),
+        # The sessions a weight-sync pause held: few, cleared at every resume (polar.lifecycle.budget).
+        _partial_index("ix_sessions_pause_held_at", "pause_held_at", where="pause_held_at IS NOT NULL"),
     )
 
     id: Mapped[uuid.UUID] = _uuid()
@@ -140,6 +142,8 @@ class Session(Base):
     deadline_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     # When the current weight-sync pause first refused or held one of its calls (polar.lifecycle.budget).
     pause_held_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    # When the harness's budget started (after the wait for an engine): a pause's credit never reaches before it.
+    budget_started_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     num_calls: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=0, server_default="0")
     # Position in the trainers' feed: assigned when the session ends, in commit order (see polar.training.feed).
     feed_seq: Mapped[int | None] = mapped_column(sa.BigInteger(), unique=True)

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session as DbSession
 
 from polar.clock import iso
-from polar.lifecycle.attempts import is_latest_attempt
+from polar.lifecycle.attempts import OutcomeClass, is_latest_attempt
 from polar.lifecycle.groups import group_id
 from polar.redaction import shown_url
 from polar.services import Services
@@ -69,7 +69,8 @@ def _group_event(db: DbSession, session: Session, task: Task) -> dict[str, Any] 
                 "sample_index": m.sample_index,
                 "attempt": m.attempt,
                 "state": m.state,
-                "reward": m.reward,
+                # An excluded attempt's reward is kept for the record, never served (polar.lifecycle.attempts).
+                "reward": None if m.outcome_class == OutcomeClass.EXCLUDED.value else m.reward,
                 "outcome_class": m.outcome_class,
             }
             for m in members

@@ -4,11 +4,12 @@ behind a cursor; optionally only whole groups (all n samples of a task settled).
 The cursor is ``sessions.feed_seq``, assigned in postrun's terminal transaction under a lock, so positions are
 handed out in commit order: a reader that has seen position p can never later find a session below p appear.
 
-Only *settled* samples get a position (``polar.lifecycle.attempts``): an attempt with a task outcome, a cancelled
-one, or a last attempt lost to the infrastructure. Attempts that were retried never appear, and a sample that was
-cancelled or ran out of attempts completes its group without contributing trajectories: the feed carries task
-outcomes only. Each item says how its group stands (``polar.lifecycle.groups``): ``group_scored`` samples scored,
-and ``group_missing``, why each of the others is missing (reason -> count; empty when the whole group is scored).
+Only *settled* samples get a position (``polar.lifecycle.attempts``): an attempt with a task outcome (excluded
+or not), a cancelled one, or a last attempt lost to the infrastructure. Attempts that were retried never appear,
+and a sample that was cancelled, ran out of attempts or was excluded (no model call answered) completes its group
+without contributing trajectories: the feed carries the task class only. Each item says how its group stands
+(``polar.lifecycle.groups``): ``group_scored`` samples scored, and ``group_missing``, why each of the others is
+missing (reason -> count; empty when the whole group is scored).
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit:
         # Call ids are read only for the expert routing (a dense model's page has none to place).
         call_ids = _TRAJECTORIES.c.call_ids if routed else sa.null().label("call_ids")
         columns = (_TRAJECTORY_JSON, _TRAJECTORIES.c.session_id, call_ids) if postgres else (_TRAJECTORIES,)
-        # Cancelled samples and those out of attempts settle their groups but carry no data.
+        # Cancelled, excluded and out-of-attempts samples settle their groups but carry no data.
         found = db.execute(
             sa.select(*columns, *_SESSION_FIELDS)
             .join(Session, Session.id == Trajectory.session_id)

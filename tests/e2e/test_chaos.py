@@ -3,7 +3,8 @@ a worker of every stage is SIGKILLed, and one whole node is killed and comes bac
 break: every session terminal, every answer a harness received in Postgres, no duplicate trajectories, every
 sample ending with a task outcome, lost attempts nowhere in the feed or the exports, the lost node's directories
 torn down when it returns; and a harness that recovered from a weight-sync pause's refusal and then failed by
-itself is scored as the policy's failure, not redrawn. ``bench/chaos.py`` runs the same at 200 sessions and prints the figures."""
+itself is scored as the policy's failure, not redrawn. ``bench/chaos.py`` runs the same at 200 sessions and prints
+the figures."""
 
 from __future__ import annotations
 

@@ -55,4 +55,5 @@ def test_a_database_away_kills_no_healthy_run(
         final = stack.wait(submitted["batch_id"], timeout_s=300)
         (row,) = stack.sql("SELECT state, outcome, outcome_class, attempt FROM sessions")
         assert final["counts"] == {"completed": 1}
-        assert tuple(row) == ("completed", "exited", "task", 1)  # not worker_lost, not retried
+        # Not worker_lost, not retried (a harness that asks no model: excluded, not the infrastructure's).
+        assert tuple(row) == ("completed", "exited", "excluded", 1)

@@ -345,7 +345,8 @@ def test_work_that_breaks_hangs_or_tampers_with_its_verifier_scores_the_failure_
     assert ended == {task_id: ("failed", reward) for task_id, (_, reward) in expected.items()}
     for task_id, (words, _) in expected.items():
         session = sessions[task_id]
-        assert session["outcome_class"] == "task", session
+        # Scored all the same; these commands ask no model, so the attempt is excluded from what trainers get.
+        assert session["outcome_class"] == "excluded", session
         assert words in session["error"] and words in session["evaluation"]["failed"], (task_id, session["error"])
     assert sessions["hang"]["evaluation"]["verifier"]["timed_out"] is True
 

@@ -91,7 +91,8 @@ def pause() -> Response:
 @blueprint.post("/resume")
 def resume() -> Response:
     options = _options(ResumeRequest)
-    state: dict[str, Any] = dataclasses.asdict(set_state(services().db, False, "reject", _version(options)))
+    resumed = set_state(services().db, False, "reject", _version(options), credit_cap_s=services().config.max_pause_s)
+    state: dict[str, Any] = dataclasses.asdict(resumed)
     state["engines"] = resume_engines(_engines(), state["policy_version"])
     record_now(services().db, caller(), "resume", "engine", state)
     return jsonify(state)

@@ -135,6 +135,14 @@ def test_no_sample_is_an_error_in_http_terms(settled: Settled, calls: list[Any],
     assert answer.body["failure_kind"] == {503: "session_lost", 422: "agent_run_error"}[status]
 
 
+def test_an_excluded_attempt_is_no_sample_and_its_reward_is_not_sent() -> None:
+    # Its harness got no model answer: the evaluator's stored 1.0 measures nothing of the policy.
+    settled = Settled(uuid.uuid4(), "completed", "excluded", 1.0, 1, None)
+    answer = gym_answer(ROW, settled, [], "m")
+    assert answer.status == 422 and "reward" not in answer.body
+    assert answer.body["failure_kind"] == "polar:no_model_calls" and "never acted" in answer.body["error"]["message"]
+
+
 def test_rows_become_one_sample_tasks() -> None:
     template = compile_template(
         '{"instruction": {{ instruction | tojson }}, "metadata": {"expected": {{ expected }}},'

@@ -1,5 +1,8 @@
 """How an attempt ends, classified: every way through the stage functions (Postgres, the local runtime), and what
-an infrastructure outcome does: the sample's next attempt, out of attempts, never in the feed or the exports."""
+an infrastructure outcome does: the sample's next attempt, out of attempts, never in the feed or the exports.
+Preparation is not the policy (a prepare step that fails, an init out of budget: infrastructure), and an attempt
+whose harness got no model answer is excluded (scored for the record, never served). Tests of how a harness's
+own ending is classed give it one answered call (``calls_before_postrun``), as a policy that acted has."""
 
 from __future__ import annotations
 
@@ -8,7 +11,6 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,22 +20,27 @@ import sqlalchemy as sa
 
 from polar.client import PolarClient
 from polar.config import load_config
-from polar.lifecycle.attempts import CallEvidence, Disruption, OutcomeClass, classify, refine
+from polar.gym.answers import gym_answer
+from polar.gym.settlement import settled_samples
+from polar.lifecycle.attempts import CallEvidence, Disruption, OutcomeClass, class_of, classify, refine
 from polar.lifecycle.batches import batch_status
 from polar.lifecycle.cancel import cancel_batch
 from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.groups import group_standing
 from polar.lifecycle.outbox import dispatch
 from polar.lifecycle.reconciler import reconcile
 from polar.lifecycle.states import Outcome
 from polar.proxy.refusals import add_counts
 from polar.services import Services
-from polar.storage.models import ModelCall, Session, SessionEvent, Trajectory
+from polar.storage.models import Session, SessionEvent, Trajectory
 from polar.training.exports import export_rows
 from polar.training.feed import read_feed
 from tests.support import (
+    calls_before_postrun,
     command_task,
     deliver_all,
     domain_services,
+    record_call,
     session_dirs,
     stage_functions,
     submit_tasks,
@@ -42,6 +49,7 @@ from tests.support import (
 from web.api import create_app
 
 TASK, INFRA, CANCELLED = OutcomeClass.TASK, OutcomeClass.INFRASTRUCTURE, OutcomeClass.CANCELLED
+EXCLUDED = OutcomeClass.EXCLUDED
 
 
 @pytest.mark.parametrize(
@@ -50,7 +58,8 @@ TASK, INFRA, CANCELLED = OutcomeClass.TASK, OutcomeClass.INFRASTRUCTURE, Outcome
         (Outcome.EXITED, TASK),
         (Outcome.TIMEOUT, TASK),
         (Outcome.CANCELLED, CANCELLED),
-        (Outcome.PREPARE_FAILED, TASK),
+        (Outcome.PREPARE_FAILED, INFRA),
+        (Outcome.INIT_TIMEOUT, INFRA),
         (Outcome.WORKER_LOST, INFRA),
         (Outcome.NODE_LOST, INFRA),
         (Outcome.RUNTIME_FAILED, INFRA),
@@ -66,6 +75,12 @@ def test_every_outcome_has_a_class(outcome: Outcome, expected: OutcomeClass) -> 
 
 def test_the_table_covers_every_outcome() -> None:
     assert {classify(outcome) for outcome in Outcome} == {TASK, INFRA, CANCELLED}
+
+
+def test_a_task_outcome_without_an_answered_call_is_excluded() -> None:
+    assert [class_of(Outcome.EXITED, n) for n in (0, 1)] == [EXCLUDED, TASK]
+    assert [class_of(Outcome.TIMEOUT, n) for n in (0, 1)] == [EXCLUDED, TASK]
+    assert {class_of(outcome, 0) for outcome in Outcome if classify(outcome) is not TASK} == {INFRA, CANCELLED}
 
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -195,13 +210,13 @@ def ended(session: Session) -> tuple[str, str | None, str | None]:
 
 def test_harness_exit_zero_is_a_task_outcome(services: Services) -> None:
     submit_tasks(services, command_task("t", "true"))
-    deliver_all(services)
+    deliver_all(services, until=calls_before_postrun(services))
     assert ended(only(services)) == ("completed", "exited", "task")
 
 
 def test_harness_exit_nonzero_is_a_task_outcome(services: Services) -> None:
     submit_tasks(services, command_task("t", "exit 3"))
-    deliver_all(services)
+    deliver_all(services, until=calls_before_postrun(services))
     session = only(services)
     assert ended(session) == ("failed", "exited", "task") and session.reward == 0.0
 
@@ -209,7 +224,7 @@ def test_harness_exit_nonzero_is_a_task_outcome(services: Services) -> None:
 def test_budget_timeout_is_a_task_outcome(services: Services) -> None:
     # The budget starts with the harness (nothing before is charged), which outlasts it.
     submit_tasks(services, command_task("t", "sleep 30", timeout_seconds=3.0))
-    deliver_all(services)
+    deliver_all(services, until=calls_before_postrun(services))
     assert ended(only(services)) == ("timed_out", "timeout", "task")
 
 
@@ -219,24 +234,144 @@ def test_a_wait_in_ready_longer_than_the_budget_is_not_charged(services: Service
     deliver_all(services, until=lambda stage, _: stage is Stage.RUN)
     time.sleep(4.5)
     reconcile(services)  # a wait in ready never expires
-    deliver_all(services)
+    deliver_all(services, until=calls_before_postrun(services))
     session = only(services)
     assert ended(session) == ("completed", "exited", "task") and session.reward == 1.0
 
 
-def test_failing_prepare_step_is_a_task_outcome(services: Services) -> None:
-    submit_tasks(services, command_task("t", "true", runtime={"prepare": [{"run": "exit 7"}]}))
+def _never_served(services: Services, batch_id: uuid.UUID) -> None:
+    """The batch's samples are settled, and none of them is in the feed, the exports or the reward views."""
+    page = read_feed(services, batch_id, after=0, limit=10, groups=True)
+    assert page.items == [] and page.next_cursor > 0  # every group complete, nothing in it served
+    assert list(export_rows(services, batch_id, "rl", None)) == list(export_rows(services, batch_id, "sft", None)) == []
+    with services.db.unit() as db:
+        query = sa.text("SELECT mean_reward FROM batch_rewards WHERE batch_id = :b")
+        assert db.scalar(query, {"b": batch_id}) is None
+
+
+def test_a_failing_prepare_step_is_the_infrastructures_and_retried(services: Services) -> None:
+    # Audit G18: the policy never ran (a network blip during `pip install`): no zero for it, a new attempt instead.
+    batch_id = submit_tasks(services, command_task("t", "true", runtime={"prepare": [{"run": "exit 7"}]},
+                                                   max_attempts=2))  # fmt: skip
     deliver_all(services)
-    assert ended(only(services)) == ("failed", "prepare_failed", "task")
+    first, second = attempts(services)
+    assert ended(first) == ended(second) == ("failed", "prepare_failed", "infrastructure")
+    assert (first.reward, second.reward, first.retried_as, second.attempt) == (None, None, second.id, 2)
+    assert "prepare step 0 ('exit 7') exited with code 7" in (first.error or "")
+    _never_served(services, batch_id)
+    assert batch_status(services, batch_id)["attempts"] == {"retried": 1, "out_of_attempts": 1}
 
 
-def test_copying_what_does_not_exist_is_a_task_outcome(services: Services, tmp_path: Path) -> None:
+def test_copying_what_does_not_exist_is_the_infrastructures(services: Services, tmp_path: Path) -> None:
     step = {"copy": str(tmp_path / "no-such-file"), "to": "x"}
     services = dataclasses.replace(services, config=services.config.with_overrides(copy_roots=(str(tmp_path),)))
-    submit_tasks(services, command_task("t", "true", runtime={"prepare": [step]}))
+    submit_tasks(services, command_task("t", "true", runtime={"prepare": [step]}, max_attempts=1))
     deliver_all(services)
     session = only(services)
-    assert ended(session) == ("failed", "prepare_failed", "task") and "nothing to copy" in (session.error or "")
+    assert ended(session) == ("failed", "prepare_failed", "infrastructure") and session.reward is None
+    assert "nothing to copy" in (session.error or "")
+
+
+def test_an_init_out_of_budget_is_the_infrastructures_and_retried(services: Services) -> None:
+    # The prepare step needs longer than the whole budget: the harness never starts.
+    prepare = {"prepare": [{"run": "sleep 60"}]}
+    batch_id = submit_tasks(services, command_task("t", "true", timeout_seconds=2.0, runtime=prepare, max_attempts=2))
+    deliver_all(services)
+    first, second = attempts(services)
+    assert ended(first) == ended(second) == ("timed_out", "init_timeout", "infrastructure")
+    assert (first.reward, second.reward, first.retried_as, first.run_started_at) == (None, None, second.id, None)
+    assert "prepare step 0 ran past the session budget" in (first.error or "")
+    _never_served(services, batch_id)
+
+
+def test_an_init_past_its_deadline_with_its_worker_gone_is_the_infrastructures(services: Services) -> None:
+    batch_id = submit_tasks(services, command_task("t", "true", max_attempts=2))
+    deliver_all(services, until=lambda stage, _: stage is Stage.INIT)
+    services.dispatcher.sent.clear()  # type: ignore[attr-defined]
+    with services.db.unit() as db:  # an init worker took it and died; its budget ran out since
+        db.execute(sa.update(Session).values(state="init", node=services.config.node,
+                                             heartbeat_at=sa.func.now() - sa.text("interval '1 hour'"),
+                                             deadline_at=sa.func.now() - sa.text("interval '1 second'")))  # fmt: skip
+    assert reconcile(services)["expired"] == 1
+    deliver_all(services, until=calls_before_postrun(services))
+    first, second = attempts(services)
+    assert ended(first) == ("timed_out", "init_timeout", "infrastructure") and first.reward is None
+    assert "before the harness started" in (first.error or "")
+    assert ended(second) == ("completed", "exited", "task") and second.reward == 1.0
+    page = read_feed(services, batch_id, after=0, limit=10, groups=True)
+    assert [item["session_id"] for item in page.items] == [str(second.id)]
+
+
+def _tries_step(log: Path, succeed_on: int | None, retries: int) -> dict[str, object]:
+    """A run step that notes each try in ``log`` and fails until its ``succeed_on``-th try (None: always)."""
+    check = "false" if succeed_on is None else f'test "$(wc -l < {log})" -ge {succeed_on}'
+    return {"run": f"echo try >> {log}; {check}", "retry_on_failure": retries}
+
+
+def test_retry_on_failure_runs_a_flaky_step_again(services: Services, tmp_path: Path) -> None:
+    log = tmp_path / "tries"
+    submit_tasks(services, command_task("t", "true", runtime={"prepare": [_tries_step(log, 2, retries=2)]},
+                                        max_attempts=1))  # fmt: skip
+    deliver_all(services, until=calls_before_postrun(services))
+    session = only(services)
+    assert ended(session) == ("completed", "exited", "task") and session.reward == 1.0
+    assert log.read_text().count("try") == 2  # failed once, passed on its second try, within the one init
+
+
+def test_retry_on_failure_is_bounded(services: Services, tmp_path: Path) -> None:
+    log = tmp_path / "tries"
+    submit_tasks(services, command_task("t", "true", runtime={"prepare": [_tries_step(log, None, retries=2)]},
+                                        max_attempts=1))  # fmt: skip
+    deliver_all(services)
+    session = only(services)
+    assert ended(session) == ("failed", "prepare_failed", "infrastructure")
+    assert log.read_text().count("try") == 3 and "(tried 3 times)" in (session.error or "")
+
+
+def test_a_step_without_retry_on_failure_runs_once(services: Services, tmp_path: Path) -> None:
+    log = tmp_path / "tries"
+    submit_tasks(services, command_task("t", "true", runtime={"prepare": [_tries_step(log, 2, retries=0)]},
+                                        max_attempts=1))  # fmt: skip
+    deliver_all(services)
+    assert ended(only(services))[1] == "prepare_failed" and log.read_text().count("try") == 1
+
+
+def test_an_attempt_without_an_answered_model_call_is_excluded(services: Services, tmp_path: Path) -> None:
+    # The first sample to run exits 3 without asking the model (reward 0.0); the other exits 0 after one answered
+    # call (reward 1.0).
+    first = tmp_path / "first"
+    batch_id = submit_tasks(services, command_task("t", f"test -e {first} || {{ touch {first}; exit 3; }}", samples=2))
+    record = calls_before_postrun(services)
+
+    def the_one_that_exited_0_called(stage: Stage, session_id: uuid.UUID) -> bool:
+        with services.db.unit() as db:
+            exit_code = db.scalar(sa.select(Session.exit_code).where(Session.id == session_id))
+        return exit_code == 0 and record(stage, session_id)
+
+    deliver_all(services, until=the_one_that_exited_0_called)
+    rows = attempts(services)
+    (silent,) = [s for s in rows if s.exit_code == 3]
+    (acted,) = [s for s in rows if s.exit_code == 0]
+    # Evaluated, its reward kept for the record; settled without a retry; never served.
+    assert ended(silent) == ("failed", "exited", "excluded") and silent.reward == 0.0
+    assert (len(rows), silent.retried_as, silent.feed_seq is not None) == (2, None, True)
+    assert ended(acted) == ("completed", "exited", "task") and acted.reward == 1.0
+    page = read_feed(services, batch_id, after=0, limit=10, groups=True)
+    assert [item["session_id"] for item in page.items] == [str(acted.id)]
+    assert (page.items[0]["group_scored"], page.items[0]["group_missing"]) == (1, {"no_model_calls": 1})
+    with services.db.unit() as db:
+        assert group_standing(db, [silent.task_pk])[silent.task_pk].missing == {"no_model_calls": 1}
+        task_mean = db.scalar(sa.text("SELECT mean_reward FROM task_rewards WHERE batch_id = :b"), {"b": batch_id})
+        batch = db.execute(sa.text("SELECT mean_reward, failed FROM batch_rewards WHERE batch_id = :b"),
+                           {"b": batch_id}).one()  # fmt: skip
+    assert (task_mean, batch.mean_reward, batch.failed) == (1.0, 1.0, 0)  # the excluded 0.0 is in no view
+    assert {row["session_id"] for row in export_rows(services, batch_id, "rl", None)} == {str(acted.id)}
+    assert {row["session_id"] for row in export_rows(services, batch_id, "sft", None)} <= {str(acted.id)}
+    settled = settled_samples(services, [(batch_id, 0)])[(batch_id, 0)]
+    answer = gym_answer({"responses_create_params": {}}, settled, [], "m")
+    assert answer.status == 422 and answer.body["failure_kind"] == "polar:no_model_calls"
+    assert "reward" not in answer.body
+    assert batch_status(services, batch_id)["attempts"] == {"retried": 0, "out_of_attempts": 0}
 
 
 def test_a_cancel_is_neither_task_nor_infrastructure(services: Services) -> None:
@@ -287,49 +422,21 @@ def test_a_runtime_that_disappeared_while_ready_is_retried(services: Services) -
     lost = only(services)
     (session_dir,) = session_dirs(services.config.work_root, lost.id)
     shutil.rmtree(session_dir)
-    deliver_all(services)
+    deliver_all(services, until=calls_before_postrun(services))
     first, second = attempts(services)
     assert ended(first) == ("failed", "runtime_failed", "infrastructure")
     assert ended(second) == ("completed", "exited", "task")
 
 
-def _record_call(services: Services, session_id: uuid.UUID, status: int = 200) -> None:
-    """What the proxy records for a call: answered (200, with tokens), or the engine failed it (502)."""
-    tokens = [1, 2, 3] if status == 200 else []
-    with services.db.unit() as db:
-        seq = 1 + int(db.scalar(sa.select(sa.func.count()).where(ModelCall.session_id == session_id)) or 0)
-        db.add(
-            ModelCall(
-                session_id=session_id, seq=seq, provider="openai_chat", prompt_token_ids=tokens,
-                completion_token_ids=tokens[:1], logprobs=[-0.5] * len(tokens[:1]), status_code=status,
-                latency_ms=1.0, request={}, normalized_request={"messages": []}, response={},
-            )
-        )  # fmt: skip
-
-
 def _with_engine_failure(services: Services, session_id: uuid.UUID) -> None:
-    _record_call(services, session_id, status=502)
-
-
-def _calls_before_postrun(services: Services) -> Callable[[Stage, uuid.UUID], bool]:
-    """A ``deliver_all`` hook: every session makes one answered call before its postrun (a trajectory to keep)."""
-
-    def hook(stage: Stage, session_id: uuid.UUID) -> bool:
-        if stage is Stage.POSTRUN:
-            with services.db.unit() as db:
-                made = db.scalar(sa.select(sa.func.count()).where(ModelCall.session_id == session_id))
-            if not made:
-                _record_call(services, session_id)
-        return False
-
-    return hook
+    record_call(services, session_id, status=502)
 
 
 def test_a_harness_failing_after_the_engine_failed_is_retried(services: Services) -> None:
     submit_tasks(services, command_task("t", 'test "$POLAR_ATTEMPT" = 2'))  # fails on attempt 1 only
     deliver_all(services, until=lambda stage, _: stage is Stage.POSTRUN)
     _with_engine_failure(services, only(services).id)
-    deliver_all(services)
+    deliver_all(services, until=calls_before_postrun(services))
     first, second = attempts(services)
     assert ended(first) == ("failed", "engine_failed", "infrastructure")
     assert "the engine failed 1 of the harness's calls" in (first.error or "")
@@ -341,7 +448,7 @@ def test_a_harness_that_gave_up_on_refusals_of_the_infrastructure_is_retried(ser
     submit_tasks(services, command_task("t", 'test "$POLAR_ATTEMPT" = 2'))  # fails on attempt 1 only
     deliver_all(services, until=lambda stage, _: stage is Stage.POSTRUN)
     add_counts(services.db, only(services).id, {"paused": 3, "database_outage": 1})
-    deliver_all(services)
+    deliver_all(services, until=calls_before_postrun(services))
     first, second = attempts(services)
     assert ended(first) == ("failed", "engine_failed", "infrastructure") and first.reward is None
     assert "the proxy refused 1 of its calls (database_outage)" in (first.error or "")
@@ -354,10 +461,10 @@ def test_a_harness_that_recovered_from_a_pause_then_failed_is_scored(services: S
     submit_tasks(services, command_task("t", "exit 1"))
     deliver_all(services, until=lambda stage, _: stage is Stage.POSTRUN)
     session_id = only(services).id
-    _record_call(services, session_id)
+    record_call(services, session_id)
     add_counts(services.db, session_id, {"paused": 2})
     _with_engine_failure(services, session_id)
-    _record_call(services, session_id)  # answered after all of them
+    record_call(services, session_id)  # answered after all of them
     deliver_all(services)
     session = only(services)
     assert ended(session) == ("failed", "exited", "task") and session.reward == 0.0 and session.retried_as is None
@@ -367,7 +474,7 @@ def test_a_harness_failing_on_a_refusal_after_its_last_answer_is_retried(service
     submit_tasks(services, command_task("t", 'test "$POLAR_ATTEMPT" = 2'))  # fails on attempt 1 only
     deliver_all(services, until=lambda stage, _: stage is Stage.POSTRUN)
     session_id = only(services).id
-    _record_call(services, session_id)
+    record_call(services, session_id)
     add_counts(services.db, session_id, {"paused": 1})  # the last thing before it exited 1
     deliver_all(services)
     first, second = attempts(services)
@@ -382,7 +489,7 @@ def test_a_harness_that_ran_out_of_its_own_calls_is_scored(services: Services) -
     submit_tasks(services, command_task("t", "exit 1"))
     deliver_all(services, until=lambda stage, _: stage is Stage.POSTRUN)
     add_counts(services.db, only(services).id, {"max_calls": 5, "max_concurrent_calls": 2})
-    deliver_all(services)
+    deliver_all(services, until=calls_before_postrun(services))
     session = only(services)
     assert ended(session) == ("failed", "exited", "task") and session.reward == 0.0
 
@@ -391,6 +498,7 @@ def test_a_harness_that_recovered_from_the_engine_is_scored(services: Services) 
     submit_tasks(services, command_task("t", "true"))
     deliver_all(services, until=lambda stage, _: stage is Stage.POSTRUN)
     _with_engine_failure(services, only(services).id)
+    record_call(services, only(services).id)  # and then an answer, on which it went on
     deliver_all(services)
     assert ended(only(services)) == ("completed", "exited", "task")
 
@@ -425,7 +533,7 @@ def _lose_the_run(services: Services, sample_index: int | None = None) -> None:
 def test_infrastructure_losses_stay_out_of_the_feed_and_exports(services: Services) -> None:
     batch_id = submit_tasks(services, command_task("t", "true", samples=2))
     _lose_the_run(services)
-    deliver_all(services, until=_calls_before_postrun(services))
+    deliver_all(services, until=calls_before_postrun(services))
     rows = attempts(services)
     assert [(s.sample_index, s.attempt, s.outcome_class) for s in rows] == [
         (0, 1, "infrastructure"), (0, 2, "task"), (1, 1, "infrastructure"), (1, 2, "task"),
@@ -443,7 +551,7 @@ def test_infrastructure_losses_stay_out_of_the_feed_and_exports(services: Servic
 def test_a_group_waits_for_the_retry_of_a_lost_sample(services: Services) -> None:
     batch_id = submit_tasks(services, command_task("t", "true", samples=2))
     _lose_the_run(services, sample_index=0)
-    record = _calls_before_postrun(services)
+    record = calls_before_postrun(services)
     deliver_all(services, until=lambda stage, session_id: record(stage, session_id) or stage is Stage.INIT)
     assert read_feed(services, batch_id, after=0, limit=10, groups=True).items == []  # sample 0's retry is queued
     deliver_all(services, until=record)
@@ -505,7 +613,7 @@ def test_a_batch_cancelled_mid_run_serves_none_of_its_cancelled_sessions(databas
 
     canceller = threading.Thread(target=cancel_once_one_runs, daemon=True)
     canceller.start()
-    deliver_all(services, until=_calls_before_postrun(services))
+    deliver_all(services, until=calls_before_postrun(services))
     canceller.join()
 
     rows = attempts(services)
@@ -536,7 +644,7 @@ def test_a_batch_cancelled_mid_run_serves_none_of_its_cancelled_sessions(databas
 def test_a_group_says_how_many_samples_are_scored_and_why_the_others_are_missing(services: Services) -> None:
     batch_id = submit_tasks(services, command_task("t", "true", samples=3, max_attempts=2))
     _lose_the_run(services, sample_index=0)
-    record = _calls_before_postrun(services)
+    record = calls_before_postrun(services)
     sent = services.dispatcher.sent  # type: ignore[attr-defined]
     held = []  # the retry's messages, kept back while the other samples run to their end
     while sent:
@@ -565,7 +673,7 @@ def test_a_group_says_how_many_samples_are_scored_and_why_the_others_are_missing
 def test_a_group_with_a_sample_out_of_attempts_says_so(services: Services) -> None:
     batch_id = submit_tasks(services, command_task("t", "true", samples=2, max_attempts=1))
     _lose_the_run(services, sample_index=0)
-    deliver_all(services, until=_calls_before_postrun(services))
+    deliver_all(services, until=calls_before_postrun(services))
     page = read_feed(services, batch_id, after=0, limit=10, groups=True)
     assert [item["sample_index"] for item in page.items] == [1]
     assert (page.items[0]["group_scored"], page.items[0]["group_missing"]) == (1, {"out_of_attempts": 1})
@@ -580,10 +688,10 @@ def test_iter_groups_reads_past_pages_of_groups_that_hold_no_data(
     batch_id = submit_tasks(
         services, command_task("ran", "true"), *(command_task(f"cut{i}", "true") for i in range(101))
     )
-    record = _calls_before_postrun(services)
+    record = calls_before_postrun(services)
     deliver_all(services, until=lambda stage, session_id: record(stage, session_id) or stage is Stage.POSTRUN)
     cancel_batch(services, batch_id)
-    deliver_all(services, until=_calls_before_postrun(services))
+    deliver_all(services, until=calls_before_postrun(services))
     token = "test-admin-token-" + "0" * 24
     env = {"POLAR_DATABASE_URL": database_url, "POLAR_BROKER_URL": broker_url, "POLAR_API_TOKEN": token}
     client = PolarClient("http://api", token)

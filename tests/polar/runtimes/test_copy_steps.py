@@ -34,7 +34,8 @@ def _services(database_url: str, tmp_path: Path, *roots: Path) -> Services:
 
 
 def _task(*steps: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return command_task("t", "cat data.txt", runtime={"prepare": list(steps)}, **extra)
+    # One attempt: a failed preparation is the infrastructure's, and would be retried.
+    return command_task("t", "cat data.txt", runtime={"prepare": list(steps)}, **{"max_attempts": 1, **extra})
 
 
 def _refused(services: Services, task: dict[str, Any]) -> ValidationError:
@@ -122,12 +123,12 @@ def test_a_source_that_leaves_its_root_after_submission_is_refused_at_copy_time(
     assert work is None or not (work / "work" / "data.txt").exists()
 
 
-def test_copying_what_does_not_exist_is_a_task_outcome(database_url: str, tmp_path: Path, allowed: Path) -> None:
+def test_copying_what_does_not_exist_fails_the_preparation(database_url: str, tmp_path: Path, allowed: Path) -> None:
     services = _services(database_url, tmp_path, allowed)
     submit_tasks(services, _task({"copy": str(allowed / "no-such-file"), "to": "x"}))
     deliver_all(services)
     session = _ended(services)
-    assert (session.state, session.outcome) == ("failed", "prepare_failed")
+    assert (session.state, session.outcome, session.outcome_class) == ("failed", "prepare_failed", "infrastructure")
     assert "nothing to copy" in (session.error or "")
 
 

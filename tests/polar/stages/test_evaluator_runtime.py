@@ -81,11 +81,13 @@ def test_init_prepares_a_clean_runtime_that_postrun_hands_over_and_removes(servi
 def test_a_failing_clean_runtime_prepare_fails_the_session_and_removes_both(services: Services) -> None:
     submit_tasks(services, _task(runtime={"prepare": [{"run": "echo broken >&2; exit 4"}]}))
     drain(services)
-    (session,) = sessions(services)
-    # The task's own prepare failed: nothing to judge, the task's failure_reward (0.0), not an unscorable retry.
-    assert (session.state, session.outcome, session.reward) == ("failed", "prepare_failed", 0.0)
-    assert "evaluator runtime prepare step 0" in (session.error or "") and "broken" in (session.error or "")
-    assert _dirs(services, session) == []
+    attempts = sessions(services)
+    # Preparation failed before the harness started: the policy never ran, so no score; each attempt is retried.
+    assert [(s.state, s.outcome, s.outcome_class, s.reward) for s in attempts] == [
+        ("failed", "prepare_failed", "infrastructure", None)
+    ] * 3
+    assert all("evaluator runtime prepare step 0" in (s.error or "") and "broken" in (s.error or "") for s in attempts)
+    assert all(_dirs(services, session) == [] for session in attempts)
 
 
 def test_an_evaluator_that_raises_deciding_its_runtime_makes_the_attempt_unscorable(services: Services) -> None:

@@ -1,5 +1,6 @@
-"""Through the stages: a link planted in the session directory makes the step that would follow it fail, as the
-task's own outcome, with a message naming the path; nothing outside the session changes."""
+"""Through the stages: a link planted in the session directory makes the step that would follow it fail, with a
+message naming the path; nothing outside the session changes. Planted by a prepare step, the harness never starts
+(preparation's failure: the infrastructure's); planted by the harness, it is the policy's failure."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import sqlalchemy as sa
 
 from polar.storage.models import Session
 from tests.outside import Outside
-from tests.support import command_task, deliver_all, domain_services, submit_tasks
+from tests.support import calls_before_postrun, command_task, deliver_all, domain_services, submit_tasks
 
 
 def _only(database_url: str, tmp_path: Path, task: dict) -> Session:  # type: ignore[type-arg]
     services = domain_services(database_url, tmp_path / "work")
-    submit_tasks(services, task)
-    deliver_all(services)
+    submit_tasks(services, {**task, "max_attempts": 1})
+    deliver_all(services, until=calls_before_postrun(services))  # a harness that ran asked the model once
     with services.db.unit() as db:
         return db.scalars(sa.select(Session)).one()
 
@@ -25,7 +26,7 @@ def test_a_prepare_step_that_links_the_harness_log_fails_the_session(database_ur
     plant = {"run": f"ln -s {outside.victim} ../logs/harness.log"}
     session = _only(database_url, tmp_path, command_task("t", "echo 'import os'", runtime={"prepare": [plant]}))
     outside.assert_unchanged()
-    assert (session.state, session.outcome, session.outcome_class) == ("failed", "prepare_failed", "task")
+    assert (session.state, session.outcome, session.outcome_class) == ("failed", "prepare_failed", "infrastructure")
     assert "logs/harness.log is a symbolic link" in (session.error or "")
 
 

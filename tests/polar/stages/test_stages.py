@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,14 @@ from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.reconciler import reconcile
 from polar.services import Services
 from polar.storage.models import Session, SessionEvent
-from tests.support import command_task, domain_services, session_dirs, stage_functions, submit_tasks
+from tests.support import (
+    calls_before_postrun,
+    command_task,
+    domain_services,
+    session_dirs,
+    stage_functions,
+    submit_tasks,
+)
 
 STAGE_FUNCTIONS = stage_functions()
 
@@ -25,11 +33,14 @@ def services(database_url: str, tmp_path: Path) -> Services:
 submit = submit_tasks
 
 
-def drain(services: Services) -> None:
-    """Deliver queued stage messages one by one, as workers would, until none are left."""
+def drain(services: Services, before: Callable[[Stage, uuid.UUID], object] | None = None) -> None:
+    """Deliver queued stage messages one by one, as workers would, until none are left (``before`` sees each
+    first)."""
     sent = services.dispatcher.sent  # type: ignore[attr-defined]
     while sent:
         stage, session_id = sent.pop(0)
+        if before is not None:
+            before(stage, session_id)
         STAGE_FUNCTIONS[stage](services, session_id)
 
 
@@ -79,9 +90,9 @@ def test_timeout_kills_the_process_group(services: Services, tmp_path: Path) -> 
 def test_failing_prepare_step_ends_failed(services: Services) -> None:
     submit(services, command_task("t", "true", runtime={"prepare": [{"run": "echo nope >&2; exit 7"}]}))
     drain(services)
-    (session,) = sessions(services)
-    assert session.state == "failed"
-    assert "exited with code 7" in (session.error or "") and "nope" in (session.error or "")
+    attempts = sessions(services)  # preparation is not the policy: each attempt lost, the sample retried
+    assert [(s.state, s.outcome, s.reward) for s in attempts] == [("failed", "prepare_failed", None)] * 3
+    assert all("exited with code 7" in (s.error or "") and "nope" in (s.error or "") for s in attempts)
 
 
 def test_redelivered_messages_change_nothing(services: Services) -> None:
@@ -125,7 +136,7 @@ def test_reconciler_recovers_a_lost_run(services: Services) -> None:
         )
     done = reconcile(services)
     assert done["lost_runs"] == 1
-    drain(services)
+    drain(services, before=calls_before_postrun(services))
     lost, retried = sorted(sessions(services), key=lambda s: s.attempt)
     assert (lost.state, lost.outcome, lost.outcome_class) == ("failed", "worker_lost", "infrastructure")
     assert lost.reward is None and lost.feed_seq is None and lost.retried_as == retried.id
