@@ -447,6 +447,7 @@ def test_a_harness_that_gave_up_on_refusals_of_the_infrastructure_is_retried(ser
     # Audit F1: the proxy refused its calls (a weight-sync pause, then the database away): not the policy's zero.
     submit_tasks(services, command_task("t", 'test "$POLAR_ATTEMPT" = 2'))  # fails on attempt 1 only
     deliver_all(services, until=lambda stage, _: stage is Stage.POSTRUN)
+    record_call(services, only(services).id)  # an answer, and then the refusals it did not recover from
     add_counts(services.db, only(services).id, {"paused": 3, "database_outage": 1})
     deliver_all(services, until=calls_before_postrun(services))
     first, second = attempts(services)
@@ -476,7 +477,7 @@ def test_a_harness_failing_on_a_refusal_after_its_last_answer_is_retried(service
     session_id = only(services).id
     record_call(services, session_id)
     add_counts(services.db, session_id, {"paused": 1})  # the last thing before it exited 1
-    deliver_all(services)
+    deliver_all(services, until=calls_before_postrun(services))
     first, second = attempts(services)
     assert ended(first) == ("failed", "engine_failed", "infrastructure") and first.reward is None
     assert "the proxy refused 1 of its calls (paused), the last of them at or after the harness's last answer" in (

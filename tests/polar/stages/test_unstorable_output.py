@@ -20,7 +20,7 @@ from polar.stages import postrun
 from polar.stages.handoff import send_to_postrun
 from polar.stages.lease import claim
 from polar.storage.models import ModelCall, Session, SessionEvent, Trajectory
-from tests.support import command_task, deliver_all, domain_services, submit_tasks
+from tests.support import calls_before_postrun, command_task, deliver_all, domain_services, submit_tasks
 
 NUL_OUTPUT = "printf 'x\\000y'; exit 1"
 
@@ -47,24 +47,28 @@ def on_output(config: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_harness_that_prints_a_nul_and_fails_is_scored(services: Services) -> None:
     submit_tasks(services, command_task("t", NUL_OUTPUT, max_attempts=3))
-    deliver_all(services)
+    deliver_all(services, until=calls_before_postrun(services))  # the harness had an answer: the policy acted
     (session,) = attempts(services)  # one attempt: never redrawn
     assert (session.state, session.outcome_class, session.reward) == ("failed", "task", 0.0)
     assert session.error == "harness exited with code 1: x\ufffdy"
     assert "exited: harness exited with code 1: x\ufffdy" in event_details(services, session.id)
 
 
-def test_a_prepare_step_that_prints_a_nul_and_fails_is_scored(services: Services) -> None:
+def test_a_prepare_step_that_prints_a_nul_and_fails_ends_as_itself(services: Services) -> None:
+    # A failed prepare step is the infrastructure's (the policy never ran): retried, each attempt ending
+    # prepare_failed with its error stored, never as Polar's own crash (worker_lost, error).
     submit_tasks(services, command_task("t", "true", runtime={"prepare": [{"run": NUL_OUTPUT}]}, max_attempts=3))
     deliver_all(services)
-    (session,) = attempts(services)
-    assert (session.state, session.outcome, session.reward) == ("failed", "prepare_failed", 0.0)
-    assert "x\ufffdy" in (session.error or "") and "\x00" not in (session.error or "")
+    ended = attempts(services)
+    assert [(s.state, s.outcome, s.outcome_class, s.reward) for s in ended] == [
+        ("failed", "prepare_failed", "infrastructure", None)
+    ] * 3
+    assert all("x\ufffdy" in (s.error or "") and "\x00" not in (s.error or "") for s in ended)
 
 
 def test_an_evaluator_command_that_prints_a_nul_and_fails_is_scored(services: Services) -> None:
     submit_tasks(services, command_task("t", "true", evaluator=on_output({"command": NUL_OUTPUT}), max_attempts=3))
-    deliver_all(services)
+    deliver_all(services, until=calls_before_postrun(services))
     (session,) = attempts(services)
     assert (session.attempt, session.outcome_class, session.reward) == (1, "task", 0.0)
     assert session.evaluation["command"]["output_tail"] == "x\ufffdy"
