@@ -20,6 +20,7 @@ prints the figures.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -234,8 +235,6 @@ class _Faults:
             (28.0 + 3 * stale + 10.0, self.revive_node),
             (30.0, lambda: self.kill_worker(Stage.RUN)),
         ]
-        if deployment.plan.pause_probe:
-            self.schedule.append((3.0, self.pause_probe))
         if deployment.plan.schedule == "long":
             gap = deployment.plan.outage_s + 15.0  # each outage over and its effects settling before the next
             self.schedule = [
@@ -253,15 +252,24 @@ class _Faults:
         self.report.faults.append((round(time.monotonic() - self.started, 1), what))
 
     def _run(self) -> None:
+        # The probe's pause waits for its harness, on a thread of its own: the schedule's faults keep their times.
+        probe = threading.Thread(target=self._apply, args=(self.pause_probe,), name="chaos-probe", daemon=True)
         try:
+            if self.d.plan.pause_probe:
+                probe.start()
             for at, fault in self.schedule:
                 time.sleep(max(0.0, at - (time.monotonic() - self.started)))
-                try:
-                    fault()
-                except Exception as exc:  # the run goes on; the report says the fault did not go as planned
-                    self.report.violations.append(f"fault {getattr(fault, '__name__', fault)} failed: {exc!r}")
+                self._apply(fault)
+            if probe.is_alive():
+                probe.join()
         finally:
             self.done.set()
+
+    def _apply(self, fault: Callable[[], None]) -> None:
+        try:
+            fault()
+        except Exception as exc:  # the run goes on; the report says the fault did not go as planned
+            self.report.violations.append(f"fault {getattr(fault, '__name__', fault)} failed: {exc!r}")
 
     @property
     def stack(self) -> Stack:
@@ -337,17 +345,17 @@ class _Faults:
             waiting = [p.name.removeprefix("waiting-") for p in signals.glob("waiting-*")]
             session = next((s for s in waiting if not (signals / f"go-{s}").exists()), None)
             if session is None:
-                if self.d.sql(_PROBE_SCORED):
+                if _through_faults(lambda: self.d.sql(_PROBE_SCORED), deadline):
                     return
                 time.sleep(0.2)
                 continue
-            self.d.client.pause(mode="reject")
+            _through_faults(lambda: self.d.client.pause(mode="reject"), deadline)
             self._note(f"model calls paused (reject) for the probe's session {session[:8]}")
             (signals / f"go-{session}").touch()
             refused = time.monotonic() + 60.0
-            while not self.d.sql(_PROBE_REFUSED, session=session) and time.monotonic() < refused:
+            while not _through_faults(functools.partial(self.d.sql, _PROBE_REFUSED, session=session), refused):
                 time.sleep(0.1)
-            self.d.client.resume()
+            _through_faults(lambda: self.d.client.resume(), deadline)
             self._note("model calls resumed")
         raise TimeoutError("the probe's session was never scored after a pause")
 
@@ -378,6 +386,17 @@ class _Faults:
             self.stack.release(f"{LOST_NODE}-worker-{stage.value}")  # the supervisor starts them again
         self.down.discard(LOST_NODE)
         self._note(f"node {LOST_NODE} back")
+
+
+def _through_faults(work: Callable[[], Any], deadline: float) -> Any:
+    """``work``, tried again while the schedule's faults make Postgres or the API fail it (until ``deadline``)."""
+    while True:
+        try:
+            return work()
+        except Exception:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
 
 
 _PROBE_REFUSED = "SELECT 1 FROM call_refusals WHERE session_id = CAST(:session AS uuid) AND reason = 'paused'"
@@ -413,8 +432,8 @@ def run_chaos(plan: ChaosPlan, workdir: Path, log: Callable[[str], None] = print
         faults = _Faults(deployment, report, random.Random(plan.seed))
         started = time.monotonic()
         tasks = [_task(i, plan, deployment.received_log) for i in range(plan.tasks)]
-        if plan.pause_probe:
-            tasks.append(_probe_task(plan, deployment.received_log, deployment.signals))
+        if plan.pause_probe:  # first, so that its pause comes while the schedule's faults do
+            tasks.insert(0, _probe_task(plan, deployment.received_log, deployment.signals))
         batch = deployment.client.submit({"name": "chaos", "tasks": tasks})
         faults.thread.start()
         final = _wait_finished(deployment, batch["batch_id"], faults, timeout_s=900)

@@ -82,6 +82,16 @@ def domain_services(database_url: str, work_root: Path, **overrides: Any) -> Ser
     return Services(config, Database(database_url), RecordingDispatcher(), "test")
 
 
+# A command harness's first step when its test is about how its attempt is scored: one answered model call (a harness
+# that never had one is excluded: the policy never acted, polar.lifecycle.attempts).
+ONE_CALL = f"{sys.executable} {Path(__file__).resolve().parent / 'e2e' / 'agents' / 'answered_once.py'}"
+
+
+def with_a_model_call(command: str) -> str:
+    """``command`` after one answered model call through the session's proxy (local runtime)."""
+    return f"{ONE_CALL} && {{ {command}\n}}"
+
+
 def command_task(task_id: str, command: str, samples: int = 1, **extra: Any) -> dict[str, Any]:
     return {
         "task_id": task_id,

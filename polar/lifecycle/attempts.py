@@ -21,7 +21,7 @@ each case, but only the task class carries data.
 
     classify(Outcome.WORKER_LOST)                    -> OutcomeClass.INFRASTRUCTURE
     classify(Outcome.CANCELLED)                      -> OutcomeClass.CANCELLED
-    class_of(Outcome.EXITED, answered_calls=0)       -> OutcomeClass.EXCLUDED
+    class_of(Outcome.EXITED, acted=0)                -> OutcomeClass.EXCLUDED
     paused = Disruption("proxy", "paused", count=1, last_at=t1)          # a weight-sync pause's 429
     refine(Outcome.EXITED, 1, CallEvidence(last_answer_at=t0, disruptions=(paused,)), False)
                                                      -> Outcome.ENGINE_FAILED   (t1 >= t0: nothing answered after)
@@ -103,11 +103,13 @@ def classify(outcome: Outcome) -> OutcomeClass:
     return _CLASS[outcome]
 
 
-def class_of(outcome: Outcome, answered_calls: int) -> OutcomeClass:
-    """The class an ended attempt is stored under: ``classify``'s, except that a task outcome whose harness got no
-    model answer (``answered_calls``: its delivered 200s, synthesized stops not counted) is ``EXCLUDED``."""
+def class_of(outcome: Outcome, acted: int) -> OutcomeClass:
+    """The class an ended attempt is stored under: ``classify``'s, except that a task outcome in which the policy
+    never acted is ``EXCLUDED``. ``acted`` counts the calls it acted in: its delivered answers (200s, synthesized
+    stops not counted) and the calls it was still generating when the engine timeout ran out (``generation_timeout``:
+    its own doing, so a policy cannot turn its zero into a missing sample by never finishing an answer)."""
     found = classify(outcome)
-    return OutcomeClass.EXCLUDED if found is OutcomeClass.TASK and answered_calls == 0 else found
+    return OutcomeClass.EXCLUDED if found is OutcomeClass.TASK and acted == 0 else found
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,10 @@ class CallEvidence:
             d for d in self.disruptions
             if d.counts and d.count > 0 and (answered is None or _utc(d.last_at) >= _utc(answered))
         ]  # fmt: skip
+
+    def generation_timeouts(self) -> int:
+        """The calls still generating on a healthy engine when the engine timeout ran out: the policy acted in them."""
+        return sum(d.count for d in self.disruptions if not d.counts)
 
     def explained(self) -> str:
         """What the infrastructure did that the harness did not recover from, for the attempt's error."""

@@ -254,14 +254,14 @@ class _Ending:
     outcome: Outcome
     error: str | None
     scored: _Scored
-    # The harness's answered model calls, for a task outcome (None: not counted, the outcome alone decides).
-    answered_calls: int | None = None
+    # For a task outcome, the calls the policy acted in (``attempts.class_of``; None: the outcome alone decides).
+    acted: int | None = None
 
     @property
     def outcome_class(self) -> OutcomeClass:
-        if self.answered_calls is None:
+        if self.acted is None:
             return classify(self.outcome)
-        return class_of(self.outcome, self.answered_calls)
+        return class_of(self.outcome, self.acted)
 
 
 def _settle(db: Any, services: Services, claimed: Claimed, ending: _Ending) -> bool:
@@ -376,7 +376,7 @@ def _ending(
         return _Ending(Outcome.RUNTIME_FAILED, error or scored.error, _Scored(None, scored.error, runtime_failed=True))
     if scored.unscorable:
         return _Ending(Outcome.UNSCORABLE, error or scored.error, _Scored(None, scored.error, unscorable=True))
-    return _Ending(outcome, error, scored, answered_calls=len(calls))
+    return _Ending(outcome, error, scored, acted=len(calls) + evidence.generation_timeouts())
 
 
 def _give_up(claimed: Claimed) -> _Ending:

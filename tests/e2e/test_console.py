@@ -19,7 +19,7 @@ import pytest
 from tests.browser import Browser, Page
 from tests.conftest import redis_database
 from tests.e2e.agents.rewriting import REWRITTEN
-from tests.support import HANG_GUARD_S, RunningStack, running_stack
+from tests.support import HANG_GUARD_S, RunningStack, running_stack, with_a_model_call
 
 REPO = str(Path(__file__).resolve().parents[2])
 READ_TOKEN = "console-reader-" + "r" * 32
@@ -62,7 +62,7 @@ def batch(stack: RunningStack) -> dict[str, Any]:
             {
                 "task_id": "fails",
                 "instruction": "Fail.",
-                "harness": {"name": "command", "command": f"echo '{FAILING_OUTPUT}'; exit 3"},
+                "harness": {"name": "command", "command": with_a_model_call(f"echo '{FAILING_OUTPUT}'; exit 3")},
             },
         ],
     }

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import RunningStack, command_task, running_stack, session_dirs, wait_until
+from tests.support import RunningStack, command_task, running_stack, session_dirs, wait_until, with_a_model_call
 
 REPO = str(Path(__file__).resolve().parents[2])
 PYTEST = f"{shlex.quote(sys.executable)} -m pytest -p no:cacheprovider"
@@ -173,24 +173,36 @@ BATCHES: dict[str, list[dict[str, Any]]] = {
     "bounds": [
         command_task(
             "deep-json",
-            f'{PYTHON} -c \'print("[" * 20000 + "]" * 20000)\' > reward.json',
+            with_a_model_call(f'{PYTHON} -c \'print("[" * 20000 + "]" * 20000)\' > reward.json'),
             evaluator={"name": "reward_file"},
         ),
-        command_task("inf", "true", evaluator=on_output({"command": "echo score: 1e999", "reward_from": "number"})),
-        command_task("huge", "true", evaluator=on_output({"command": "echo score: 1e308", "reward_from": "number"})),
+        command_task(
+            "inf",
+            with_a_model_call("true"),
+            evaluator=on_output({"command": "echo score: 1e999", "reward_from": "number"}),
+        ),
+        command_task(
+            "huge",
+            with_a_model_call("true"),
+            evaluator=on_output({"command": "echo score: 1e308", "reward_from": "number"}),
+        ),
         command_task(
             "beside-the-verifier",  # the work's code, run by the verifier, writes reward.txt = 1 where it finds it
-            """echo 'echo 1 > "${POLAR_REWARD_DIR:-$HOME/../logs/verifier}/reward.txt"' > solution.sh""",
+            with_a_model_call(
+                """echo 'echo 1 > "${POLAR_REWARD_DIR:-$HOME/../logs/verifier}/reward.txt"' > solution.sh"""
+            ),
             evaluator={"name": "reward_file", "config": {"command": VERIFIER_RUNS_THE_WORK}},
         ),
         command_task(
             "inherits-nothing",  # ... and where it was told: the verifier's directory is not in its environment
-            """echo '[ -z "$POLAR_REWARD_DIR" ] || echo 1 > "$POLAR_REWARD_DIR/reward.txt"' > solution.sh""",
+            with_a_model_call(
+                """echo '[ -z "$POLAR_REWARD_DIR" ] || echo 1 > "$POLAR_REWARD_DIR/reward.txt"' > solution.sh"""
+            ),
             evaluator={"name": "reward_file", "config": {"command": VERIFIER_RUNS_THE_WORK}},
         ),
         command_task(
             "forged-pytest",
-            FORGING_CALC,
+            with_a_model_call(FORGING_CALC),
             runtime={"prepare": [{"run": f"printf '{CALC_TESTS}' > test_calc.py"}]},
             evaluator=on_output(
                 {

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import RunningStack, command_task, running_stack
+from tests.support import RunningStack, command_task, running_stack, with_a_model_call
 
 REPO = str(Path(__file__).resolve().parents[2])
 NUL_OUTPUT = "printf 'x\\000y'; exit 1"
@@ -33,10 +33,14 @@ THREADS_GUARD_S = 60  # the threads of an ended session are gone when it ends: t
 # in it spends about MEASURE_S itself.
 MEASURE_S = 2.0
 IDLE_CPU_S = 0.5
-# Inside a bwrap sandbox: a chunked request whose first chunk size is negative, straight to the relay's socket,
-# then its answer (or whatever ended the wait) printed, and a failing exit (so the run keeps the output).
+# Inside a bwrap sandbox: one answered model call (the policy acted), then a chunked request whose first chunk size
+# is negative, straight to the relay's socket, then its answer (or whatever ended the wait) printed, and a failing
+# exit (so the run keeps the output).
 NEGATIVE_CHUNK = (
-    "import socket\n"
+    "import json, os, socket, urllib.request as u\n"
+    "body = json.dumps({'model': 'm', 'messages': [{'role': 'user', 'content': 'hi'}], 'max_tokens': 4}).encode()\n"
+    "auth = {'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY'], 'Content-Type': 'application/json'}\n"
+    "u.urlopen(u.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions', body, auth), timeout=120).read()\n"
     "s = socket.socket(socket.AF_UNIX)\n"
     "s.connect('/run/polar-proxy/proxy.sock')\n"
     "s.sendall(b'POST /v1/chat/completions HTTP/1.1\\r\\nTransfer-Encoding: chunked\\r\\n\\r\\n-10\\r\\n'\n"
@@ -55,8 +59,10 @@ def on_output(config: dict[str, Any]) -> dict[str, Any]:
 
 
 TASKS = [
-    command_task("harness-nul", NUL_OUTPUT, max_attempts=3),
-    command_task("evaluator-nul", "true", evaluator=on_output({"command": NUL_OUTPUT}), max_attempts=3),
+    command_task("harness-nul", with_a_model_call(NUL_OUTPUT), max_attempts=3),
+    command_task(
+        "evaluator-nul", with_a_model_call("true"), evaluator=on_output({"command": NUL_OUTPUT}), max_attempts=3
+    ),
     {
         "task_id": "answer-nul",
         "instruction": "What is 17 * 23?",

@@ -21,7 +21,7 @@ from polar.errors import PolarError
 from polar.lifecycle.sessions import call_page, calls_by_session, session_calls
 from polar.proxy.capture import CallRecord, read_parents, record_call
 from polar.services import Services
-from polar.stages.postrun import final_message
+from polar.stages.postrun import captured_calls, final_message
 from polar.storage.migration import downgrade, upgrade
 from polar.storage.payloads import PARTS, capture_payload, decode_payload, full_payloads
 from tests.polar.storage.test_prompts import running_session
@@ -193,7 +193,9 @@ def test_an_agent_session_reads_back_whole_everywhere(services: Services) -> Non
     assert stored[0] is None and all(stored[1:40]) and stored[40] is None  # the title call starts its own
     assert {row[0]: {p: json.loads(t) for p, t in zip(PARTS, row[1:], strict=True)} for row in in_sql} == originals
     last = list(originals)[39]
-    assert final_message(services, session_id) == "answer 0"  # the title call was the last successful one
+    # Each call's answer reads back whole through the deltas: the main chain's last, and the title call's after it.
+    calls = captured_calls(services, session_id)
+    assert [final_message(services, session_id, call) for call in (calls[39], calls[40])] == ["answer 39", "answer 0"]
     assert originals[last]["response"]["choices"][0]["message"]["content"] == "answer 39"
     # Flat per turn (the index grows with the log of the history): whole payloads would cost 4x per call at 40.
     assert sizes[40] / 40 < 1.5 * sizes[10] / 10, sizes
