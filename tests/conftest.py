@@ -28,7 +28,8 @@ from tests.real_vllm import (
     start_shared_vllm,
     stop_shared_vllm,
 )
-from tests.support import LIVE_STACKS
+from tests.shared_stack import for_one_test, left_as_found, start_shared_stack
+from tests.support import LIVE_STACKS, RunningStack
 from tests.waiting_lane import WaitingLaneScheduling, add_ini
 
 ADMIN_DSN = os.environ.get("POLAR_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -197,3 +198,20 @@ def module_broker_url() -> Iterator[str]:
     """A Redis database of its own (:func:`redis_database`) shared by one test module's stack."""
     with redis_database() as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def _process_stack(template_database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    """This test process's shared stack (tests/shared_stack.py), started by the first module that asks for it."""
+    with _fresh_database("polar_shared", template_database) as url, redis_database() as broker:
+        yield from start_shared_stack(url, broker, tmp_path_factory.mktemp("shared-stack"))
+
+
+@pytest.fixture(scope="module")
+def shared_stack(_process_stack: RunningStack) -> Iterator[RunningStack]:
+    """The process's shared stack for one module: its engine log read from the module's start. A module that leaves
+    sessions going or calls paused fails (they would reach the next module's tests)."""
+    yield for_one_test(_process_stack)
+    problems = left_as_found(_process_stack)
+    if problems:
+        pytest.fail(f"the module left the shared stack with {', '.join(problems)}")

@@ -112,6 +112,7 @@ class RunningStack:
     api_url: str
     engine_log: Path
     env: dict[str, str]
+    engine_log_offset: int = 0  # where this view of the engine log begins (a shared stack: tests/shared_stack.py)
 
     @property
     def api_token(self) -> str:
@@ -156,17 +157,20 @@ class RunningStack:
         return "\n".join(parts)
 
     def engine_entries(self) -> dict[str, dict[str, Any]]:
-        return engine_entries(self.engine_log)
+        return engine_entries(self.engine_log, self.engine_log_offset)
 
 
-def engine_entries(engine_log: Path) -> dict[str, dict[str, Any]]:
-    """What the reference engine served (its ``--log``), by request id: the token ids it read and sampled; the API's
-    logprob-mode probes (polar.records.logprob_mode) left out."""
+def engine_entries(engine_log: Path, offset: int = 0) -> dict[str, dict[str, Any]]:
+    """What the reference engine served (its ``--log``, from byte ``offset``), by request id: the token ids it read
+    and sampled; the API's logprob-mode probes (polar.records.logprob_mode) left out."""
     from polar.records.logprob_mode import REQUEST_PREFIX
 
     if not engine_log.exists():
         return {}
-    entries = map(json.loads, engine_log.read_text().splitlines())
+    with engine_log.open("rb") as log:
+        log.seek(offset)
+        text = log.read().decode()
+    entries = map(json.loads, text.splitlines())
     return {e["request_id"]: e for e in entries if REQUEST_PREFIX not in e["request_id"]}
 
 

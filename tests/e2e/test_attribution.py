@@ -1,8 +1,8 @@
-"""Audit G1 end to end, on the Celery workers, the proxy and the reference engine: a failed attempt is the
-infrastructure's loss only when the infrastructure plausibly caused it. A weight-sync pause's 429 the harness
-recovered from (an answer came after it) leaves its later failure a task outcome, scored on its first attempt; the
-same 429 as the last thing before it failed is ``engine_failed`` and the sample is retried. A 504 on a healthy
-engine that was still generating the call (``generation_timeout``) is the policy's doing."""
+"""Audit G1 end to end (the pause on the test process's shared stack), on the Celery workers, the proxy and the
+reference engine: a failed attempt is the infrastructure's loss only when the infrastructure plausibly caused it. A
+weight-sync pause's 429 the harness recovered from (an answer came after it) leaves its later failure a task outcome,
+scored on its first attempt; the same 429 as the last thing before it failed is ``engine_failed`` and the sample is
+retried. A 504 on a healthy engine that was still generating the call (``generation_timeout``) is the policy's doing."""
 
 from __future__ import annotations
 
@@ -10,13 +10,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.support import running_stack
+from tests.support import RunningStack, running_stack
 
 REPO = str(Path(__file__).resolve().parents[2])
 PLUGINS = {"POLAR_PLUGIN_MODULES": "tests.e2e"}
 SESSIONS = (
     "SELECT task_id, attempt, state, outcome, outcome_class, reward, exit_code, retried_as IS NOT NULL, error "
     "FROM sessions ORDER BY task_id, attempt"
+)
+# On the shared stack: one batch's.
+OF_BATCH = "SELECT 1 FROM sessions WHERE batch_id = :b"
+SESSIONS_OF_BATCH = SESSIONS.replace("FROM sessions", "FROM sessions WHERE batch_id = :b")
+ANSWERED = (
+    "SELECT 1 FROM model_calls c JOIN sessions s ON s.id = c.session_id WHERE s.batch_id = :b AND c.status_code = 200"
 )
 
 
@@ -29,35 +35,36 @@ def harness_task(task_id: str, command: str, instruction: str) -> dict[str, Any]
 
 
 def test_a_refusal_the_harness_recovered_from_is_not_the_infrastructures(
-    database_url: str, broker_url: str, tmp_path: Path
+    shared_stack: RunningStack, tmp_path: Path
 ) -> None:
-    go = tmp_path / "go"
+    stack, go = shared_stack, tmp_path / "go"
 
     def paused_call(task_id: str, then: str) -> dict[str, Any]:
         return harness_task(task_id, "tests.e2e.agents.paused_call:run", json.dumps({"go": str(go), "then": then}))
 
-    with running_stack(database_url, broker_url, tmp_path, env=PLUGINS) as stack:
-        batch = stack.client.submit({"tasks": [paused_call("gives-up", "exit"), paused_call("recovers", "recover")]})
-        stack.wait_until(
-            lambda: len(stack.sql("SELECT 1 FROM model_calls WHERE status_code = 200")) == 2,
-            message="both harnesses answered once",
-        )
-        stack.client.pause(mode="reject")
-        go.touch()
-        stack.wait_until(
-            lambda: stack.sql("SELECT 1 FROM sessions WHERE task_id = 'gives-up' AND attempt = 1 AND state = 'failed'"),
-            message="the harness that gave up on its refusal to end",
-        )
-        stack.wait_until(
-            lambda: stack.sql(
-                "SELECT 1 FROM call_refusals r JOIN sessions s ON s.id = r.session_id "
-                "WHERE s.task_id = 'recovers' AND r.reason = 'paused'"
-            ),
-            message="the recovering harness to be refused",
-        )
-        stack.client.resume()
-        stack.wait(batch["batch_id"])
-        rows = [tuple(row) for row in stack.sql(SESSIONS)]
+    batch = stack.client.submit({"tasks": [paused_call("gives-up", "exit"), paused_call("recovers", "recover")]})
+    of_batch = {"b": batch["batch_id"]}
+    stack.wait_until(
+        lambda: len(stack.sql(ANSWERED, **of_batch)) == 2,
+        message="both harnesses answered once",
+    )
+    stack.client.pause(mode="reject")
+    go.touch()
+    stack.wait_until(
+        lambda: stack.sql(f"{OF_BATCH} AND task_id = 'gives-up' AND attempt = 1 AND state = 'failed'", **of_batch),
+        message="the harness that gave up on its refusal to end",
+    )
+    stack.wait_until(
+        lambda: stack.sql(
+            "SELECT 1 FROM call_refusals r JOIN sessions s ON s.id = r.session_id "
+            "WHERE s.batch_id = :b AND s.task_id = 'recovers' AND r.reason = 'paused'",
+            **of_batch,
+        ),
+        message="the recovering harness to be refused",
+    )
+    stack.client.resume()
+    stack.wait(batch["batch_id"])
+    rows = [tuple(row) for row in stack.sql(SESSIONS_OF_BATCH, **of_batch)]
     gave_up, retried, recovered = rows
     assert gave_up[:8] == ("gives-up", 1, "failed", "engine_failed", "infrastructure", None, 1, True), rows
     assert "the proxy refused 1 of its calls (paused), the last of them at or after the harness's last answer" in (

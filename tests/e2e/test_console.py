@@ -17,34 +17,19 @@ import httpx
 import pytest
 
 from tests.browser import Browser, Page
-from tests.conftest import redis_database
 from tests.e2e.agents.rewriting import REWRITTEN
-from tests.support import HANG_GUARD_S, RunningStack, running_stack, with_a_model_call
+from tests.shared_stack import READ_TOKEN, routed
+from tests.support import HANG_GUARD_S, RunningStack, with_a_model_call
 
 REPO = str(Path(__file__).resolve().parents[2])
-READ_TOKEN = "console-reader-" + "r" * 32
-# The scripted engine answers by how many assistant turns the conversation holds; the last answer carries HTML.
-TURNS = {
-    "turns": [
-        {"content": "The first answer."},
-        {"content": "The second answer."},
-        {"content": "Done: <script>console.error('injected')</script> & <b>bold</b>."},
-    ]
-}
+# The shared stack's engine answers this module's tasks from its "console" script (tests/shared_stack.py): by how
+# many assistant turns the conversation holds, the last answer carrying HTML.
 FAILING_OUTPUT = "<b>oops</b> <img src=x>"
 
 
 @pytest.fixture(scope="module")
-def stack(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    env = {"POLAR_PLUGIN_MODULES": "tests.e2e", "POLAR_API_READ_TOKEN": READ_TOKEN}
-    tmp = tmp_path_factory.mktemp("console-stack")
-    with (
-        redis_database() as broker_url,
-        running_stack(
-            module_database_url, broker_url, tmp, policy="scripted", policy_config=json.dumps(TURNS), env=env
-        ) as running,
-    ):
-        yield running
+def stack(shared_stack: RunningStack) -> RunningStack:
+    return shared_stack
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +39,14 @@ def batch(stack: RunningStack) -> dict[str, Any]:
         "tasks": [
             {
                 "task_id": "rewrite",
-                "instruction": "Tell me something.",
+                "instruction": routed("console", "Tell me something."),
                 "num_samples": 2,
                 "reconstruction": "prefix_merging",
                 "harness": {"name": "python", "command": "tests.e2e.agents.rewriting:run", "env": {"PYTHONPATH": REPO}},
             },
             {
                 "task_id": "fails",
-                "instruction": "Fail.",
+                "instruction": routed("console", "Fail."),
                 "harness": {"name": "command", "command": with_a_model_call(f"echo '{FAILING_OUTPUT}'; exit 3")},
             },
         ],

@@ -1,43 +1,28 @@
 """The evaluators end to end: batches over HTTP to the gunicorn-served API, the four Celery stage workers, the
 proxy in front of the reference engine (``arithmetic`` policy, always right), Postgres and Redis.
 
-One stack serves the whole module, and every batch is submitted up front so their sessions run side by side;
-each test then waits for its own batch. The stack's processes get ``PYTHONPATH`` with a directory holding an
-installed distribution (a ``*.dist-info`` with an entry point in the ``polar.evaluators`` group), so an evaluator
-named only by its entry point is found at submission (API) and in init and postrun (workers).
+The test process's shared stack serves the module (tests/shared_stack.py), and every batch is submitted up front so
+their sessions run side by side; each test then waits for its own batch. The stack's processes get ``PYTHONPATH``
+with a directory holding an installed distribution (a ``*.dist-info`` with an entry point in the
+``polar.evaluators`` group), so an evaluator named only by its entry point is found at submission (API) and in init
+and postrun (workers).
 """
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.support import RunningStack, command_task, running_stack, session_dirs, wait_until, with_a_model_call
+from tests.support import RunningStack, command_task, session_dirs, wait_until, with_a_model_call
 
 REPO = str(Path(__file__).resolve().parents[2])
 PYTEST = f"{shlex.quote(sys.executable)} -m pytest -p no:cacheprovider"
 ANSWER_PATTERN = r"answer is\s*(-?[\d.,]+)"
-PLUGIN_SOURCE = '''
-from polar.evaluators.base import Evaluation
-
-
-class Mentions:
-    """Reward 1.0 when the model's last answer mentions ``word``."""
-
-    def __init__(self, config):
-        self.word = str(config["word"])
-
-    def evaluate(self, context):
-        found = self.word in (context.final_message or "")
-        return Evaluation(reward=float(found), details={"plugin": "polar-plugin-demo", "word": self.word})
-'''
 
 
 def calculator_task(task_id: str, evaluator: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -224,26 +209,9 @@ BATCHES: dict[str, list[dict[str, Any]]] = {
 }
 
 
-def install_plugin(site: Path) -> Path:
-    """A distribution as pip would leave it in site-packages: its module and its ``*.dist-info``."""
-    site.mkdir()
-    (site / "polar_plugin_demo.py").write_text(PLUGIN_SOURCE)
-    info = site / "polar_plugin_demo-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: polar-plugin-demo\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[polar.evaluators]\nmentions = polar_plugin_demo:Mentions\n")
-    return site
-
-
 @pytest.fixture(scope="module")
-def stack(
-    module_database_url: str, module_broker_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RunningStack]:
-    tmp = tmp_path_factory.mktemp("evaluators")
-    site = install_plugin(tmp / "site")
-    env = {"PYTHONPATH": os.pathsep.join([str(site), REPO]), "POLAR_PLUGIN_MODULES": "tests.e2e"}
-    with running_stack(module_database_url, module_broker_url, tmp, run_concurrency=6, env=env) as running:
-        yield running
+def stack(shared_stack: RunningStack) -> RunningStack:
+    return shared_stack
 
 
 @pytest.fixture(scope="module")

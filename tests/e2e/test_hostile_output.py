@@ -10,23 +10,22 @@ workers, the proxy in front of the reference engine, Postgres, Redis):
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import RunningStack, command_task, running_stack, with_a_model_call
+from tests.shared_stack import SCRIPTS, routed
+from tests.support import RunningStack, command_task, with_a_model_call
 
 REPO = str(Path(__file__).resolve().parents[2])
 NUL_OUTPUT = "printf 'x\\000y'; exit 1"
-ANSWER = "x\x00y"
+ANSWER = SCRIPTS["hostile"]["turns"][0]["content"]  # "x\x00y"
 HANG_GUARD_S = 300
 THREADS_GUARD_S = 60  # the threads of an ended session are gone when it ends: this only guards a hang
 # What a run worker at rest spends in CPU over MEASURE_S (heartbeats of its pool, the broker's): a thread spinning
@@ -65,7 +64,7 @@ TASKS = [
     ),
     {
         "task_id": "answer-nul",
-        "instruction": "What is 17 * 23?",
+        "instruction": routed("hostile", "What is 17 * 23?"),
         "timeout_seconds": 120,
         "harness": {"name": "python", "command": "polar.agents.calculator:run"},
         "evaluator": on_output({"answer": {"expected": "x y", "match": "exact"}}),
@@ -75,16 +74,8 @@ TASKS = [
 
 
 @pytest.fixture(scope="module")
-def stack(
-    module_database_url: str, module_broker_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RunningStack]:
-    tmp = tmp_path_factory.mktemp("hostile-output")
-    config = json.dumps({"turns": [{"content": ANSWER}]})  # the model's answer: a NUL between two letters
-    env = {"PYTHONPATH": REPO}
-    with running_stack(
-        module_database_url, module_broker_url, tmp, policy="scripted", policy_config=config, env=env
-    ) as running:
-        yield running
+def stack(shared_stack: RunningStack) -> RunningStack:
+    return shared_stack  # the model's answer to the "hostile" script's tasks: a NUL between two letters
 
 
 def attempts(stack: RunningStack, batch_id: str) -> dict[str, list[Any]]:

@@ -12,7 +12,6 @@ and never in ``PolarRollouts``' samples.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +19,13 @@ import pytest
 
 from polar.integrations import PolarRollouts
 from tests.e2e.agents.side_calls import TITLE_SYSTEM, TOOL_SYSTEM
-from tests.support import RunningStack, running_stack
+from tests.shared_stack import SCRIPTS
+from tests.support import RunningStack
 
 REPO = str(Path(__file__).resolve().parents[2])
-TITLE = "Title: " + "multiplying seventeen by twenty three, " * 12  # more sampled tokens than the main chain's
-POLICY = {
-    "routes": [
-        {"match": "short title", "policy": "scripted", "config": {"turns": [{"content": TITLE}]}},
-        {"match": "", "policy": "arithmetic", "config": {"accuracy": 1.0}},
-    ]
-}
+# The shared stack's engine answers the title request (its "short title" system prompt) from the "title" script, more
+# sampled tokens than the main chain's; the calculator's turns from the arithmetic policy.
+TITLE = SCRIPTS["title"]["turns"][0]["content"]
 ANSWER = "The answer is 391."
 
 
@@ -45,14 +41,8 @@ def side_calls_task(task_id: str, reconstruction: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def stack(
-    module_database_url: str, module_broker_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RunningStack]:
-    tmp = tmp_path_factory.mktemp("main-chain")
-    env = {"POLAR_PLUGIN_MODULES": "tests.e2e"}  # the harness is named by import path
-    with running_stack(module_database_url, module_broker_url, tmp, policy="route",
-                       policy_config=json.dumps(POLICY), env=env) as running:  # fmt: skip
-        yield running
+def stack(shared_stack: RunningStack) -> RunningStack:
+    return shared_stack  # the harness is named by import path: tests.e2e is a plugin module there
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from tests.docker_engine import require_docker_image
-from tests.support import RunningStack, command_task, running_stack
+from tests.support import RunningStack, command_task
 
 PROBE = Path(__file__).with_name("agents") / "sandbox_probe.py"
 
@@ -42,21 +42,19 @@ def probe_task(backend: str, targets: list[str]) -> dict[str, object]:
     return command_task(f"probe-{backend}", command, runtime={"backend": backend}, timeout_seconds=120)
 
 
-def test_a_sandboxed_harness_reaches_the_proxy_and_nothing_else(
-    database_url: str, broker_url: str, tmp_path: Path
-) -> None:
+def test_a_sandboxed_harness_reaches_the_proxy_and_nothing_else(shared_stack: RunningStack) -> None:
     require_docker_image()
-    with running_stack(database_url, broker_url, tmp_path) as stack:
-        tasks = [probe_task(backend, services(stack)) for backend in ("bwrap", "docker", "local")]
-        submitted = stack.client.submit({"tasks": tasks})
-        stack.wait(submitted["batch_id"])
-        sessions = {s["task_id"]: s for s in stack.client.sessions(submitted["batch_id"])}
-        for backend in ("bwrap", "docker"):
-            session = sessions[f"probe-{backend}"]
-            assert session["state"] == "completed" and session["exit_code"] == 0, (backend, session["error"])
-            (call,) = stack.client.calls(session["session_id"])
-            assert call["status_code"] == 200 and call["completion_token_ids"]
-        # The local runtime does not isolate, and the probe can tell.
-        local = sessions["probe-local"]
-        assert local["exit_code"] == 3, local["error"]
-        assert "127.0.0.1:5432: REACHED" in local["error"]
+    stack = shared_stack
+    tasks = [probe_task(backend, services(stack)) for backend in ("bwrap", "docker", "local")]
+    submitted = stack.client.submit({"tasks": tasks})
+    stack.wait(submitted["batch_id"])
+    sessions = {s["task_id"]: s for s in stack.client.sessions(submitted["batch_id"])}
+    for backend in ("bwrap", "docker"):
+        session = sessions[f"probe-{backend}"]
+        assert session["state"] == "completed" and session["exit_code"] == 0, (backend, session["error"])
+        (call,) = stack.client.calls(session["session_id"])
+        assert call["status_code"] == 200 and call["completion_token_ids"]
+    # The local runtime does not isolate, and the probe can tell.
+    local = sessions["probe-local"]
+    assert local["exit_code"] == 3, local["error"]
+    assert "127.0.0.1:5432: REACHED" in local["error"]
