@@ -10,10 +10,11 @@ allowed module that imports ``subprocess`` is no doorway to ``subprocess.Popen``
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 import types
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 from polar.errors import PluginNotAllowed
 
@@ -61,3 +62,38 @@ def import_object(path: str, allowed: Sequence[str]) -> Any:
     if isinstance(defined_in, str) and not module_allowed(defined_in, allowed):
         raise _refuse(path, f"it names an object defined in {defined_in!r}, which is not under {SETTING}", defined_in)
     return target
+
+
+T = TypeVar("T")
+
+
+class LazyRegistry(Mapping[str, T], Generic[T]):
+    """Built-in names mapped to ``module:attribute`` paths, each imported the first time it is looked up: a process
+    pays only for the implementations it uses (the API validates a docker task without importing the Docker SDK
+    until one is submitted). A name whose ``requires`` module is not installed is not in the registry at all."""
+
+    def __init__(self, paths: Mapping[str, str], requires: Mapping[str, str] | None = None) -> None:
+        self._paths = dict(paths)
+        self._requires = dict(requires or {})
+        self._loaded: dict[str, T] = {}
+
+    def _available(self, name: str) -> bool:
+        needed = self._requires.get(name)
+        return name in self._paths and (needed is None or importlib.util.find_spec(needed) is not None)
+
+    def __getitem__(self, name: str) -> T:
+        if name not in self._loaded:
+            if not self._available(name):
+                raise KeyError(name)
+            module_name, _, attribute = self._paths[name].partition(":")
+            self._loaded[name] = getattr(importlib.import_module(module_name), attribute)
+        return self._loaded[name]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._available(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in self._paths if self._available(name))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

@@ -19,23 +19,21 @@ import pydantic
 
 from polar.errors import PluginNotAllowed, ValidationError
 from polar.evaluators.base import Evaluation, EvaluationContext, Evaluator, EvaluatorConfig, fresh_runtime_spec
-from polar.evaluators.harbor import Harbor
-from polar.evaluators.reward_file import RewardFile
-from polar.evaluators.session_completion import SessionCompletion
-from polar.evaluators.swebench import SWEBench
-from polar.evaluators.test_on_output import TestOnOutput
-from polar.import_path import IMPORT_PATH, import_object
+from polar.import_path import IMPORT_PATH, LazyRegistry, import_object
 from polar.task_request import EvaluatorSpec, first_error
 
 EvaluatorFactory = Callable[[Mapping[str, Any]], Evaluator]
 
-EVALUATORS: dict[str, EvaluatorFactory] = {
-    "session_completion": SessionCompletion,
-    "test_on_output": TestOnOutput,
-    "reward_file": RewardFile,
-    "swebench": SWEBench,
-    "harbor": Harbor,
-}
+# The built-ins, each imported when a task first names it.
+EVALUATORS: LazyRegistry[EvaluatorFactory] = LazyRegistry(
+    {
+        "session_completion": "polar.evaluators.session_completion:SessionCompletion",
+        "test_on_output": "polar.evaluators.test_on_output:TestOnOutput",
+        "reward_file": "polar.evaluators.reward_file:RewardFile",
+        "swebench": "polar.evaluators.swebench:SWEBench",
+        "harbor": "polar.evaluators.harbor:Harbor",
+    }
+)
 ENTRY_POINT_GROUP = "polar.evaluators"
 
 __all__ = [

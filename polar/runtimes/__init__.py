@@ -5,7 +5,8 @@ one of them keeps the session directory on the host; whatever the host writes or
 write.
 
 The registry maps the ``runtime.backend`` names of a TaskRequest to their classes (``docker`` only when the
-``docker`` package imports); ``check_runtime`` also rejects a backend whose tool or engine is missing here.
+``docker`` package is installed), each imported when first used; ``check_runtime`` also rejects a backend whose tool
+or engine is missing here.
 """
 
 from __future__ import annotations
@@ -17,19 +18,19 @@ from typing import Any
 
 from polar.config import Config
 from polar.errors import RuntimeFailure, ValidationError
+from polar.import_path import LazyRegistry
 from polar.runtimes.base import EVALUATOR_ROLE, SESSION_ROLE, ExecResult, Runtime
-from polar.runtimes.bwrap import BwrapRuntime
-from polar.runtimes.local import LocalRuntime
 from polar.task_request import RuntimeSpec
 
-RUNTIMES: dict[str, type[Runtime]] = {"local": LocalRuntime, "bwrap": BwrapRuntime}
-
-try:
-    from polar.runtimes.docker import DockerRuntime, engine_problem
-except ImportError:  # the docker SDK is not installed: the backend is simply unavailable
-    pass
-else:
-    RUNTIMES["docker"] = DockerRuntime
+# ``docker`` is a backend only where the Docker SDK is installed.
+RUNTIMES: LazyRegistry[type[Runtime]] = LazyRegistry(
+    {
+        "local": "polar.runtimes.local:LocalRuntime",
+        "bwrap": "polar.runtimes.bwrap:BwrapRuntime",
+        "docker": "polar.runtimes.docker:DockerRuntime",
+    },
+    requires={"docker": "docker"},
+)
 
 __all__ = [
     "EVALUATOR_ROLE",
@@ -102,6 +103,8 @@ def _unavailable(spec: RuntimeSpec) -> str | None:
     if spec.backend == "bwrap" and shutil.which("bwrap") is None:
         return "bubblewrap ('bwrap') is not installed"
     if spec.backend == "docker":
+        from polar.runtimes.docker import engine_problem  # the Docker SDK, imported only for a docker task
+
         return engine_problem(spec.image)
     return None
 
@@ -118,3 +121,11 @@ def attach_runtime(handle: Mapping[str, Any], config: Config) -> Runtime:
     if backend not in RUNTIMES:
         raise RuntimeFailure(f"unknown runtime backend {backend!r} in handle")
     return RUNTIMES[str(backend)].attach(handle, config)
+
+
+def __getattr__(name: str) -> Any:
+    """``BwrapRuntime`` and ``LocalRuntime``, imported when first named (as the registry imports them)."""
+    classes = {"BwrapRuntime": "bwrap", "LocalRuntime": "local"}
+    if name in classes:
+        return RUNTIMES[classes[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
