@@ -103,10 +103,15 @@ def _unavailable(spec: RuntimeSpec) -> str | None:
     if spec.backend == "bwrap" and shutil.which("bwrap") is None:
         return "bubblewrap ('bwrap') is not installed"
     if spec.backend == "docker":
-        from polar.runtimes.docker import engine_problem  # the Docker SDK, imported only for a docker task
-
         return engine_problem(spec.image)
     return None
+
+
+def engine_problem(image: str | None = None) -> str | None:
+    """Why this node cannot run a docker task on ``image`` (None: it can); the Docker SDK is imported only now."""
+    from polar.runtimes import docker
+
+    return docker.engine_problem(image)
 
 
 def create_runtime(
