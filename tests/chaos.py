@@ -351,12 +351,18 @@ class _Faults:
                 continue
             _through_faults(lambda: self.d.client.pause(mode="reject"), deadline)
             self._note(f"model calls paused (reject) for the probe's session {session[:8]}")
-            (signals / f"go-{session}").touch()
-            refused = time.monotonic() + 60.0
-            while not _through_faults(functools.partial(self.d.sql, _PROBE_REFUSED, session=session), refused):
-                time.sleep(0.1)
-            _through_faults(lambda: self.d.client.resume(), deadline)
-            self._note("model calls resumed")
+            try:
+                (signals / f"go-{session}").touch()
+                # Its attempt may be lost to another fault before it calls again (its node killed): then no refusal
+                # comes, the pause ends with the attempt (or after a minute), and the retried attempt waits for a
+                # pause of its own.
+                refused_by = time.monotonic() + 60.0
+                ask = functools.partial(self.d.sql, _PROBE_MET_PAUSE, session=session)
+                while time.monotonic() < refused_by and not _through_faults(ask, refused_by):
+                    time.sleep(0.1)
+            finally:
+                _through_faults(lambda: self.d.client.resume(), deadline + 60.0)
+                self._note("model calls resumed")
         raise TimeoutError("the probe's session was never scored after a pause")
 
     def stop_postgres(self) -> None:
@@ -400,6 +406,11 @@ def _through_faults(work: Callable[[], Any], deadline: float) -> Any:
 
 
 _PROBE_REFUSED = "SELECT 1 FROM call_refusals WHERE session_id = CAST(:session AS uuid) AND reason = 'paused'"
+# The probe's attempt was refused by its pause, or is over without it (lost to another fault: then it is retried).
+_PROBE_MET_PAUSE = (
+    "SELECT 1 FROM sessions WHERE id = CAST(:session AS uuid) "
+    f"AND (state IN ('completed', 'failed', 'timed_out', 'cancelled') OR EXISTS ({_PROBE_REFUSED}))"
+)
 _PROBE_SCORED = f"SELECT 1 FROM sessions WHERE task_id = '{PROBE_TASK}' AND feed_seq IS NOT NULL"
 
 
