@@ -127,6 +127,12 @@ def _fresh_database(prefix: str, template: str | None = None) -> AbstractContext
 
 
 @pytest.fixture(scope="session")
+def admin_dsn() -> str:
+    """The DSN tests create and drop Postgres databases through (``POLAR_TEST_ADMIN_DSN``)."""
+    return ADMIN_DSN
+
+
+@pytest.fixture(scope="session")
 def database_pool(template_database: str) -> Iterator[DatabasePool]:
     pool = DatabasePool(ADMIN_DSN, template_database, "polar_test")
     yield pool

@@ -2,7 +2,8 @@
 ``openai`` SDK, behind the gunicorn proxy, against the reference engine), then aged in SQL. On Postgres and on the
 embedded SQLite database.
 
-gc must delete exactly the batches that finished before the cutoff (row counts per table, per batch, before and
+The four batches run once per database (``ran``); each test ages and collects a copy of what they left. gc must
+delete exactly the batches that finished before the cutoff (row counts per table, per batch, before and
 after), never a running batch or one finished since, never a prompt another batch reads; ``keep_trajectories``
 must leave every export, the feed and the views as they were; re-running must change nothing.
 """
@@ -10,8 +11,11 @@ must leave every export, the feed and the views as they were; re-running must ch
 from __future__ import annotations
 
 import json
+import sqlite3
 import uuid
 from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,9 +32,10 @@ from polar.records.retention import GcCounts, RetentionPolicy, collect_garbage, 
 from polar.services import Services
 from polar.storage.migration import upgrade
 from polar.storage.models import Batch, CallbackEvent
+from polar.storage.scratch import create_database, drop_database
 from polar.training.exports import export_rows, export_summary
 from polar.training.feed import read_feed
-from tests.support import LiveProxy, deliver_all, domain_services, free_port, live_proxy, submit_tasks
+from tests.support import deliver_all, domain_services, free_port, live_proxy, submit_tasks
 
 TABLES = ("batches", "tasks", "sessions", "model_calls", "trajectories", "session_events", "callback_events")
 BY_BATCH = {
@@ -60,29 +65,75 @@ def calculator(task_id: str, expression: str, samples: int = 2) -> dict[str, Any
     }
 
 
-@pytest.fixture(params=["postgres", "sqlite"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+@dataclass(frozen=True)
+class Ran:
+    """The module's four batches, run once per database through every stage; each test takes a copy of the
+    database they left (never the database itself)."""
+
+    url: str
+    batches: dict[str, uuid.UUID]
+    engine_urls: tuple[str, str]
+    proxy_url: str
+
+
+# What each test ages and collects: ``old`` (the multiplication twice and the sum once), ``older`` (the
+# multiplication once), ``recent`` (the same prompts as ``old``, token for token: deleting ``old`` must not touch
+# its calls) and ``running`` (one session, made to run again by the test that needs it).
+BATCHES = {
+    "old": (calculator("mul", "17 * 23"), calculator("sum", "(35 + 65) * 3", samples=1)),
+    "older": (calculator("mul", "17 * 23", samples=1),),
+    "recent": (calculator("mul", "17 * 23"), calculator("sum", "(35 + 65) * 3", samples=1)),
+    "running": (calculator("mul", "17 * 23", samples=1),),
+}
+
+
+@pytest.fixture(scope="module", params=["postgres", "sqlite"])
+def ran(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ran]:
+    tmp = tmp_path_factory.mktemp(f"ran-{request.param}")
     if request.param == "postgres":
-        return str(request.getfixturevalue("database_url"))
-    sqlite = f"sqlite:///{tmp_path / 'polar.db'}"
-    upgrade(sqlite)
-    return sqlite
+        url = str(request.getfixturevalue("module_database_url"))
+    else:
+        url = f"sqlite:///{tmp / 'polar.db'}"
+        upgrade(url)
+    with live_proxy(url, tmp, policy="arithmetic", policy_config='{"accuracy": 1.0}') as proxy:
+        # The engine the proxy uses, and one that is down: provenance records both, submission does not wait on it.
+        engine_urls = (proxy.engine_url, f"http://127.0.0.1:{free_port()}")
+        services = domain_services(url, tmp, proxy_url=proxy.url, engine_urls=engine_urls, ready_buffer=100)
+        try:
+            batches = {name: run_batch(services, *tasks) for name, tasks in BATCHES.items()}
+        finally:
+            services.db.dispose()
+    yield Ran(url, batches, engine_urls, proxy.url)
 
 
 @pytest.fixture
-def proxy(url: str, tmp_path: Path) -> Iterator[LiveProxy]:
-    with live_proxy(url, tmp_path, policy="arithmetic", policy_config='{"accuracy": 1.0}') as proxy:
-        yield proxy
+def url(ran: Ran, admin_dsn: str, tmp_path: Path) -> Iterator[str]:
+    """A copy of the database the module's batches left, for this test alone."""
+    if ran.url.startswith("sqlite"):
+        copy = tmp_path / "polar.db"
+        # SQLite's backup, not a file copy: the write-ahead log holds what is not checkpointed yet.
+        source, target = sqlite3.connect(ran.url.removeprefix("sqlite:///")), sqlite3.connect(copy)
+        with closing(source), closing(target):
+            source.backup(target)
+        yield f"sqlite:///{copy}"
+        return
+    url = create_database(admin_dsn, "polar_gc", template=ran.url.rsplit("/", 1)[1])
+    try:
+        yield url
+    finally:
+        drop_database(admin_dsn, url)
 
 
 @pytest.fixture
-def services(url: str, tmp_path: Path, proxy: LiveProxy) -> Iterator[Services]:
-    # The engine the proxy uses, and one that is down: provenance records both, submission does not wait on it.
-    down = f"http://127.0.0.1:{free_port()}"
-    services = domain_services(url, tmp_path, proxy_url=proxy.url, engine_urls=(proxy.engine_url, down),
-                               ready_buffer=100)  # fmt: skip
+def services(url: str, ran: Ran, tmp_path: Path) -> Iterator[Services]:
+    services = domain_services(url, tmp_path, proxy_url=ran.proxy_url, engine_urls=ran.engine_urls, ready_buffer=100)
     yield services
     services.db.dispose()
+
+
+@pytest.fixture
+def batches(ran: Ran) -> dict[str, uuid.UUID]:
+    return ran.batches
 
 
 def run_batch(services: Services, *tasks: dict[str, Any]) -> uuid.UUID:
@@ -158,12 +209,8 @@ def test_parse_age() -> None:
             parse_age(bad)
 
 
-def test_gc_deletes_old_finished_batches_and_nothing_else(services: Services) -> None:
-    old = run_batch(services, calculator("mul", "17 * 23"), calculator("sum", "(35 + 65) * 3", samples=1))
-    older = run_batch(services, calculator("mul", "17 * 23", samples=1))
-    # The same prompts, token for token, in a batch that stays: deleting the old ones must not touch its calls.
-    recent = run_batch(services, calculator("mul", "17 * 23"), calculator("sum", "(35 + 65) * 3", samples=1))
-    running = run_batch(services, calculator("mul", "17 * 23", samples=1))
+def test_gc_deletes_old_finished_batches_and_nothing_else(services: Services, batches: dict[str, uuid.UUID]) -> None:
+    old, older, recent, running = (batches[name] for name in ("old", "older", "recent", "running"))
     age(services, old, finished_days_ago=31, created_days_ago=32)
     age(services, older, finished_days_ago=90, created_days_ago=90)
     age(services, recent, finished_days_ago=29, created_days_ago=40)
@@ -208,8 +255,10 @@ def test_gc_deletes_old_finished_batches_and_nothing_else(services: Services) ->
     assert collect_garbage(services.db, RetentionPolicy(timedelta(days=28))).batches == 1
 
 
-def test_keep_trajectories_strips_call_bodies_and_every_read_stays(services: Services) -> None:
-    old = run_batch(services, calculator("mul", "17 * 23"), calculator("sum", "(35 + 65) * 3", samples=1))
+def test_keep_trajectories_strips_call_bodies_and_every_read_stays(
+    services: Services, batches: dict[str, uuid.UUID]
+) -> None:
+    old = batches["old"]
     age(services, old, finished_days_ago=40, created_days_ago=40)
     before, reads = counts(services), everything_read(services, old)
     policy = RetentionPolicy(timedelta(days=30), keep_trajectories=True)
@@ -244,8 +293,8 @@ def test_keep_trajectories_strips_call_bodies_and_every_read_stays(services: Ser
     assert not any(batch_rows(counts(services), old).values())
 
 
-def test_an_interrupted_gc_finishes_on_the_next_run(services: Services) -> None:
-    old = run_batch(services, calculator("mul", "17 * 23", samples=3))
+def test_an_interrupted_gc_finishes_on_the_next_run(services: Services, batches: dict[str, uuid.UUID]) -> None:
+    old = batches["old"]  # three sessions
     age(services, old, finished_days_ago=40, created_days_ago=40)
     chunks: list[GcCounts] = []
 
@@ -262,8 +311,8 @@ def test_an_interrupted_gc_finishes_on_the_next_run(services: Services) -> None:
     assert not any(batch_rows(counts(services), old).values())
 
 
-def test_polar_gc_command(services: Services, url: str, tmp_path: Path) -> None:
-    old = run_batch(services, calculator("mul", "17 * 23", samples=1))
+def test_polar_gc_command(services: Services, url: str, batches: dict[str, uuid.UUID]) -> None:
+    old = batches["older"]  # one session
     age(services, old, finished_days_ago=40, created_days_ago=40)
     runner = CliRunner()
     env = {"POLAR_DATABASE_URL": url}
