@@ -37,7 +37,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from polar.client import PolarClient
-from polar.launcher import NodeSpec, Stack, free_port, pipeline_env, pipeline_specs
+from polar.launcher import NodeSpec, PoolLayout, Stack, free_port, pipeline_env, pipeline_specs
 from polar.lifecycle.dispatch import Stage
 from polar.storage.database import Database
 from polar.storage.migration import upgrade
@@ -61,6 +61,13 @@ class ChaosPlan:
     faults: bool = True  # False: the same batch undisturbed, for comparison
     schedule: Literal["short", "long"] = "short"
     outage_s: float = 60.0  # the long schedule: how long each outage lasts
+    # Each node's worker pools: the short schedule SIGKILLs a worker of every stage, so it needs one per stage; the
+    # long one kills no worker, and two pools per node serve it as well.
+    layout: PoolLayout = "per-stage"
+
+    def __post_init__(self) -> None:
+        if self.faults and self.schedule == "short" and self.layout != "per-stage":
+            raise ValueError("the short schedule kills a worker of every stage: it needs the per-stage layout")
 
     @property
     def pause_probe(self) -> bool:
@@ -160,8 +167,14 @@ class _Deployment:
             "POLAR_VISIBILITY_TIMEOUT": "60",
             "POLAR_PLUGIN_MODULES": "tests.e2e",  # the chaos agent is named by import path
         }
+        if self.plan.schedule == "long":
+            # The proxy and the workers ride out an unreachable database for as long as an outage lasts (at the
+            # default 60 s, the product's own default), so the Postgres outage, with its restart, outlasts what
+            # they ride out at any ``outage_s``.
+            env["POLAR_DB_OUTAGE"] = f"{self.plan.outage_s:g}"
         engine_args = ["--policy-config", json.dumps({"tokens": 16}), "--log", str(self.workdir / "engine.jsonl")]
-        specs = pipeline_specs(ports, "echo", engine_args, self.plan.run_concurrency, nodes=list(self.nodes.values()))
+        nodes, layout = list(self.nodes.values()), self.plan.layout
+        specs = pipeline_specs(ports, "echo", engine_args, self.plan.run_concurrency, nodes=nodes, layout=layout)
         self.stack = Stack(specs, env, self.workdir / "logs")
         self.stack.start(timeout_s=120)
         # As in production, a service manager restarts what exits (a Celery worker may, on a broker restart).

@@ -23,10 +23,10 @@ from polar.launcher import Stack, engine_spec, free_port, gunicorn_spec, pipelin
 from tests.real_vllm import SharedVllm, route_env
 from tests.support import HANG_GUARD_S, LiveProxy, domain_services, wait_until
 
-# ~300 tokens: ~15 s at 20 tokens/s. The first six calls must all be decoding when the pause lands; with ~2 s
+# ~150 tokens: ~7.5 s at 20 tokens/s. The first six calls must all be decoding when the pause lands; with ~2 s
 # calls, a run beside a busy core (`make test-stress`) got them to the engines more than 2 s apart, and never saw
 # six running at once.
-SAY = {"turns": [{"content": " ".join(["word"] * 300)}]}
+SAY = {"turns": [{"content": " ".join(["word"] * 150)}]}
 CALLS = 12
 # Real vLLM decodes the tiny model at hundreds of tokens a second here: 3,000 tokens keep a call in flight for
 # seconds (its route on the shared server, tests/real_vllm.py). With 1,500, a quiet run once saw all three end
