@@ -15,7 +15,7 @@ from tests.support import running_stack
 pytestmark = pytest.mark.long(seconds=40)  # dealt out first, longest first (tests/conftest.py)
 
 NODES = ("node-a", "node-b")
-TASKS, SAMPLES = 6, 4  # 24 sessions: enough for both nodes to take several (each has 2 run slots)
+TASKS, SAMPLES = 6, 2  # 12 sessions: enough for both nodes to take several (each has 2 run slots)
 
 
 def task(index: int, where_log: Path) -> dict:
@@ -48,7 +48,7 @@ def test_stages_stay_on_the_node_that_ran_init(database_url: str, broker_url: st
 
         nodes = dict(stack.sql("SELECT id::text, node FROM sessions"))
         per_node = Counter(nodes.values())
-        assert set(per_node) == set(NODES) and min(per_node.values()) >= 5, per_node  # both nodes did work
+        assert set(per_node) == set(NODES) and min(per_node.values()) >= 3, per_node  # both did a quarter or more
 
         # Every event a stage made after init (ready, running, postrun, the terminal one) came from the session's
         # node; admission and submission may come from anywhere.
