@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,17 +16,14 @@ from click.testing import CliRunner
 from polar import cli_views
 from polar.cli import main
 from polar.datasets import ARITHMETIC_ROWS, ARITHMETIC_TEMPLATE
-from tests.support import HANG_GUARD_S, RunningStack, command_task, running_stack
+from tests.support import HANG_GUARD_S, RunningStack, command_task
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def stack(
-    module_database_url: str, module_broker_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RunningStack]:
-    with running_stack(module_database_url, module_broker_url, tmp_path_factory.mktemp("cli")) as running:
-        yield running
+@pytest.fixture
+def stack(shared_stack: RunningStack) -> RunningStack:
+    return shared_stack
 
 
 @pytest.fixture
