@@ -24,6 +24,19 @@ def batch_timeout_s(sessions: int, run_concurrency: int, budget_s: float = SESSI
     return waves * (budget_s + 60) + 120
 
 
+# A batch of CLI sessions takes a minute or more: its status read every two seconds, not five times a second (each
+# read is a request to the API and a query).
+POLL_S = 2.0
+
+
+def wait_finished(stack: RunningStack, batch_id: str, timeout_s: float) -> dict[str, Any]:
+    """``RunningStack.wait`` at :data:`POLL_S`: the batch's final status, or the diagnosis past ``timeout_s``."""
+    try:
+        return stack.client.wait(batch_id, timeout_s=timeout_s, poll_s=POLL_S)
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{stack.diagnosis(batch_id)}") from None
+
+
 def content_for(harness: str, runtime: str) -> str:
     return f"HELLO-{harness.replace('_', '-')}-{runtime}-7"
 
@@ -51,7 +64,7 @@ def file_task_results(
         for runtime in runtimes
     ]
     submitted = stack.client.submit({"name": name, "tasks": tasks})
-    stack.wait(submitted["batch_id"], timeout_s=batch_timeout_s(len(tasks), RUN_CONCURRENCY))
+    wait_finished(stack, submitted["batch_id"], batch_timeout_s(len(tasks), RUN_CONCURRENCY))
     found: dict[str, Any] = {"stack": stack, "engine": stack.engine_entries()}
     for session in stack.client.sessions(submitted["batch_id"]):
         found[session["task_id"]] = session

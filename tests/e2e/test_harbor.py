@@ -27,6 +27,7 @@ from polar.harbor import find_task_folders, read_task_folder
 from polar.harbor.images import image_tag, task_image
 from polar.harnesses.install import install
 from tests.docker_engine import containers_of, require_docker_image
+from tests.e2e.file_task import wait_finished
 from tests.harbor_model import harbor_reads
 from tests.support import RunningStack
 
@@ -52,7 +53,7 @@ def results(shared_stack: RunningStack) -> dict[str, Any]:
     per_task = [arg for task, cli in CLIS.items() for arg in ("--harness", f"{task}={cli}")]
     mixed = submit(stack, "--harness", "oracle", *per_task)
     oracle = submit(stack, "--harness", "oracle", "--wait")
-    stack.wait(mixed, timeout_s=900)
+    wait_finished(stack, mixed, timeout_s=900)
     found: dict[str, Any] = {"stack": stack, "engine": stack.engine_entries()}
     for name, batch_id in (("oracle", oracle), ("mixed", mixed)):
         found[name] = {s["task_id"]: s for s in stack.client.sessions(batch_id)}

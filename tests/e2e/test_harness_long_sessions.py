@@ -15,6 +15,7 @@ import pytest
 
 from polar.harnesses.check import Report, build_report, check_task, decode_token
 from polar.harnesses.install import install
+from tests.e2e.file_task import wait_finished
 from tests.shared_stack import PLAN_STEPS, routed
 from tests.support import RunningStack
 
@@ -34,7 +35,7 @@ def reports(shared_stack: RunningStack) -> dict[tuple[str, bool], Report]:
             task.update(task_id=f"{cli}{'-tito' if tito else ''}", instruction=routed("plan", task["instruction"]))
             tasks.append({**task, "timeout_seconds": 600})
     submitted = shared_stack.client.submit({"name": "long-sessions", "tasks": tasks})
-    shared_stack.wait(submitted["batch_id"], timeout_s=1200)
+    wait_finished(shared_stack, submitted["batch_id"], timeout_s=1200)
     return _reports(shared_stack, submitted["batch_id"])
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from polar.harnesses.install import install
 from tests.docker_engine import containers_of, require_docker_image
-from tests.e2e.file_task import SESSION_BUDGET_S, batch_timeout_s
+from tests.e2e.file_task import SESSION_BUDGET_S, batch_timeout_s, wait_finished
 from tests.shared_stack import RUN_CONCURRENCY
 from tests.support import RunningStack
 
@@ -42,7 +42,7 @@ def test_the_six_clis_in_bwrap_and_docker(shared_stack: RunningStack) -> None:
     stack = shared_stack
     tasks = [cli_task(cli, backend) for backend in BACKENDS for cli in CLIS]
     submitted = stack.client.submit({"name": "sandboxed-clis", "tasks": tasks})
-    stack.wait(submitted["batch_id"], timeout_s=batch_timeout_s(len(tasks), RUN_CONCURRENCY))
+    wait_finished(stack, submitted["batch_id"], batch_timeout_s(len(tasks), RUN_CONCURRENCY))
     sessions = list(stack.client.sessions(submitted["batch_id"]))
     failures = []
     for session in sessions:
