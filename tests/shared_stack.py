@@ -5,7 +5,9 @@ or Celery); a module that needs nothing but the pipeline takes this one instead 
 modules that need settings of their own (faults, outages, two nodes, another engine, other timeouts) start theirs.
 
 What the stack serves: the reference engine with the ``route`` policy, each module's scripted "model" chosen by a
-marker in its task's instruction (``routed``), the ``arithmetic`` policy (always right) for everything else; the
+marker in its task's instruction (``routed``), the harness presets' file task ("Create FILE containing CONTENT") on
+the ``tool_user`` policy and their long sessions (``routed("plan", …)``) on the ``plan`` policy, with room for the
+CLIs' long prompts (``--max-model-len`` 2**20), the ``arithmetic`` policy (always right) for everything else; the
 Celery workers in the production layout's two pools; ``tests.e2e`` as a plugin module (harnesses and evaluators
 named by import path) and the repository on ``PYTHONPATH``; a read-only API token (``READ_TOKEN``); and an evaluator
 plugin distribution installed as an entry point (``mentions``, ``install_plugin``).
@@ -24,10 +26,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from polar.harnesses.check import MAX_MODEL_LEN
 from tests.support import RunningStack, running_stack
 
 REPO = Path(__file__).resolve().parents[1]
 READ_TOKEN = "shared-stack-reader-" + "r" * 32
+RUN_CONCURRENCY = 4  # the stack's run slots
 PLUGIN_SOURCE = '''
 from polar.evaluators.base import Evaluation
 
@@ -62,6 +66,15 @@ SCRIPTS: dict[str, dict[str, Any]] = {
     # tests/e2e/test_main_chain.py: the side-calls harness's title request, longer than the main chain.
     "title": {"turns": [{"content": "Title: " + "multiplying seventeen by twenty three, " * 12}]},
 }
+# Routes to the engine's own policies, for the harness presets' modules. They come first, so that a CLI's side call
+# that repeats the task (a title request) is answered as a stack running that policy alone would answer it.
+PLAN_STEPS = 20  # tests/e2e/test_harness_long_sessions.py: tool steps before the final answer
+POLICY_ROUTES: dict[str, dict[str, Any]] = {
+    # the long sessions, marked with ``routed("plan", …)``
+    "plan": {"policy": "plan", "config": {"steps": PLAN_STEPS}},
+    # the file task in its own words, unmarked (tests/e2e/file_task.py, the Harbor task folders' instructions)
+    "tool_user": {"match": r"(?i)\bcreate\s+\S+\s+containing\s", "policy": "tool_user", "config": {}},
+}
 # A route chosen by the harness's own prompt rather than the instruction (tests/e2e/agents/side_calls.py's title
 # request asks for a "short title").
 PROMPT_ROUTES = {"title": "short title"}
@@ -69,13 +82,15 @@ PROMPT_ROUTES = {"title": "short title"}
 
 def routed(name: str, instruction: str) -> str:
     """``instruction`` marked for the shared engine's ``name`` script."""
-    assert name in SCRIPTS, name
+    assert name in SCRIPTS or name in POLICY_ROUTES, name
     return f"{instruction} [route:{name}]"
 
 
 def engine_policy() -> dict[str, Any]:
     """The shared engine's ``route`` policy: each script by its marker (or prompt), the arithmetic policy else."""
-    routes: list[dict[str, Any]] = [
+    # the policy routes first, each by its marker or its own match
+    routes: list[dict[str, Any]] = [{"match": _marker(name), **route} for name, route in POLICY_ROUTES.items()]
+    routes += [
         {"match": PROMPT_ROUTES.get(name) or _marker(name), "policy": "scripted", "config": script}
         for name, script in SCRIPTS.items()
     ]
@@ -107,8 +122,9 @@ def start_shared_stack(database_url: str, broker_url: str, tmp: Path) -> Iterato
         "POLAR_API_READ_TOKEN": READ_TOKEN,
     }
     with running_stack(
-        database_url, broker_url, tmp, policy="route", policy_config=json.dumps(engine_policy()), run_concurrency=4,
-        env=env,
+        database_url, broker_url, tmp, policy="route", policy_config=json.dumps(engine_policy()),
+        run_concurrency=RUN_CONCURRENCY,
+        env=env, engine_args=["--max-model-len", str(MAX_MODEL_LEN)],
     ) as stack:  # fmt: skip
         yield stack
 

@@ -1,18 +1,17 @@
 """The file task every harness preset is proven on ("create hello.txt containing …"), shared by the modules that
-run presets end to end: one batch of every harness x runtime on the reference engine's ``tool_user`` policy, and
-the check that a session completed it with reward 1.0 and that each captured call is what the engine served."""
+run presets end to end: one batch of every harness x runtime on the test process's shared stack, whose engine
+answers the task with its ``tool_user`` policy (tests/shared_stack.py), and the check that a session completed it
+with reward 1.0 and that each captured call is what the engine served."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from polar.harnesses.install import install
-from tests.support import RunningStack, running_stack
+from tests.shared_stack import RUN_CONCURRENCY
+from tests.support import RunningStack
 
-REPO = str(Path(__file__).resolve().parents[2])
 # A session's budget only catches a hung harness, so it is generous: on a loaded 2-core CI machine OpenClaw in bwrap
 # spent 33 s preparing its first turn and 46 s on SQLite maintenance, and was cut at the 240 s it had then.
 SESSION_BUDGET_S = 600
@@ -25,43 +24,51 @@ def batch_timeout_s(sessions: int, run_concurrency: int, budget_s: float = SESSI
     return waves * (budget_s + 60) + 120
 
 
+# A batch of CLI sessions takes a minute or more: its status read every two seconds, not five times a second (each
+# read is a request to the API and a query).
+POLL_S = 2.0
+
+
+def wait_finished(stack: RunningStack, batch_id: str, timeout_s: float) -> dict[str, Any]:
+    """``RunningStack.wait`` at :data:`POLL_S`: the batch's final status, or the diagnosis past ``timeout_s``."""
+    try:
+        return stack.client.wait(batch_id, timeout_s=timeout_s, poll_s=POLL_S)
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{stack.diagnosis(batch_id)}") from None
+
+
 def content_for(harness: str, runtime: str) -> str:
     return f"HELLO-{harness.replace('_', '-')}-{runtime}-7"
 
 
-@contextmanager
 def file_task_results(
-    database_url: str, broker_url: str, tmp: Path, harnesses: Sequence[str], runtimes: Sequence[str],
-    run_concurrency: int,
-) -> Iterator[dict[str, Any]]:  # fmt: skip
-    """Install ``harnesses``, run the file task for each harness x runtime in one batch; yield the sessions by
-    ``"<harness>-<runtime>"``, with ``"stack"`` and ``"engine"`` (the engine's log by response id)."""
+    stack: RunningStack, name: str, harnesses: Sequence[str], runtimes: Sequence[str]
+) -> dict[str, Any]:
+    """Install ``harnesses``, run the file task for each harness x runtime in one batch on ``stack`` (the shared
+    stack); the sessions by ``"<harness>-<runtime>"``, with ``"stack"`` and
+    ``"engine"`` (the engine's log since the module began, by response id)."""
     install(harnesses)
-    with running_stack(
-        database_url, broker_url, tmp, policy="tool_user", policy_config="{}", run_concurrency=run_concurrency,
-        env={"PYTHONPATH": REPO, "POLAR_PLUGIN_MODULES": "tests.e2e"},
-    ) as stack:  # fmt: skip
-        tasks = [
-            {
-                "task_id": f"{harness}-{runtime}",
-                "instruction": f"Create hello.txt containing {content_for(harness, runtime)}",
-                "timeout_seconds": SESSION_BUDGET_S,
-                "runtime": {"backend": runtime},
-                "harness": {"name": harness},
-                "evaluator": {
-                    "name": "tests.e2e.file_check:FileContent",
-                    "config": {"path": "hello.txt", "content": content_for(harness, runtime)},
-                },
-            }
-            for harness in harnesses
-            for runtime in runtimes
-        ]
-        submitted = stack.client.submit({"name": tmp.name, "tasks": tasks})
-        stack.wait(submitted["batch_id"], timeout_s=batch_timeout_s(len(tasks), run_concurrency))
-        found: dict[str, Any] = {"stack": stack, "engine": stack.engine_entries()}
-        for session in stack.client.sessions(submitted["batch_id"]):
-            found[session["task_id"]] = session
-        yield found
+    tasks = [
+        {
+            "task_id": f"{harness}-{runtime}",
+            "instruction": f"Create hello.txt containing {content_for(harness, runtime)}",
+            "timeout_seconds": SESSION_BUDGET_S,
+            "runtime": {"backend": runtime},
+            "harness": {"name": harness},
+            "evaluator": {
+                "name": "tests.e2e.file_check:FileContent",
+                "config": {"path": "hello.txt", "content": content_for(harness, runtime)},
+            },
+        }
+        for harness in harnesses
+        for runtime in runtimes
+    ]
+    submitted = stack.client.submit({"name": name, "tasks": tasks})
+    wait_finished(stack, submitted["batch_id"], batch_timeout_s(len(tasks), RUN_CONCURRENCY))
+    found: dict[str, Any] = {"stack": stack, "engine": stack.engine_entries()}
+    for session in stack.client.sessions(submitted["batch_id"]):
+        found[session["task_id"]] = session
+    return found
 
 
 def check_file_task(results: dict[str, Any], harness: str, runtime: str, min_calls: int = 2) -> None:

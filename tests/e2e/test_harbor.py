@@ -1,5 +1,6 @@
 """Harbor task folders as one Polar batch in Docker, through ``polar submit --harbor`` against a whole stack (API,
-stage workers, proxy, the reference engine with the ``tool_user`` policy).
+stage workers, proxy, the reference engine answering the tasks with its ``tool_user`` policy: the test process's
+shared stack).
 
 ``tests/e2e/harbor_tasks`` holds seven task folders, each read first by Harbor's own task model (the ``harbor``
 package). Each environment is built locally from its Dockerfile (``FROM polar-test:latest``, no registry):
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,12 @@ from polar.harbor import find_task_folders, read_task_folder
 from polar.harbor.images import image_tag, task_image
 from polar.harnesses.install import install
 from tests.docker_engine import containers_of, require_docker_image
+from tests.e2e.file_task import wait_finished
 from tests.harbor_model import harbor_reads
-from tests.support import RunningStack, running_stack
+from tests.support import RunningStack
 
-pytestmark = [pytest.mark.long(seconds=171), pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.long(seconds=109), pytest.mark.timeout(1500)]
 
-REPO = str(Path(__file__).resolve().parents[2])
 TASKS = Path(__file__).resolve().parent / "harbor_tasks"
 CLIS = {"hello-pi": "pi", "hello-codex": "codex", "hello-claude": "claude_code", "hello-gemini": "gemini_cli"}
 SOLVABLE = ("count-lines", "hello-claude", "hello-codex", "hello-gemini", "hello-pi")
@@ -46,24 +46,18 @@ def submit(stack: RunningStack, *args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def results(
-    module_database_url: str, module_broker_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Any]]:
+def results(shared_stack: RunningStack) -> dict[str, Any]:
     require_docker_image()
     install(CLIS.values())
-    tmp = tmp_path_factory.mktemp("harbor")
-    with running_stack(
-        module_database_url, module_broker_url, tmp, policy="tool_user", policy_config="{}", run_concurrency=4,
-        env={"PYTHONPATH": REPO},
-    ) as stack:  # fmt: skip
-        per_task = [arg for task, cli in CLIS.items() for arg in ("--harness", f"{task}={cli}")]
-        mixed = submit(stack, "--harness", "oracle", *per_task)
-        oracle = submit(stack, "--harness", "oracle", "--wait")
-        stack.wait(mixed, timeout_s=900)
-        found: dict[str, Any] = {"stack": stack, "engine": stack.engine_entries()}
-        for name, batch_id in (("oracle", oracle), ("mixed", mixed)):
-            found[name] = {s["task_id"]: s for s in stack.client.sessions(batch_id)}
-        yield found
+    stack = shared_stack
+    per_task = [arg for task, cli in CLIS.items() for arg in ("--harness", f"{task}={cli}")]
+    mixed = submit(stack, "--harness", "oracle", *per_task)
+    oracle = submit(stack, "--harness", "oracle", "--wait")
+    wait_finished(stack, mixed, timeout_s=900)
+    found: dict[str, Any] = {"stack": stack, "engine": stack.engine_entries()}
+    for name, batch_id in (("oracle", oracle), ("mixed", mixed)):
+        found[name] = {s["task_id"]: s for s in stack.client.sessions(batch_id)}
+    return found
 
 
 def test_harbor_reads_every_folder_as_polar_does() -> None:

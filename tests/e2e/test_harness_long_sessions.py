@@ -1,15 +1,13 @@
 """The six coding-agent CLIs, unmodified, over long sessions: each runs the reference engine's ``plan`` policy
-(20 tool steps on whatever tools it offers, then a final answer) through the whole pipeline, once with and once
-without token-in-token-out, all twelve sessions in one batch. Per CLI it records calls, chains, the merge rate
-and breaks by reason (printed as the table in docs/harnesses.md); with TITO every CLI's main chain merges
-completely, and no break in any run is left unexplained.
+(20 tool steps on whatever tools it offers, then a final answer) through the whole pipeline (the test process's
+shared stack, its ``plan`` route), once with and once without token-in-token-out, all twelve sessions in one batch.
+Per CLI it records calls, chains, the merge rate and breaks by reason (printed as the table in docs/harnesses.md);
+with TITO every CLI's main chain merges completely, and no break in any run is left unexplained.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -17,32 +15,28 @@ import pytest
 
 from polar.harnesses.check import Report, build_report, check_task, decode_token
 from polar.harnesses.install import install
-from tests.support import RunningStack, running_stack
+from tests.e2e.file_task import wait_finished
+from tests.shared_stack import PLAN_STEPS, routed
+from tests.support import RunningStack
 
-pytestmark = [pytest.mark.long(seconds=230), pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.long(seconds=130), pytest.mark.timeout(1500)]
 
 CLIS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi")
-STEPS = 20
+STEPS = PLAN_STEPS
 
 
 @pytest.fixture(scope="module")
-def reports(
-    module_database_url: str, module_broker_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[tuple[str, bool], Report]]:
+def reports(shared_stack: RunningStack) -> dict[tuple[str, bool], Report]:
     install(CLIS)
-    tmp = tmp_path_factory.mktemp("long-sessions")
-    with running_stack(
-        module_database_url, module_broker_url, tmp, policy="plan", policy_config=json.dumps({"steps": STEPS}),
-        run_concurrency=4, engine_args=["--max-model-len", str(1 << 20)],
-    ) as stack:  # fmt: skip
-        tasks = []
-        for cli in CLIS:
-            for tito in (False, True):
-                task = check_task(cli, STEPS, tito)
-                tasks.append({**task, "task_id": f"{cli}{'-tito' if tito else ''}", "timeout_seconds": 600})
-        submitted = stack.client.submit({"name": "long-sessions", "tasks": tasks})
-        stack.wait(submitted["batch_id"], timeout_s=1200)
-        yield _reports(stack, submitted["batch_id"])
+    tasks = []
+    for cli in CLIS:
+        for tito in (False, True):
+            task = check_task(cli, STEPS, tito)
+            task.update(task_id=f"{cli}{'-tito' if tito else ''}", instruction=routed("plan", task["instruction"]))
+            tasks.append({**task, "timeout_seconds": 600})
+    submitted = shared_stack.client.submit({"name": "long-sessions", "tasks": tasks})
+    wait_finished(shared_stack, submitted["batch_id"], timeout_s=1200)
+    return _reports(shared_stack, submitted["batch_id"])
 
 
 def _reports(stack: RunningStack, batch_id: str) -> dict[tuple[str, bool], Report]:

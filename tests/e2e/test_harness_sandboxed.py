@@ -1,28 +1,27 @@
 """The six real CLIs in the sandboxed runtimes: each inside bubblewrap and inside a Docker container, where the
 network holds nothing but the relay to the proxy, through the whole pipeline (API, stage workers, proxy,
-reference engine with the ``tool_user`` policy). All twelve sessions run in one batch; the file each CLI was
-asked to create is checked in the session's work folder by the ``FileContent`` evaluator."""
+reference engine answering with the ``tool_user`` policy: the test process's shared stack). All twelve sessions run
+in one batch; the file each CLI was asked to create is checked in the session's work folder by the ``FileContent``
+evaluator, and every container is gone once its session has ended."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from polar.harnesses.install import install
 from tests.docker_engine import containers_of, require_docker_image
-from tests.e2e.file_task import SESSION_BUDGET_S, batch_timeout_s
-from tests.support import running_stack
+from tests.e2e.file_task import SESSION_BUDGET_S, batch_timeout_s, wait_finished
+from tests.shared_stack import RUN_CONCURRENCY
+from tests.support import RunningStack
 
 # Dealt out first, longest first (tests/conftest.py). It installs the six CLIs first and then waits for three waves
 # of sessions that may each use their whole budget: the default 300 s per test cut it short on slow machines.
-pytestmark = [pytest.mark.long(seconds=52), pytest.mark.timeout(2700)]
+pytestmark = [pytest.mark.long(seconds=45), pytest.mark.timeout(2700)]
 
-REPO = str(Path(__file__).resolve().parents[2])
 CLIS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi")
 BACKENDS = ("bwrap", "docker")
-RUN_CONCURRENCY = 4
 
 
 def cli_task(cli: str, backend: str) -> dict[str, Any]:
@@ -37,27 +36,25 @@ def cli_task(cli: str, backend: str) -> dict[str, Any]:
     }
 
 
-def test_the_six_clis_in_bwrap_and_docker(database_url: str, broker_url: str, tmp_path: Path) -> None:
+def test_the_six_clis_in_bwrap_and_docker(shared_stack: RunningStack) -> None:
     require_docker_image()
     install(CLIS)
-    with running_stack(
-        database_url, broker_url, tmp_path, policy="tool_user", policy_config="{}", run_concurrency=RUN_CONCURRENCY,
-        env={"PYTHONPATH": REPO, "POLAR_PLUGIN_MODULES": "tests.e2e"},
-    ) as stack:  # fmt: skip
-        tasks = [cli_task(cli, backend) for backend in BACKENDS for cli in CLIS]
-        submitted = stack.client.submit({"name": "sandboxed-clis", "tasks": tasks})
-        stack.wait(submitted["batch_id"], timeout_s=batch_timeout_s(len(tasks), RUN_CONCURRENCY))
-        sessions = list(stack.client.sessions(submitted["batch_id"]))
-        failures = []
-        for session in sessions:
-            details = session.get("evaluation") or {}
-            if session["reward"] != 1.0:
-                failures.append(f"{session['task_id']}: {session['state']} error={session['error']!r} "
-                                f"found={details.get('found')!r}")  # fmt: skip
-                continue
-            calls = stack.client.calls(session["session_id"])
-            assert calls and all(c["completion_token_ids"] for c in calls), session["task_id"]
-            assert stack.client.trajectories(session["session_id"]), session["task_id"]
-        assert not failures, "\n".join(failures)
-        assert len(sessions) == len(tasks)
-    assert all(containers_of(s["session_id"]) == [] for s in sessions)
+    stack = shared_stack
+    tasks = [cli_task(cli, backend) for backend in BACKENDS for cli in CLIS]
+    submitted = stack.client.submit({"name": "sandboxed-clis", "tasks": tasks})
+    wait_finished(stack, submitted["batch_id"], batch_timeout_s(len(tasks), RUN_CONCURRENCY))
+    sessions = list(stack.client.sessions(submitted["batch_id"]))
+    failures = []
+    for session in sessions:
+        details = session.get("evaluation") or {}
+        if session["reward"] != 1.0:
+            failures.append(f"{session['task_id']}: {session['state']} error={session['error']!r} "
+                            f"found={details.get('found')!r}")  # fmt: skip
+            continue
+        calls = stack.client.calls(session["session_id"])
+        assert calls and all(c["completion_token_ids"] for c in calls), session["task_id"]
+        assert stack.client.trajectories(session["session_id"]), session["task_id"]
+    assert not failures, "\n".join(failures)
+    assert len(sessions) == len(tasks)
+    # postrun removes a session's containers right after storing its end
+    stack.wait_until(lambda: all(containers_of(s["session_id"]) == [] for s in sessions), message="containers to go")

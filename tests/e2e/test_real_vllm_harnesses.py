@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from polar.harnesses.install import install
-from tests.e2e.file_task import SESSION_BUDGET_S, batch_timeout_s
+from tests.e2e.file_task import SESSION_BUDGET_S, batch_timeout_s, wait_finished
 from tests.real_vllm import SharedVllm
 from tests.support import RunningStack, engine_tokenize, running_stack
 
 pytestmark = [
-    pytest.mark.long(seconds=250),
+    pytest.mark.long(seconds=125),
     pytest.mark.timeout(3000),
 ]  # three waves of sessions that may each use their budget
 
@@ -67,7 +67,7 @@ def results(
             for harness in HARNESSES
         ]  # fmt: skip
         submitted = stack.client.submit({"name": "real-vllm-harnesses", "tasks": tasks})
-        stack.wait(submitted["batch_id"], timeout_s=batch_timeout_s(len(tasks), RUN_CONCURRENCY))
+        wait_finished(stack, submitted["batch_id"], batch_timeout_s(len(tasks), RUN_CONCURRENCY))
         found: dict[str, Any] = {"stack": stack}
         for session in stack.client.sessions(submitted["batch_id"]):
             found[session["task_id"]] = session
