@@ -1,11 +1,18 @@
 """SIGKILL a run worker mid-session: the session still ends in a terminal state with the call it already
 made rebuilt into a trajectory (kept for audit), the orphaned harness is killed, the sample is retried as a new
 attempt that completes, the lost attempt never reaches the feed or the exports, and nothing is duplicated, even
-after the broker redelivers the killed worker's unacknowledged message."""
+after the broker redelivers the killed worker's unacknowledged message.
+
+Kombu's Redis transport puts back a message left unacknowledged past the visibility timeout when a worker starts,
+and then only about every 100 s (``unacked_restore_interval`` x ``unacked_restore_throttle``). So the replacement
+run worker starts only once the visibility timeout has passed since the killed worker took the victim's message:
+its start-up sweep must hand that same message (the same Celery task id) back, and the test waits until the
+replacement has handled it before it counts what the batch left."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -13,6 +20,12 @@ from pathlib import Path
 from tests.support import process_alive, running_stack, wait_until
 
 REPO = str(Path(__file__).resolve().parents[2])
+VISIBILITY_S = 6.0  # well past what a loaded machine's prep worker holds its short stages' messages
+
+
+def run_tasks(log: str, event: str) -> list[str]:
+    """The Celery task ids of the ``polar.run`` messages a worker's log says were ``received`` (or ``succeeded``)."""
+    return re.findall(rf"Task polar\.run\[([0-9a-f-]+)\] {event}", log)
 
 
 def slow_task(task_id: str, seconds: float, pid_dir: Path) -> dict:
@@ -30,31 +43,43 @@ def slow_task(task_id: str, seconds: float, pid_dir: Path) -> dict:
 def test_killed_run_worker_loses_nothing(database_url: str, broker_url: str, tmp_path: Path) -> None:
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    env = {"POLAR_VISIBILITY_TIMEOUT": "6", "POLAR_PLUGIN_MODULES": "tests.e2e"}
+    env = {"POLAR_VISIBILITY_TIMEOUT": f"{VISIBILITY_S:g}", "POLAR_PLUGIN_MODULES": "tests.e2e"}
     with running_stack(database_url, broker_url, tmp_path, run_concurrency=1, env=env) as stack:
         batch = {"tasks": [slow_task("victim", 120, pid_dir), slow_task("next", 0.5, pid_dir)]}
         submitted = stack.client.submit(batch)
         victim = wait_until(
-            lambda: stack.sql(
-                "SELECT id FROM sessions WHERE task_id = 'victim' AND state = 'running' AND num_calls = 1"
-            ),
-            message="the victim session to make its call",
+            lambda: stack.sql("SELECT id FROM sessions WHERE task_id = 'victim' AND state = 'running'"),
+            message="the victim session to start running",
         )[0][0]
         delivered_by = time.monotonic()  # the victim's run message was delivered before it ran
+        wait_until(
+            lambda: stack.sql("SELECT 1 FROM sessions WHERE id = :id AND num_calls = 1", id=victim),
+            message="the victim session to make its call",
+        )
         harness_pid = int(wait_until(lambda: (pid_dir / str(victim)).exists() and (pid_dir / str(victim)).read_text()))
         stack.stack.signal("worker-run", signal.SIGKILL)
         stack.stack.processes["worker-run"].wait()
+        worker_log = stack.stack.log("worker-run")
+        killed_log = worker_log.read_bytes()
+        received = run_tasks(killed_log.decode(errors="replace"), "received")
+        finished = run_tasks(killed_log.decode(errors="replace"), "succeeded")
+        # One run slot, one message prefetched: the victim's is the one the killed worker held unacknowledged.
+        (victim_message,) = [task for task in received if task not in finished]
+        # The replacement's start-up sweep comes after this: the victim's message is past its visibility timeout.
+        time.sleep(max(0.0, delivered_by + VISIBILITY_S - time.monotonic()))
         stack.stack.start_one("worker-run")
 
         batch_id = submitted["batch_id"]
         final = stack.wait(batch_id, timeout_s=300)
         assert final["counts"] == {"completed": 2}  # each sample once, by its latest attempt
         assert final["attempts"] == {"retried": 1, "out_of_attempts": 0}
-        # Past the visibility timeout since the killed worker's message was delivered, and 2 s more (the batch's end
-        # is usually later already): a message back by then must change nothing. Kombu looks for such messages when
-        # a worker starts and then about every 100 s (unacked_restore_interval x unacked_restore_throttle), so it may
-        # well come back only after the test.
-        time.sleep(max(0.0, delivered_by + 8 - time.monotonic()))
+        # The broker handed the killed worker's message back, and the replacement has handled it (changing nothing,
+        # as the counts below say).
+        stack.wait_until(
+            lambda: victim_message in run_tasks(worker_log.read_bytes()[len(killed_log) :].decode(errors="replace"),
+                                                "succeeded"),
+            message=f"the killed worker's message {victim_message} to come back and be handled",
+        )  # fmt: skip
 
         (row,) = stack.sql(
             "SELECT state, outcome, outcome_class, error, num_calls, reward, retried_as FROM sessions WHERE id = :id",

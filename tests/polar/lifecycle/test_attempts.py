@@ -222,17 +222,18 @@ def test_harness_exit_nonzero_is_a_task_outcome(services: Services) -> None:
 
 
 def test_budget_timeout_is_a_task_outcome(services: Services) -> None:
-    # The budget starts with the harness (nothing before is charged), which outlasts it.
-    submit_tasks(services, command_task("t", "sleep 30", timeout_seconds=3.0))
+    # The budget starts with the harness (nothing before is charged), which outlasts it many times over.
+    submit_tasks(services, command_task("t", "sleep 30", timeout_seconds=1.0))
     deliver_all(services, until=calls_before_postrun(services))
     assert ended(only(services)) == ("timed_out", "timeout", "task")
 
 
 def test_a_wait_in_ready_longer_than_the_budget_is_not_charged(services: Services) -> None:
-    # Audit F2: the harness needs 2 s of its 4 s budget; the session waits 4.5 s for a run slot first.
-    submit_tasks(services, command_task("t", "sleep 2", timeout_seconds=4.0, max_attempts=1))
+    # Audit F2: the harness needs 1 s of its 2.5 s budget (1.5 s for a loaded machine to start it); the session
+    # waits 3 s for a run slot first, longer than the whole budget.
+    submit_tasks(services, command_task("t", "sleep 1", timeout_seconds=2.5, max_attempts=1))
     deliver_all(services, until=lambda stage, _: stage is Stage.RUN)
-    time.sleep(4.5)
+    time.sleep(3.0)
     reconcile(services)  # a wait in ready never expires
     deliver_all(services, until=calls_before_postrun(services))
     session = only(services)
@@ -273,9 +274,10 @@ def test_copying_what_does_not_exist_is_the_infrastructures(services: Services, 
 
 
 def test_an_init_out_of_budget_is_the_infrastructures_and_retried(services: Services) -> None:
-    # The prepare step needs longer than the whole budget: the harness never starts.
+    # The prepare step needs longer than the whole budget: the harness never starts. A second of budget is many
+    # times what making the runtime takes before the step starts, on a loaded machine too.
     prepare = {"prepare": [{"run": "sleep 60"}]}
-    batch_id = submit_tasks(services, command_task("t", "true", timeout_seconds=2.0, runtime=prepare, max_attempts=2))
+    batch_id = submit_tasks(services, command_task("t", "true", timeout_seconds=1.0, runtime=prepare, max_attempts=2))
     deliver_all(services)
     first, second = attempts(services)
     assert ended(first) == ended(second) == ("timed_out", "init_timeout", "infrastructure")

@@ -46,7 +46,8 @@ def test_a_harness_that_works_through_a_pause_is_charged_it(database_url: str, t
     services = domain_services(database_url, tmp_path / "work", heartbeat_interval_s=0.3)
     started, go = tmp_path / "started", tmp_path / "go"
     command = f"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done"
-    submit_tasks(services, command_task("t", command, timeout_seconds=3.0, max_attempts=1))
+    # 2 s: far more than it takes to see the harness start and pause the calls.
+    submit_tasks(services, command_task("t", command, timeout_seconds=2.0, max_attempts=1))
     runner = threading.Thread(target=deliver_all, args=(services,))
     runner.start()
     try:
@@ -185,11 +186,11 @@ def test_the_harness_starts_once_an_engine_answers(database_url: str, tmp_path: 
     port = free_port()
     engine = f"http://127.0.0.1:{port}"
     services = domain_services(database_url, tmp_path / "work", engine_urls=(engine,), engine_wait_s=60.0)
-    # The harness needs the engine at once, and has less budget than the engine takes to start (4 s of budget
-    # for a python3 probe: slack for a loaded machine).
+    # The harness needs the engine at once, and has less budget than the engine takes to start (2 s of budget
+    # for a python3 probe: slack for a loaded machine; the engine 3.5 s, past the budget even after init and ready).
     probe = f"python3 -c \"import urllib.request; urllib.request.urlopen('{engine}/health', timeout=2)\""
-    submit_tasks(services, command_task("t", probe, timeout_seconds=4.0, max_attempts=1))
-    with _engine_after(port, delay_s=5.0):
+    submit_tasks(services, command_task("t", probe, timeout_seconds=2.0, max_attempts=1))
+    with _engine_after(port, delay_s=3.5):
         deliver_all(services)
     session = _only(services)
     assert (session.state, session.outcome, session.reward) == ("completed", "exited", 1.0), session.error
