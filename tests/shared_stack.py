@@ -74,6 +74,8 @@ POLICY_ROUTES: dict[str, dict[str, Any]] = {
     "plan": {"policy": "plan", "config": {"steps": PLAN_STEPS}},
     # the file task in its own words, unmarked (tests/e2e/file_task.py, the Harbor task folders' instructions)
     "tool_user": {"match": r"(?i)\bcreate\s+\S+\s+containing\s", "policy": "tool_user", "config": {}},
+    # tests/e2e/test_generate.py: about half the answers wrong, so the acceptance threshold has something to drop
+    "half_right": {"policy": "arithmetic", "config": {"accuracy": 0.5}},
 }
 # A route chosen by the harness's own prompt rather than the instruction (tests/e2e/agents/side_calls.py's title
 # request asks for a "short title").
