@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.docker_engine import containers_of, require_docker_image
-from tests.support import command_task, running_stack, wait_until
+from tests.support import RunningStack, command_task, running_stack, wait_until
 
 DOCKER = {"runtime": {"backend": "docker"}}
 
@@ -28,19 +28,19 @@ def _running_session(stack, task_id: str) -> object:  # type: ignore[no-untyped-
     return rows[0][0]
 
 
-def test_a_session_runs_inside_its_container(database_url: str, broker_url: str, tmp_path: Path) -> None:
+def test_a_session_runs_inside_its_container(shared_stack: RunningStack, tmp_path: Path) -> None:
+    stack = shared_stack
     host_only = tmp_path / "host-only.txt"
     host_only.write_text("the host sees this")
     # Exits 0 only inside a container that cannot see the host's files.
     command = f"test -f /.dockerenv && test ! -e {host_only} && echo inside > marker.txt && sleep 2"
-    with running_stack(database_url, broker_url, tmp_path) as stack:
-        submitted = stack.client.submit({"tasks": [command_task("in-docker", command, **DOCKER)]})
-        session_id = _running_session(stack, "in-docker")
-        assert len(containers_of(session_id)) == 1  # created by init, running now
-        final = stack.wait(submitted["batch_id"], timeout_s=300)
-        errors = stack.sql("SELECT error FROM sessions")
-        assert final["counts"] == {"completed": 1}, errors
-        wait_until(lambda: containers_of(session_id) == [], timeout_s=120, message="postrun to remove the container")
+    submitted = stack.client.submit({"tasks": [command_task("in-docker", command, **DOCKER)]})
+    session_id = _running_session(stack, "in-docker")
+    assert len(containers_of(session_id)) == 1  # created by init, running now
+    final = stack.wait(submitted["batch_id"], timeout_s=300)
+    errors = stack.sql("SELECT error FROM sessions WHERE batch_id = :b", b=submitted["batch_id"])
+    assert final["counts"] == {"completed": 1}, errors
+    wait_until(lambda: containers_of(session_id) == [], timeout_s=120, message="postrun to remove the container")
 
 
 def test_a_killed_run_worker_still_ends_terminal_and_removes_the_container(
