@@ -30,7 +30,7 @@ from tests.conftest import redis_database
 from tests.doc_blocks import ROOT, Block, blocks
 from tests.support import HANG_GUARD_S, RunningStack, running_stack
 
-pytestmark = pytest.mark.long(seconds=267)  # dealt out first, longest first (tests/conftest.py)
+pytestmark = pytest.mark.long(seconds=160)  # dealt out first, longest first (tests/conftest.py)
 
 T = TypeVar("T")
 READ_TOKEN = "doc-reader-" + "d" * 32
