@@ -3,7 +3,10 @@ stack (``tests/docs/test_doc_blocks.py`` checks the rest: JSON task requests val
 ``test_sql_doc.py`` runs the SQL).
 
 A block runs with ``bash -euo pipefail`` in a scratch directory that holds ``batch.json`` (the request of
-docs/running-a-batch.md) and links to the checkout's ``.venv`` and ``polar/`` (for ``polar/datasets``). The
+docs/running-a-batch.md), a link to the checkout's ``.venv`` and a ``polar/`` of links to the checkout's, whose
+``datasets/arithmetic.jsonl`` holds the dataset's first ``DATASET_ROWS`` rows: a block that submits the whole
+dataset runs each command as written on fewer sessions (``tests/polar/test_loaders.py`` renders every row through
+the template and checks its answer). The
 reader's placeholders are filled in the way the docs say: a line ``export NAME=...`` means "set NAME yourself",
 and the test sets it (the stack's URLs and tokens, and ``BATCH_ID`` / ``SESSION_ID`` of a finished batch);
 the example host path ``/data`` becomes a directory of the test's. A block that cannot run here is listed in
@@ -27,10 +30,11 @@ from tests.conftest import redis_database
 from tests.doc_blocks import ROOT, Block, blocks
 from tests.support import HANG_GUARD_S, RunningStack, running_stack
 
-pytestmark = pytest.mark.long(seconds=267)  # dealt out first, longest first (tests/conftest.py)
+pytestmark = pytest.mark.long(seconds=160)  # dealt out first, longest first (tests/conftest.py)
 
 T = TypeVar("T")
 READ_TOKEN = "doc-reader-" + "d" * 32
+DATASET_ROWS = 2  # of polar/datasets/arithmetic.jsonl in the reader's directory (the docs' --limit 2 takes as many)
 PLACEHOLDER = re.compile(r"^export (\w+)=(?:\.\.\.|…)\s*(?:#.*)?$", re.M)
 # (page, text the block starts with) -> why it is not run here, and what runs it instead.
 NOT_RUN = {
@@ -90,8 +94,11 @@ def reader(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -
     (data / "repo" / "README").write_text("copied in by a prepare step\n")
     workdir = tmp / "reader"
     workdir.mkdir()
-    for name in (".venv", "polar"):
-        (workdir / name).symlink_to(ROOT / name)
+    (workdir / ".venv").symlink_to(ROOT / ".venv")
+    _link_children(ROOT / "polar", workdir / "polar", but="datasets")
+    _link_children(ROOT / "polar" / "datasets", workdir / "polar" / "datasets", but="arithmetic.jsonl")
+    rows = (ROOT / "polar" / "datasets" / "arithmetic.jsonl").read_text().splitlines(keepends=True)
+    (workdir / "polar" / "datasets" / "arithmetic.jsonl").write_text("".join(rows[:DATASET_ROWS]))
     # the page's first request is "the request below" that its `polar submit batch.json` sends
     request = next(b for b in blocks("json") if b.path.name == "running-a-batch.md" and '"tasks"' in b.body)
     (workdir / "batch.json").write_text(request.body.replace('"/data/', f'"{data}/'))
@@ -113,6 +120,14 @@ def reader(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -
             "SESSION_ID": session_id,
         }
         yield Reader(stack, workdir, shell)
+
+
+def _link_children(source: Path, target: Path, but: str) -> None:
+    """``target``: a directory of links to everything in ``source`` except ``but``."""
+    target.mkdir()
+    for child in source.iterdir():
+        if child.name != but:
+            (target / child.name).symlink_to(child)
 
 
 def run_shell(block: Block, reader: Reader) -> subprocess.CompletedProcess[str]:
