@@ -39,6 +39,7 @@ import sqlalchemy as sa
 from polar.client import PolarClient
 from polar.launcher import NodeSpec, PoolLayout, Stack, free_port, pipeline_env, pipeline_specs
 from polar.lifecycle.dispatch import Stage
+from polar.lifecycle.states import TERMINAL
 from polar.storage.database import Database
 from polar.storage.migration import upgrade
 from tests.private_services import PrivatePostgres, PrivateRedis
@@ -422,7 +423,7 @@ _PROBE_REFUSED = "SELECT 1 FROM call_refusals WHERE session_id = CAST(:session A
 # The probe's attempt was refused by its pause, or is over without it (lost to another fault: then it is retried).
 _PROBE_MET_PAUSE = (
     "SELECT 1 FROM sessions WHERE id = CAST(:session AS uuid) "
-    f"AND (state IN ('completed', 'failed', 'timed_out', 'cancelled') OR EXISTS ({_PROBE_REFUSED}))"
+    f"AND (state IN ({', '.join(sorted(repr(state.value) for state in TERMINAL))}) OR EXISTS ({_PROBE_REFUSED}))"
 )
 _PROBE_SCORED = f"SELECT 1 FROM sessions WHERE task_id = '{PROBE_TASK}' AND feed_seq IS NOT NULL"
 

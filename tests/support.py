@@ -127,11 +127,11 @@ class RunningStack:
         with self.db.engine.connect() as connection:
             return list(connection.execute(sa.text(query), params).all())
 
-    def wait(self, batch_id: str, timeout_s: float = 600) -> dict[str, Any]:
-        """The batch's final status; past ``timeout_s`` (a hang guard), fail with the batch's state and the tails of
-        every process's log, so a CI failure says what the stack was doing."""
+    def wait(self, batch_id: str, timeout_s: float = 600, poll_s: float = 0.2) -> dict[str, Any]:
+        """The batch's final status, read every ``poll_s``; past ``timeout_s`` (a hang guard), fail with the batch's
+        state and the tails of every process's log, so a CI failure says what the stack was doing."""
         try:
-            return self.client.wait(batch_id, timeout_s=timeout_s, poll_s=0.2)
+            return self.client.wait(batch_id, timeout_s=timeout_s, poll_s=poll_s)
         except TimeoutError as exc:
             raise AssertionError(f"{exc}\n{self.diagnosis(batch_id)}") from None
 

@@ -30,11 +30,8 @@ POLL_S = 2.0
 
 
 def wait_finished(stack: RunningStack, batch_id: str, timeout_s: float) -> dict[str, Any]:
-    """``RunningStack.wait`` at :data:`POLL_S`: the batch's final status, or the diagnosis past ``timeout_s``."""
-    try:
-        return stack.client.wait(batch_id, timeout_s=timeout_s, poll_s=POLL_S)
-    except TimeoutError as exc:
-        raise AssertionError(f"{exc}\n{stack.diagnosis(batch_id)}") from None
+    """``RunningStack.wait`` at :data:`POLL_S`."""
+    return stack.wait(batch_id, timeout_s=timeout_s, poll_s=POLL_S)
 
 
 def content_for(harness: str, runtime: str) -> str:

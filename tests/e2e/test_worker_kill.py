@@ -61,8 +61,7 @@ def test_killed_run_worker_loses_nothing(database_url: str, broker_url: str, tmp
         stack.stack.processes["worker-run"].wait()
         worker_log = stack.stack.log("worker-run")
         killed_log = worker_log.read_bytes()
-        received = run_tasks(killed_log.decode(errors="replace"), "received")
-        finished = run_tasks(killed_log.decode(errors="replace"), "succeeded")
+        received, finished = (run_tasks(killed_log.decode(errors="replace"), e) for e in ("received", "succeeded"))
         # One run slot, one message prefetched: the victim's is the one the killed worker held unacknowledged.
         (victim_message,) = [task for task in received if task not in finished]
         # The replacement's start-up sweep comes after this: the victim's message is past its visibility timeout.
