@@ -24,6 +24,20 @@ if ! reachable 5432; then
     || psql -h 127.0.0.1 -U postgres -c "CREATE DATABASE test" >/dev/null
 fi
 
+# Room for the suite's connections: each test process keeps its shared stack up beside the stack of the module it
+# runs (a dozen processes each, two connections or so apiece, more at a batch's peak), and three test processes
+# reached Postgres's default of 100 ("sorry, too many clients already"). A developer or CI machine only: the
+# cluster is restarted once to take the setting.
+MIN_CONNECTIONS=300
+connections=$(psql -h 127.0.0.1 -U postgres -tAc "SHOW max_connections")
+if [ "$connections" -lt "$MIN_CONNECTIONS" ]; then
+  version=$(ls /etc/postgresql | sort -V | tail -n 1)
+  psql -h 127.0.0.1 -U postgres -qc "ALTER SYSTEM SET max_connections = $MIN_CONNECTIONS"
+  as_root pg_ctlcluster --skip-systemctl-redirect "$version" main restart || as_root pg_ctlcluster "$version" main restart
+  wait_for 5432
+  echo "postgres: max_connections $connections -> $MIN_CONNECTIONS"
+fi
+
 if ! reachable 6379; then
   if ! command -v redis-server >/dev/null; then
     echo "installing Redis ..."
