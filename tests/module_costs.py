@@ -1,9 +1,12 @@
 """What each test module cost: wall seconds against CPU seconds of its test process and everything it started.
 
-A module's CPU is the growth of ``RUSAGE_SELF`` + ``RUSAGE_CHILDREN`` across it: the stacks a module starts are
-children of its test process and are reaped when the module's fixtures stop them, so their CPU (and that of their
-own children: Celery's pool, the harnesses) lands in the module that started them, even with modules running side
-by side. CPU spent in Docker containers or in the run's shared vLLM server is not counted. A module whose CPU is a
+A module's CPU is the growth across it of ``RUSAGE_SELF`` + ``RUSAGE_CHILDREN`` + what the test process's live
+descendants have used (their own CPU and that of the children they reaped). The stacks a module starts are reaped
+when its fixtures stop them; the process's shared stack (tests/shared_stack.py) lives on from module to module, so
+without the live descendants the sessions it runs for a module (Celery's pool, the harnesses) would land nowhere.
+A process reaped in its parent moves its CPU from the live sum to its parent's, so nothing is counted twice; the
+shared stack's start lands in the first module that asks for it and its stop in the process's last. CPU spent in
+Docker containers or in the run's shared vLLM server is not counted. A module whose CPU is a
 small part of its wall time mostly waits: ``waiting_modules`` (tests/waiting_lane.py) is where it belongs. The
 controller's table ends with what the modules leave out: the shared vLLM server's CPU, and the whole machine's
 busy CPU across the run against what its cores could give, so the rest (Postgres, Docker, pytest) shows too.
@@ -48,9 +51,34 @@ def process_group_cpu_s(group: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_s() -> float:
+def _live_descendants_cpu_s(root: int, skip: int | None) -> float:
+    """CPU-seconds of ``root``'s live descendants (each one's own and its reaped children's), without ``skip``'s
+    subtree."""
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)  # ppid
+        cpu[pid] = sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
+    total, pending = 0, [pid for pid in children.get(root, []) if pid != skip]
+    while pending:
+        pid = pending.pop()
+        total += cpu.get(pid, 0)
+        pending.extend(child for child in children.get(pid, []) if child != skip)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(skip: int | None = None) -> float:
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    reaped = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return reaped + _live_descendants_cpu_s(os.getpid(), skip)
 
 
 class ModuleCosts:
@@ -65,7 +93,8 @@ class ModuleCosts:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        self.started.setdefault(item.location[0], (time.monotonic(), _cpu_s()))
+        if item.location[0] not in self.started:
+            self.started[item.location[0]] = (time.monotonic(), _cpu_s(self.shared_server_pid()))
 
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> object:
@@ -74,7 +103,7 @@ class ModuleCosts:
         if (nextitem is None or nextitem.location[0] != module) and module in self.started:
             wall0, cpu0 = self.started.pop(module)
             now = time.monotonic()
-            line = {"module": module, "wall_s": now - wall0, "cpu_s": _cpu_s() - cpu0,
+            line = {"module": module, "wall_s": now - wall0, "cpu_s": _cpu_s(self.shared_server_pid()) - cpu0,
                     "process": os.environ.get("PYTEST_XDIST_WORKER", "main"),
                     "ended_s": round(now - self.begun[0], 1)}  # fmt: skip
             with self.path.open("a") as out:  # one short line per write: appends from processes do not interleave
