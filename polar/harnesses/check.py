@@ -10,7 +10,8 @@ on whatever tools the harness offers, then a final answer), reconstructed with p
 call, whether it extended a chain, and for each break its reason (``polar.reconstruction.break_reasons``), position
 and the two differing tokens decoded; per chain, its calls and breaks; and the **merge rate**: calls that extended
 a chain / calls that continued a conversation (those that extended one, plus breaks other than a new
-conversation). ``ok`` is False when a break is unexplained (``diverged`` or ``shorter_prompt``).
+conversation). ``ok`` is False when the session did not complete (a harness that never ran, or failed, has
+checked nothing) or a break is unexplained (``diverged`` or ``shorter_prompt``).
 """
 
 from __future__ import annotations
@@ -88,8 +89,12 @@ class Report:
         return [line for line in self.calls if line.brk is not None and line.brk["reason"] in UNEXPLAINED]
 
     @property
+    def completed(self) -> bool:
+        return self.session.get("state") == "completed"
+
+    @property
     def ok(self) -> bool:
-        return not self.unexplained
+        return self.completed and not self.unexplained
 
 
 def check_task(
@@ -173,6 +178,9 @@ def render(report: Report) -> str:
                f"on the main chain ({main.calls if main else 0} calls); breaks: {by_reason}")  # fmt: skip
     if report.unexplained:
         out.append(f"UNEXPLAINED breaks at seq {', '.join(str(line.seq) for line in report.unexplained)}")
+    if not report.completed:
+        error = session.get("error") or "no error recorded"
+        out.append(f"NOT CHECKED: the session ended {session.get('state')} ({error}); see its logs")
     return "\n".join(out)
 
 

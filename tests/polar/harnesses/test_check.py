@@ -44,6 +44,14 @@ def test_an_unexplained_break_fails_the_check() -> None:
     assert "UNEXPLAINED breaks at seq 2" in render(report)
 
 
+def test_a_session_that_did_not_complete_fails_the_check() -> None:
+    # e.g. a command harness whose program is missing: no calls, so no break, and nothing was checked
+    failed = {"session_id": "s2", "state": "failed", "error": "harness exited with code 2"}
+    report = build_report(failed, [], [], str)
+    assert not report.unexplained and not report.ok
+    assert "NOT CHECKED: the session ended failed (harness exited with code 2); see its logs" in render(report)
+
+
 def test_undelivered_calls_are_said_so() -> None:
     undelivered = [{**calls(1)[0], "delivered": False}]
     assert "undelivered: the harness never saw it" in render(build_report(SESSION, undelivered, [], str))
