@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -99,6 +100,8 @@ def reader(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -
     _link_children(ROOT / "polar" / "datasets", workdir / "polar" / "datasets", but="arithmetic.jsonl")
     rows = (ROOT / "polar" / "datasets" / "arithmetic.jsonl").read_text().splitlines(keepends=True)
     (workdir / "polar" / "datasets" / "arithmetic.jsonl").write_text("".join(rows[:DATASET_ROWS]))
+    # docs/harnesses.md's own agent: a plain script on the openai SDK
+    shutil.copy(ROOT / "tests" / "e2e" / "agents" / "shell_loop.py", workdir / "my_agent.py")
     # the page's first request is "the request below" that its `polar submit batch.json` sends
     request = next(b for b in blocks("json") if b.path.name == "running-a-batch.md" and '"tasks"' in b.body)
     (workdir / "batch.json").write_text(request.body.replace('"/data/', f'"{data}/'))
@@ -191,7 +194,16 @@ def _generate(ran: subprocess.CompletedProcess[str], reader: Reader) -> None:
     assert (reader.workdir / "sft.jsonl").read_text().count("\n") >= 1  # the policy answers right: kept
 
 
+def _harness_check(ran: subprocess.CompletedProcess[str], reader: Reader) -> None:
+    # Claude Code over 30 steps with TITO, then the reader's own agent over 20: each session completed and merged
+    # whole into one chain (a failed session would say NOT CHECKED and exit 1).
+    assert "running claude_code (30 steps)" in ran.stdout and "running command (20 steps)" in ran.stdout
+    assert ran.stdout.count("merge rate 100% overall, 100% on the main chain") == 2, ran.stdout
+    assert ", 31 calls, 1 chains" in ran.stdout and ": completed, 21 calls, 1 chains" in ran.stdout, ran.stdout
+
+
 CHECKS: dict[tuple[str, str], Check] = {
+    ("docs/harnesses.md", "polar harness install claude_code"): _harness_check,
     ("docs/cli.md", ""): _cli_page,
     ("docs/api.md", "curl -sf"): _openapi,
     ("docs/api.md", 'curl -s -H "Authorization: Bearer $POLAR_API_TOKEN" "$POLAR_API_URL/v1/engines"'): _engines,
