@@ -68,7 +68,9 @@ SCRIPTS: dict[str, dict[str, Any]] = {
 }
 # Routes to the engine's own policies, for the harness presets' modules. They come first, so that a CLI's side call
 # that repeats the task (a title request) is answered as a stack running that policy alone would answer it.
-PLAN_STEPS = 20  # tests/e2e/test_harness_long_sessions.py: tool steps before the final answer
+# tests/e2e/test_harness_long_sessions.py: tool steps before the final answer, the file and then two rounds of the
+# plan's six other kinds of step (polar.engine.policies.plan), so every kind is re-sent in a later call's history
+PLAN_STEPS = 13
 POLICY_ROUTES: dict[str, dict[str, Any]] = {
     # the long sessions, marked with ``routed("plan", …)``
     "plan": {"policy": "plan", "config": {"steps": PLAN_STEPS}},

@@ -1,5 +1,6 @@
 """The six coding-agent CLIs, unmodified, over long sessions: each runs the reference engine's ``plan`` policy
-(20 tool steps on whatever tools it offers, then a final answer) through the whole pipeline (the test process's
+(13 tool steps on whatever tools it offers: the file, then two rounds of reading it, listing, running a command,
+writing, editing and reading back; then a final answer) through the whole pipeline (the test process's
 shared stack, its ``plan`` route), once with and once without token-in-token-out, all twelve sessions in one batch.
 Per CLI it records calls, chains, the merge rate and breaks by reason (printed as the table in docs/harnesses.md);
 with TITO every CLI's main chain merges completely, and no break in any run is left unexplained.
