@@ -8,9 +8,10 @@ own environment.
 needs a newer Python than Polar's gets its venv from that interpreter (``python3.12`` on ``PATH``, else pyenv's
 ``~/.pyenv/versions/3.12.*``), or a clear error naming the version. A CLI that needs a
 newer Node.js than the system's gets one from npm's ``node-linux-<arch>`` package under ``<cache>/node/<version>``,
-which its preset puts first on ``PATH`` (``runtime_bin_dirs``). Every version is pinned and installed exactly; a
-different installed version counts as missing. The cache is ``POLAR_HARNESS_CACHE``, else
-``~/.cache/polar/harnesses``.
+which its preset puts first on ``PATH`` (``runtime_bin_dirs``). What a CLI would install into its config directory
+at every start (opencode's plugin SDK) is installed once into ``<cache>/config/<preset>`` for its preset to link
+in. Every version is pinned and installed exactly; a different installed version counts as missing. The cache is
+``POLAR_HARNESS_CACHE``, else ``~/.cache/polar/harnesses``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class CliPackage:
     # npm packages installed with it, exactly these versions (a platform binary the registry here publishes under
     # another version than its wrapper's optional dependency names).
     companions: tuple[str, ...] = ()
+    # npm packages the CLI installs into its config directory whenever they are missing there: installed once into
+    # ``<cache>/config/<preset>`` (``config_packages_dir``) for the preset to link in, so that a session neither
+    # fetches them from the registry itself nor spends the CPU on it.
+    config_packages: tuple[str, ...] = ()
 
     def spec(self) -> str:
         """What the package manager is asked for."""
@@ -61,7 +66,10 @@ PACKAGES: Mapping[str, CliPackage] = {
     "codex": CliPackage("@openai/codex", "codex", version="0.169.0"),
     "gemini_cli": CliPackage("@google/gemini-cli", "gemini", version="0.61.0"),
     "qwen_code": CliPackage("@qwen-code/qwen-code", "qwen", version="0.24.4"),
-    "opencode": CliPackage("opencode-ai", "opencode", version="1.18.33"),
+    # opencode installs its plugin SDK into its config directory at every start (npm, 95 MB, ~17 CPU-seconds here).
+    "opencode": CliPackage(
+        "opencode-ai", "opencode", version="1.18.33", config_packages=("@opencode-ai/plugin@1.18.33",)
+    ),
     "pi": CliPackage("@mariozechner/pi-coding-agent", "pi", version="0.73.1"),
     "mini_swe_agent": CliPackage("mini-swe-agent", "mini-swe-agent", "pypi", "2.4.6"),
     "hermes": CliPackage("hermes-agent", "hermes", "pypi", "0.19.0", extras="mcp"),
@@ -99,6 +107,12 @@ def binary_path(name: str, cache: Path | None = None) -> Path:
     return cache / "node_modules" / ".bin" / package.binary
 
 
+def config_packages_dir(name: str, cache: Path | None = None) -> Path:
+    """Where preset ``name``'s ``config_packages`` are installed (``package.json``, ``package-lock.json`` and
+    ``node_modules`` as npm left them)."""
+    return (cache or cache_dir()) / "config" / name
+
+
 def runtime_bin_dirs(name: str, cache: Path | None = None) -> list[Path]:
     """Directories preset ``name`` needs first on ``PATH``: the bin directory of the Node.js it was installed
     for, when the system's is too old; none otherwise."""
@@ -128,6 +142,8 @@ def installed_version(name: str, cache: Path | None = None) -> str | None:
         return None
     if package.python is not None and _venv_python(name, cache) != package.python:
         return None  # made on another interpreter than the one pinned
+    if package.config_packages and not (config_packages_dir(name, cache) / "package-lock.json").exists():
+        return None
     version = _pypi_version(name, package, cache) if package.source == "pypi" else _npm_version(package, cache)
     return None if package.version is not None and version != package.version else version
 
@@ -159,6 +175,11 @@ def _install_locked(names: list[str], cache: Path) -> dict[str, str]:
         command = ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(cache)]
         specs = [spec for package in npm for spec in (package.spec(), *package.companions)]
         _run(command + specs, "npm install", {**os.environ, "PATH": path})
+    for name in missing:
+        if PACKAGES[name].config_packages:
+            where = str(config_packages_dir(name, cache))
+            command = ["npm", "install", "--no-audit", "--no-fund", "--save-exact", "--prefix", where]
+            _run([*command, *PACKAGES[name].config_packages], "npm install")
     for name in missing:
         if PACKAGES[name].source == "pypi":
             _install_venv(name, cache)

@@ -4,8 +4,10 @@
 
 ``<home>/.config/opencode/opencode.json`` declares an OpenAI-compatible ``polar`` provider whose ``baseURL`` is
 the proxy, and allows every permission; the XDG folders all sit in the session home. opencode wants a git work
-tree: ``OPENCODE_FAKE_VCS=git`` stands in for one. Settings: ``extra_args``, ``mcp_servers`` (opencode's ``mcp``
-format: ``{"name": {"type": "local", "command": [...]}}``); ``max_turns`` is refused.
+tree: ``OPENCODE_FAKE_VCS=git`` stands in for one. Its plugin SDK, which it would fetch from npm into its config
+directory at every start, is linked in from the install cache (``link_config_packages``). Settings: ``extra_args``,
+``mcp_servers`` (opencode's ``mcp`` format: ``{"name": {"type": "local", "command": [...]}}``); ``max_turns`` is
+refused.
 """
 
 from __future__ import annotations
@@ -13,7 +15,15 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from polar.harnesses.base import HarnessContext, HarnessLaunch, proxy_environment
-from polar.harnesses.preset import binary, home_dir, model_name, preset_settings, refuse, write_json
+from polar.harnesses.preset import (
+    binary,
+    home_dir,
+    link_config_packages,
+    model_name,
+    preset_settings,
+    refuse,
+    write_json,
+)
 
 PROVIDER = "polar"
 
@@ -49,7 +59,9 @@ class OpencodeHarness:
         program, model = binary(context), model_name(context)
         home = home_dir(context)
         config = opencode_config(context, model, settings.mcp_servers)
-        write_json(context, home_dir(context, ".config", "opencode") / "opencode.json", config)
+        config_dir = home_dir(context, ".config", "opencode")
+        write_json(context, config_dir / "opencode.json", config)
+        link_config_packages(context, config_dir)
         command = [program, "-m", f"{PROVIDER}/{model}", "run", "--format=json", *settings.extra_args]
         command += ["--", context.instruction]
         env = proxy_environment(context)

@@ -20,7 +20,7 @@ from typing import Any
 
 from polar.errors import RuntimeFailure
 from polar.harnesses.base import HarnessContext
-from polar.harnesses.install import require_binary
+from polar.harnesses.install import config_packages_dir, require_binary
 from polar.runtimes.session_files import make_dirs, write_file
 
 DEFAULT_MODEL = "polar-policy"
@@ -76,6 +76,19 @@ def home_dir(context: HarnessContext, *below: str) -> Path:
 def binary(context: HarnessContext) -> str:
     """The CLI binary from the install cache; RuntimeFailure when it is not installed."""
     return str(require_binary(context.spec.name))
+
+
+def link_config_packages(context: HarnessContext, config_dir: Path) -> None:
+    """Give the CLI's config directory the packages it would install there at start (``CliPackage.config_packages``):
+    npm's ``package.json`` and ``package-lock.json`` copied, its ``node_modules`` a link into the install cache,
+    which sandboxes show read-only. With both files as npm left them, the CLI finds nothing to install."""
+    source = config_packages_dir(context.spec.name)
+    for name in ("package.json", "package-lock.json"):
+        write_config(context, config_dir / name, (source / name).read_text())
+    try:
+        (config_dir / "node_modules").symlink_to(source / "node_modules", target_is_directory=True)
+    except OSError as exc:  # a prepare step left something there
+        raise RuntimeFailure(f"cannot link {config_dir / 'node_modules'} to the install cache: {exc}") from exc
 
 
 def write_config(context: HarnessContext, path: Path, text: str) -> Path:

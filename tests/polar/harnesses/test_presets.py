@@ -13,6 +13,7 @@ from polar.harnesses.base import HarnessContext, HarnessLaunch
 from polar.harnesses.install import (
     PACKAGES,
     binary_path,
+    config_packages_dir,
     install,
     installed,
     installed_version,
@@ -51,6 +52,11 @@ def stand_in(cache: Path, name: str, version: str) -> None:
     for bin_dir in runtime_bin_dirs(name, cache):
         bin_dir.mkdir(parents=True, exist_ok=True)
         (bin_dir / "node").write_text("#!/bin/sh\n")
+    if package.config_packages:  # npm install --save-exact --prefix <cache>/config/<preset> …
+        where = config_packages_dir(name, cache)
+        (where / "node_modules" / "@opencode-ai" / "plugin").mkdir(parents=True, exist_ok=True)
+        (where / "package.json").write_text('{"dependencies": {"@opencode-ai/plugin": "1.18.33"}}')
+        (where / "package-lock.json").write_text('{"lockfileVersion": 3}')
 
 
 @pytest.fixture
@@ -160,6 +166,17 @@ def test_opencode(cache: Path, tmp_path: Path) -> None:
     }
     assert set(config["permission"].values()) == {"allow"} and config["mcp"] == {"s": {"type": "local"}}
     assert result.env["OPENCODE_FAKE_VCS"] == "git" and result.env["XDG_CONFIG_HOME"] == str(home / ".config")
+    # its plugin SDK as npm installed it in the cache: nothing for opencode to fetch at start
+    config_dir, cached = home / ".config" / "opencode", config_packages_dir("opencode", cache)
+    assert (config_dir / "node_modules").resolve() == (cached / "node_modules").resolve()
+    for name in ("package.json", "package-lock.json"):
+        assert (config_dir / name).read_text() == (cached / name).read_text()
+
+
+def test_opencode_without_its_config_packages_is_not_installed(cache: Path) -> None:
+    assert installed_version("opencode", cache) == PACKAGES["opencode"].version
+    (config_packages_dir("opencode", cache) / "package-lock.json").unlink()  # an install from before they were cached
+    assert installed_version("opencode", cache) is None
 
 
 def test_pi(cache: Path, tmp_path: Path) -> None:
