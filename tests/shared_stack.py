@@ -124,6 +124,9 @@ def start_shared_stack(database_url: str, broker_url: str, tmp: Path) -> Iterato
         "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]),
         "POLAR_PLUGIN_MODULES": "tests.e2e",
         "POLAR_API_READ_TOKEN": READ_TOKEN,
+        # copy steps may read what any test of the process made under its tmp_path (pytest's base temp, the parent
+        # of this stack's own)
+        "POLAR_COPY_ROOTS": str(tmp.parent),
     }
     with running_stack(
         database_url, broker_url, tmp, policy="route", policy_config=json.dumps(engine_policy()),
