@@ -1,11 +1,16 @@
-"""Prometheus metrics end to end: the API's and the proxy's ``/metrics`` (gunicorn, two proxy workers whose
+"""Prometheus metrics and Flower end to end, on one stack in the production layout (a worker per stage queue, as
+compose runs it). The API's and the proxy's ``/metrics`` (gunicorn, two proxy workers whose
 numbers must add up) and each stage worker's own endpoint scrape cleanly with ``prometheus_client``'s parser
 before and after a batch, and the series move by exactly what the batch did: the proxy's calls, phases and tokens
 match the captured calls, the call-limit refusal is counted, all four stages counted their tasks, the sessions
-are shown completed."""
+are shown completed. Flower, started against the stack's broker while a batch runs, shows the workers of all four
+queues and the stage tasks of that batch through its own HTTP API, behind basic auth: nothing without the
+credentials."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,10 +22,11 @@ from polar.launcher import metrics_urls
 from polar.observability import group_dir
 from tests.conftest import redis_database
 from tests.prometheus import Scrape, scrape
-from tests.support import HANG_GUARD_S, RunningStack, running_stack, wait_until
+from tests.support import HANG_GUARD_S, RunningStack, command_task, free_port, running_stack, wait_until
 
 REPO = str(Path(__file__).resolve().parents[2])
 STAGES = ("init", "ready", "run", "postrun")
+USER, PASSWORD = "ops", "flower-password"
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +148,57 @@ def test_each_gunicorn_master_has_its_own_control_socket(stack: RunningStack) ->
             workers[service] = {worker["pid"] for worker in client.send_command("show workers")["workers"]}
         assert [listener["address"] for listener in listeners] == [f"http://127.0.0.1:{port}"], service
     assert workers["api"] and workers["proxy"] and not workers["api"] & workers["proxy"]
+
+
+def test_flower_sees_every_stage(stack: RunningStack, tmp_path: Path) -> None:
+    port = free_port()
+    flower_log = (tmp_path / "flower.log").open("wb")
+    flower = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "workers", "flower", f"--port={port}", "--address=127.0.0.1"],
+        env={**stack.env, "PATH": "/usr/bin:/bin", "FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}"},
+        stdout=flower_log,
+        stderr=subprocess.STDOUT,
+    )
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+        wait_until(lambda: _get(f"{api}/workers?refresh=true"), timeout_s=120, message="flower to answer")
+        for url in (f"http://127.0.0.1:{port}/", f"{api}/workers", f"{api}/tasks"):
+            assert httpx.get(url, timeout=10).status_code == 401, url
+            assert httpx.get(url, timeout=10, auth=(USER, "wrong")).status_code == 401, url
+            assert httpx.get(url, timeout=10, auth=(USER, PASSWORD)).status_code == 200, url
+        submitted = stack.client.submit({"tasks": [command_task("f", "true", samples=2)]})
+        stack.wait(submitted["batch_id"])
+        session_ids = [s["session_id"] for s in stack.client.sessions(submitted["batch_id"])]
+
+        workers = wait_until(lambda: _workers_with_queues(api), timeout_s=120, message="workers in flower")
+        queues = {q["name"] for w in workers.values() for q in w.get("active_queues") or []}
+        assert {"init", "ready", "run", "postrun"} <= queues
+
+        def stage_tasks() -> set[tuple[str, str]] | None:
+            tasks = _get(f"{api}/tasks?limit=1000") or {}
+            seen = {(t["name"], s) for t in tasks.values() for s in session_ids if s in str(t.get("args"))}
+            return seen if len(seen) == 8 else None
+
+        seen = wait_until(stage_tasks, timeout_s=180, message="the batch's stage tasks in flower")
+        assert {name for name, _ in seen} == {"polar.init", "polar.ready", "polar.run", "polar.postrun"}
+    finally:
+        flower.terminate()
+        try:
+            flower.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a loaded machine: don't let clean-up hide the test's own failure
+            flower.kill()
+            flower.wait()
+        flower_log.close()
+
+
+def _get(url: str) -> dict | None:
+    try:
+        response = httpx.get(url, timeout=10, auth=(USER, PASSWORD))
+    except httpx.HTTPError:
+        return None
+    return response.json() if response.status_code == 200 else None
+
+
+def _workers_with_queues(api: str) -> dict | None:
+    workers = _get(f"{api}/workers?refresh=true") or {}
+    return workers if len([w for w in workers.values() if w.get("active_queues")]) >= 4 else None
