@@ -1,6 +1,6 @@
 """Every shell and Python block of the README and docs/ runs here, as a reader would paste it, against one real
-stack (``tests/docs/test_doc_blocks.py`` checks the rest: JSON task requests validate, YAML and TOML parse;
-``test_sql_doc.py`` runs the SQL).
+stack, the test process's shared one (``tests/docs/test_doc_blocks.py`` checks the rest: JSON task requests
+validate, YAML and TOML parse; ``test_sql_doc.py`` runs the SQL).
 
 A block runs with ``bash -euo pipefail`` in a scratch directory that holds ``batch.json`` (the request of
 docs/running-a-batch.md), a link to the checkout's ``.venv`` and a ``polar/`` of links to the checkout's, whose
@@ -19,7 +19,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,14 +27,12 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from tests.conftest import redis_database
 from tests.doc_blocks import ROOT, Block, blocks
-from tests.support import HANG_GUARD_S, RunningStack, running_stack
+from tests.support import HANG_GUARD_S, RunningStack
 
 pytestmark = pytest.mark.long(seconds=160)  # dealt out first, longest first (tests/conftest.py)
 
 T = TypeVar("T")
-READ_TOKEN = "doc-reader-" + "d" * 32
 DATASET_ROWS = 2  # of polar/datasets/arithmetic.jsonl in the reader's directory (the docs' --limit 2 takes as many)
 PLACEHOLDER = re.compile(r"^export (\w+)=(?:\.\.\.|…)\s*(?:#.*)?$", re.M)
 # (page, text the block starts with) -> why it is not run here, and what runs it instead.
@@ -88,9 +86,10 @@ def _not_run_reason(block: Block) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def reader(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reader]:
+def reader(shared_stack: RunningStack, tmp_path_factory: pytest.TempPathFactory) -> Reader:
+    stack = shared_stack
     tmp = tmp_path_factory.mktemp("doc-commands")
-    data = tmp / "data"
+    data = tmp / "data"  # under the process's tmp paths, which the shared stack may copy from
     (data / "repo").mkdir(parents=True)
     (data / "repo" / "README").write_text("copied in by a prepare step\n")
     workdir = tmp / "reader"
@@ -105,24 +104,18 @@ def reader(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) -
     # the page's first request is "the request below" that its `polar submit batch.json` sends
     request = next(b for b in blocks("json") if b.path.name == "running-a-batch.md" and '"tasks"' in b.body)
     (workdir / "batch.json").write_text(request.body.replace('"/data/', f'"{data}/'))
-    env = {"POLAR_API_READ_TOKEN": READ_TOKEN, "POLAR_COPY_ROOTS": str(data)}
-    with (
-        redis_database() as broker_url,
-        running_stack(module_database_url, broker_url, tmp, run_concurrency=4, env=env) as stack,
-    ):
-        batch_id = stack.client.submit(json.loads((workdir / "batch.json").read_text()))["batch_id"]
-        final = stack.wait(batch_id)
-        assert final["counts"] == {"completed": 4}, final
-        session_id = next(stack.client.sessions(batch_id))["session_id"]
-        shell = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("POLAR_")},
-            **{k: v for k, v in stack.env.items() if k.startswith("POLAR_")},
-            "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
-            "POLAR_API_READ_TOKEN": READ_TOKEN,
-            "BATCH_ID": batch_id,
-            "SESSION_ID": session_id,
-        }
-        yield Reader(stack, workdir, shell)
+    batch_id = stack.client.submit(json.loads((workdir / "batch.json").read_text()))["batch_id"]
+    final = stack.wait(batch_id)
+    assert final["counts"] == {"completed": 4}, final
+    session_id = next(stack.client.sessions(batch_id))["session_id"]
+    shell = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("POLAR_")},
+        **{k: v for k, v in stack.env.items() if k.startswith("POLAR_")},
+        "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "BATCH_ID": batch_id,
+        "SESSION_ID": session_id,
+    }
+    return Reader(stack, workdir, shell)
 
 
 def _link_children(source: Path, target: Path, but: str) -> None:
