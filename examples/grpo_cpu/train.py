@@ -66,6 +66,7 @@ class Options:
     seed: int = 0
     run_concurrency: int = 4
     engine: str = "torch"  # torch: the reference engine's torch backend; vllm: real vLLM (polar engine --backend vllm)
+    vllm_args: str = ""  # with --engine vllm: more arguments for its server ("--enforce-eager": no compile at start)
 
 
 @dataclass
@@ -338,6 +339,8 @@ def embedded(options: Options, weights: Path, model: torch.nn.Module) -> Iterato
     if options.engine == "vllm":
         engine_args = ["--model", str(_model_directory(options, model)), "--seed", str(options.seed),
                        "--log", str(options.out / "vllm-samples.jsonl")]  # fmt: skip
+        if options.vllm_args:
+            engine_args += ["--vllm-args", options.vllm_args]
         deployment, stack = embedded_stack(options.out / "state", options.run_concurrency, policy=(None, {}),
                                            engine_args=engine_args, engine_backend="vllm")  # fmt: skip
     else:

@@ -37,6 +37,8 @@ def test_a_shortened_loop(engine: str, tmp_path: Path, warm_starts: Path) -> Non
     command = [sys.executable, "-m", "examples.grpo_cpu.train", "--out", str(out), "--steps", "2", "--tasks", "2",
                "--samples", "2", "--ahead", "0", "--warm-start-steps", "2", "--run-concurrency", "2",
                "--engine", engine, "--warm-start-cache", str(warm_starts)]  # fmt: skip
+    if engine == "vllm":  # a few calls: compiling the model at start (~20 CPU-seconds here) would not pay back
+        command.append("--vllm-args=--enforce-eager")
     code, output = run_to_end(command, 1500, REPO)
     assert code == 0, output[-6000:]
     assert ("supervised steps, loaded from" in output) == kept, output[-6000:]
