@@ -30,7 +30,7 @@ import pytest
 from tests.doc_blocks import ROOT, Block, blocks
 from tests.support import HANG_GUARD_S, RunningStack
 
-pytestmark = pytest.mark.long(seconds=160)  # dealt out first, longest first (tests/conftest.py)
+pytestmark = pytest.mark.long(seconds=75)  # dealt out first, longest first (tests/conftest.py)
 
 T = TypeVar("T")
 DATASET_ROWS = 2  # of polar/datasets/arithmetic.jsonl in the reader's directory (the docs' --limit 2 takes as many)

@@ -17,7 +17,7 @@ import pytest
 
 from tests.support import run_to_end
 
-pytestmark = [pytest.mark.long(seconds=140), pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.long(seconds=130), pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 # The trainer recomputes each sampled token's logprob under the weights that sampled it. Same code on the torch

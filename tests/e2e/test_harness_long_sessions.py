@@ -20,7 +20,7 @@ from tests.e2e.file_task import wait_finished
 from tests.shared_stack import PLAN_STEPS, routed
 from tests.support import RunningStack
 
-pytestmark = [pytest.mark.long(seconds=130), pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.long(seconds=60), pytest.mark.timeout(1500)]
 
 CLIS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi")
 STEPS = PLAN_STEPS
