@@ -597,7 +597,8 @@ def harness_check(
     long_output: int, state_dir: Path,
 ) -> None:  # fmt: skip
     """Run NAME (a preset, or `command` with --command) on a multi-step plan and show how its calls chain: per
-    call, chain extended or broken and why; per chain, the merge rate. Exits 1 when the session did not complete or a break is unexplained."""
+    call, chain extended or broken and why; per chain, the merge rate. Exits 1 when the session did not complete
+    or a break is unexplained."""
     from polar.harnesses.check import check_task, render, run_check
 
     if (name == "command") != (command is not None):
