@@ -20,7 +20,7 @@ import json
 import os
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,9 +35,9 @@ def _machine_busy_s() -> float:
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def process_group_cpu_s(group: int) -> float:
-    """CPU-seconds used so far by the live processes of process group ``group`` (their own, not reaped children's)."""
-    total = 0
+def _processes() -> Iterator[tuple[int, list[str]]]:
+    """Every live process: its pid and the fields of ``/proc/<pid>/stat`` after its name (``fields[1]`` the ppid,
+    ``fields[2]`` the process group, ``fields[11:15]`` utime, stime, cutime, cstime)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -45,9 +45,12 @@ def process_group_cpu_s(group: int) -> float:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if int(fields[2]) == group:  # pgrp
-            total += int(fields[11]) + int(fields[12])  # utime + stime
+        yield int(entry.name), stat[stat.rfind(")") + 2 :].split()
+
+
+def process_group_cpu_s(group: int) -> float:
+    """CPU-seconds used so far by the live processes of process group ``group`` (their own, not reaped children's)."""
+    total = sum(int(fields[11]) + int(fields[12]) for _, fields in _processes() if int(fields[2]) == group)
     return total / os.sysconf("SC_CLK_TCK")
 
 
@@ -56,17 +59,9 @@ def _live_descendants_cpu_s(root: int, skip: int | None) -> float:
     subtree."""
     children: dict[int, list[int]] = {}
     cpu: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        pid = int(entry.name)
-        children.setdefault(int(fields[1]), []).append(pid)  # ppid
-        cpu[pid] = sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
+    for pid, fields in _processes():
+        children.setdefault(int(fields[1]), []).append(pid)
+        cpu[pid] = sum(int(value) for value in fields[11:15])
     total, pending = 0, [pid for pid in children.get(root, []) if pid != skip]
     while pending:
         pid = pending.pop()
