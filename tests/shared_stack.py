@@ -128,8 +128,8 @@ def start_shared_stack(database_url: str, broker_url: str, tmp: Path) -> Iterato
         # of this stack's own)
         "POLAR_COPY_ROOTS": str(tmp.parent),
         # No module on this stack makes a fault for the reconciler to find, so it runs at gentler timings than a
-        # fault test's stack: idle, it costs half the CPU (1.1 against 2.2 CPU-seconds a minute, Postgres's
-        # 0.3 against 0.5), and it idles for most of every run. A cancel reaches a run within a heartbeat.
+        # fault test's stack: it idles for most of every run, and these halve what idling costs. A cancel still
+        # reaches a run within one heartbeat.
         "POLAR_HEARTBEAT_INTERVAL": "2",
         "POLAR_STALE_AFTER": "20",
         "POLAR_RECONCILE_INTERVAL": "5",
