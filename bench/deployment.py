@@ -13,7 +13,7 @@ from pathlib import Path
 
 import redis
 
-from polar.launcher import free_port, pipeline_env
+from polar.local.launcher import free_port, pipeline_env
 from polar.storage.migration import upgrade
 from polar.storage.scratch import create_database, drop_database
 

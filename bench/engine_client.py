@@ -1,5 +1,5 @@
 """The proxy's engine request on its own: CPU and wall time per small chat completion sent to the reference engine
-(zero-delay ``echo`` policy) through Polar's keep-alive client (``polar.proxy.engine_http``), httpx, and urllib3
+(zero-delay ``echo`` policy) through Polar's keep-alive client (``polar.fleet.engine_http``), httpx, and urllib3
 when it is installed, alternating, with the token-capture switches the proxy sends.
 
     python bench/engine_client.py [--requests 1500] [--rounds 2]
@@ -20,8 +20,8 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for bench.*
 from bench.proxy_overhead import BODY as SMALL_BODY
 from bench.proxy_overhead import CAPTURE
-from polar.launcher import Stack, engine_spec, free_port
-from polar.proxy.engine_http import EngineHttp, Origin
+from polar.fleet.engine_http import EngineHttp, Origin
+from polar.local.launcher import Stack, engine_spec, free_port
 
 # What the proxy sends the engine for a small call: the benchmark's body with the capture switches.
 BODY = {**SMALL_BODY, **CAPTURE, "stream": False}

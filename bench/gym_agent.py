@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, fo
 
 from bench.deployment import ADMIN_DSN
 from polar.config import load_config
-from polar.launcher import free_port
+from polar.local.launcher import free_port
 from polar.proxy.capture import CallRecord, record_call
 from polar.storage.database import Database
 from polar.storage.migration import upgrade

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, fo
 
 from bench.deployment import scratch_deployment
 from polar.client import PolarClient
-from polar.launcher import Stack, pipeline_specs
+from polar.local.launcher import Stack, pipeline_specs
 
 REDIS_DB = 12
 EXPLAIN = (

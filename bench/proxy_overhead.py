@@ -49,15 +49,15 @@ import psycopg
 import sqlalchemy as sa
 
 from polar.config import load_config
-from polar.launcher import PROXY_WORKER, Stack, engine_spec, free_port, gunicorn_spec
+from polar.contract.task_request import parse_batch_request
 from polar.lifecycle.batches import request_hash, submit_batch
+from polar.local.launcher import PROXY_WORKER, Stack, engine_spec, free_port, gunicorn_spec
 from polar.proxy.keys import hash_key
 from polar.services import Services
 from polar.storage.database import Database
 from polar.storage.migration import upgrade
 from polar.storage.models import Session
 from polar.storage.scratch import create_database, drop_database
-from polar.task_request import parse_batch_request
 
 ADMIN_DSN = os.environ.get("POLAR_BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("POLAR_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")

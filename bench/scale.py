@@ -35,10 +35,11 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
+from polar.batches.cancel import cancel_batch
 from polar.config import load_config
+from polar.contract.dispatch import Stage
+from polar.contract.task_request import parse_batch_request
 from polar.lifecycle.batches import batch_status, request_hash, submit_batch
-from polar.lifecycle.cancel import cancel_batch
-from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.sessions import call_page, list_sessions
 from polar.proxy.capture import CallRecord, record_call
 from polar.services import Services
@@ -47,7 +48,6 @@ from polar.storage.database import Database
 from polar.storage.migration import upgrade
 from polar.storage.models import Session
 from polar.storage.scratch import scratch_database
-from polar.task_request import parse_batch_request
 from polar.training.feed import read_feed
 
 ADMIN_DSN = os.environ.get("POLAR_BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/test")

@@ -29,7 +29,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.swebench_repo, run from anywhere
 
 from polar.client import PolarClient
-from polar.launcher import Stack, free_port, pipeline_env, pipeline_specs
+from polar.local.launcher import Stack, free_port, pipeline_env, pipeline_specs
 from polar.storage.migration import upgrade
 from polar.storage.scratch import create_database, drop_database
 from tests.swebench_repo import FIXED, TEST_CMD, SweRepo, build_swe_repo

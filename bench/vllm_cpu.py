@@ -33,7 +33,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from polar.engine.tokenizer import load_tokenizer
-from polar.launcher import free_port
+from polar.local.launcher import free_port
 from tests.module_costs import process_group_cpu_s  # the server is its own process group
 
 POLAR = str(Path(sys.executable).parent / "polar")

@@ -1,0 +1,58 @@
+"""Polar: rollouts of real agent harnesses, captured token-exactly, for RL and SFT (docs/architecture.md).
+
+Modules that moved keep their old import path: ``MOVED`` maps it to the module's home, and importing the old name
+gives the same module object (so a patch through either name patches both). New code imports the new path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import sys
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+
+MOVED: dict[str, str] = {
+    "polar.cli": "polar.local.cli",
+    "polar.cli_views": "polar.local.cli_views",
+    "polar.demo": "polar.local.demo",
+    "polar.embedded": "polar.local.embedded",
+    "polar.generate": "polar.local.generate",
+    "polar.launcher": "polar.local.launcher",
+    "polar.harnesses.check": "polar.local.harness_check",
+    "polar.import_path": "polar.codec.import_path",
+    "polar.instance": "polar.codec.instance",
+    "polar.json_body": "polar.codec.json_body",
+    "polar.redaction": "polar.codec.redaction",
+    "polar.sockets": "polar.codec.sockets",
+    "polar.training.wait_slots": "polar.codec.wait_slots",
+    "polar.task_request": "polar.contract.task_request",
+    "polar.lifecycle.states": "polar.contract.states",
+    "polar.lifecycle.dispatch": "polar.contract.dispatch",
+    "polar.proxy.engine_addresses": "polar.contract.engine_addresses",
+    "polar.training.callback_targets": "polar.contract.callback_targets",
+    "polar.serialization": "polar.storage.serialization",
+    "polar.lifecycle.cancel": "polar.batches.cancel",
+    "polar.lifecycle.reconciler": "polar.stages.reconciler",
+    "polar.training.engine_control": "polar.fleet.control",
+    "polar.proxy.engines": "polar.fleet.engines",
+    "polar.proxy.engine_http": "polar.fleet.engine_http",
+    "polar.proxy.fleet": "polar.fleet.overview",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers an old module path with the module at its new one."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        return ModuleSpec(fullname, self) if fullname in MOVED else None
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
+        return importlib.import_module(MOVED[spec.name])
+
+    def exec_module(self, module: ModuleType) -> None:
+        """The module ran at its new path already."""
+
+
+if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _MovedModules())

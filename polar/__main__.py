@@ -1,3 +1,3 @@
-from polar.cli import main
+from polar.local.cli import main
 
 main()

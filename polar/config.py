@@ -24,6 +24,13 @@ from polar.errors import ValidationError
 EMBEDDED_DIR = ".polar"
 
 
+def harness_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where the harness CLIs are installed: ``POLAR_HARNESS_CACHE`` or ``~/.cache/polar/harnesses``."""
+    env = os.environ if env is None else env
+    configured = env.get("POLAR_HARNESS_CACHE")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "polar" / "harnesses"
+
+
 def deployment_id(database_url: str) -> str:
     """A short stable id of a deployment: a digest of its database URL without the password."""
     from sqlalchemy.engine import make_url
@@ -47,7 +54,7 @@ class Config:
     broker_url: str
     redis_url: str | None
     proxy_url: str = "http://127.0.0.1:8100"
-    # ``http://…`` (vLLM's protocol) or ``sglang+http://…`` (SGLang's native one): polar.proxy.engines.
+    # ``http://…`` (vLLM's protocol) or ``sglang+http://…`` (SGLang's native one): polar.fleet.engines.
     engine_urls: tuple[str, ...] = ("http://127.0.0.1:8000",)
     # The model's tokenizer directory, which prompts for SGLang engines are rendered with (polar.proxy.renderers).
     engine_tokenizer: str | None = None
@@ -88,11 +95,11 @@ class Config:
     max_body_bytes: int = 32 * 1024 * 1024
     # The most JSON values a proxied body may hold, so parsing one has a memory bound (polar.proxy.body_limits).
     max_json_values: int = 1_000_000
-    # Module prefixes whose ``module:attr`` import paths tasks may name (polar.import_path); none by default.
+    # Module prefixes whose ``module:attr`` import paths tasks may name (polar.codec.import_path); none by default.
     plugin_modules: tuple[str, ...] = ()
     # The ``chat_template_kwargs`` keys clients may send the engine (polar.proxy.template_kwargs).
     chat_template_kwargs: tuple[str, ...] = ("enable_thinking", "thinking", "reasoning_effort")
-    # host[:port] or CIDR entries a batch's callback_url may reach although private (polar.training.callback_targets).
+    # host[:port] or CIDR entries a batch's callback_url may reach although private (polar.contract.callback_targets).
     callback_allow: tuple[str, ...] = ()
     # Long-polls one process holds at once: feed ``wait`` requests (API) and calls held by a ``wait`` pause (proxy).
     feed_max_waiters: int = 4
@@ -149,7 +156,7 @@ class Config:
     def reconcile_tick_s(self) -> float:
         """How often a worker's reconciler wakes: ``reconcile_interval_s``, or a quarter of the stale window if that
         is shorter. The reconciler judges leases only after passes a fraction of a stale window apart
-        (``polar.lifecycle.reconciler.LeaseJudge``), so a short ``POLAR_STALE_AFTER`` beside a longer interval
+        (``polar.stages.reconciler.LeaseJudge``), so a short ``POLAR_STALE_AFTER`` beside a longer interval
         would leave a lost run worker's sessions running forever."""
         return min(self.reconcile_interval_s, self.stale_after_s / 4)
 
@@ -262,7 +269,7 @@ def _names(env: Mapping[str, str], name: str, default: tuple[str, ...] = ()) -> 
 
 
 def _callback_allow(env: Mapping[str, str]) -> tuple[str, ...]:
-    from polar.training.callback_targets import parse_allow
+    from polar.contract.callback_targets import parse_allow
 
     entries = _names(env, "POLAR_CALLBACK_ALLOW")
     parse_allow(entries)  # a typo fails at start-up, not at the first submission
@@ -296,7 +303,7 @@ def _copy_roots(env: Mapping[str, str]) -> tuple[str, ...]:
 
 def _engine_urls(urls: tuple[str, ...]) -> tuple[str, ...]:
     """``POLAR_ENGINE_URLS`` entries, each checked for a known kind (a typo fails at start-up)."""
-    from polar.proxy.engine_addresses import parse_engine_url
+    from polar.contract.engine_addresses import parse_engine_url
 
     for url in urls:
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from polar.config import Config
-from polar.lifecycle.dispatch import Dispatcher
+from polar.contract.dispatch import Dispatcher
 from polar.records.provenance import EngineProbe
 from polar.storage.database import Database
 

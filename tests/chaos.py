@@ -37,9 +37,9 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from polar.client import PolarClient
-from polar.launcher import NodeSpec, PoolLayout, Stack, free_port, pipeline_env, pipeline_specs
-from polar.lifecycle.dispatch import Stage
-from polar.lifecycle.states import TERMINAL
+from polar.contract.dispatch import Stage
+from polar.contract.states import TERMINAL
+from polar.local.launcher import NodeSpec, PoolLayout, Stack, free_port, pipeline_env, pipeline_specs
 from polar.storage.database import Database
 from polar.storage.migration import upgrade
 from tests.private_services import PrivatePostgres, PrivateRedis

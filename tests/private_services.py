@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 import redis
 
-from polar.launcher import free_port
+from polar.local.launcher import free_port
 
 
 def _postgres_bin(name: str) -> str:

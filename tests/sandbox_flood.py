@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import httpx
 
 from polar.config import Config
+from polar.contract.task_request import RuntimeSpec
 from polar.runtimes import create_runtime
-from polar.task_request import RuntimeSpec
 
 FLOOD = r"""
 import os, resource, socket, sys, time

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from polar.harnesses.check import MAX_MODEL_LEN
+from polar.local.harness_check import MAX_MODEL_LEN
 from tests.support import RunningStack, running_stack
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,7 +21,8 @@ import sqlalchemy as sa
 
 from polar.client import PolarClient
 from polar.config import load_config
-from polar.launcher import (
+from polar.contract.dispatch import Stage
+from polar.local.launcher import (
     NodeSpec,
     PoolLayout,
     Stack,
@@ -31,7 +32,6 @@ from polar.launcher import (
     pipeline_env,
     pipeline_specs,
 )
-from polar.lifecycle.dispatch import Stage
 from polar.proxy.keys import hash_key
 from polar.services import Services
 from polar.storage.database import Database
@@ -358,10 +358,10 @@ class LiveProxy:
     def batch(self, *tasks: dict[str, Any]) -> list[tuple[uuid.UUID, str]]:
         """One batch of ``tasks`` (fields of command tasks), every session running: ``(session id, key)`` each,
         in task order."""
+        from polar.contract.task_request import parse_batch_request
         from polar.lifecycle.batches import request_hash, submit_batch
         from polar.proxy.keys import hash_key
         from polar.storage.models import Session
-        from polar.task_request import parse_batch_request
 
         body = {"tasks": [command_task(f"protocol-test-{i:03d}", "true", **task) for i, task in enumerate(tasks)]}
         batch_id = submit_batch(self.services, parse_batch_request(body), request_hash(body)).batch_id
@@ -451,8 +451,8 @@ def live_proxy(
 
 def submit_tasks(services: Services, *tasks: dict[str, Any]) -> uuid.UUID:
     """Submit a batch of ``tasks`` through the domain function (validated as the API would)."""
+    from polar.contract.task_request import parse_batch_request
     from polar.lifecycle.batches import request_hash, submit_batch
-    from polar.task_request import parse_batch_request
 
     body = {"tasks": list(tasks)}
     return submit_batch(services, parse_batch_request(body), request_hash(body)).batch_id

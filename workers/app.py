@@ -1,10 +1,10 @@
 """The Celery app: four stage queues (init, ready, run, postrun), each consumed by its own worker pool (on one
-small machine, init, ready and postrun may share one: ``polar.launcher.POOL_LAYOUTS``).
+small machine, init, ready and postrun may share one: ``polar.local.launcher.POOL_LAYOUTS``).
 
 Tasks are acknowledged late and rejected (requeued) when their worker process dies; every task is named for its
 stage so Flower shows each queue's work. ``POLAR_NODE=a celery -A workers worker -Q run -c 8`` starts a run
 pool on node ``a``: besides the shared ``run`` queue it consumes ``run.a``, where every session initialised on
-node ``a`` is sent (``polar.lifecycle.dispatch``). ``init`` has no node queue: any node may prepare a session.
+node ``a`` is sent (``polar.contract.dispatch``). ``init`` has no node queue: any node may prepare a session.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from celery.signals import celeryd_after_setup
 from kombu import Exchange, Queue
 
 from polar.config import Config, load_config
-from polar.lifecycle.dispatch import Stage
+from polar.contract.dispatch import Stage
 
 TASK_NAMES = {stage: f"polar.{stage.value}" for stage in Stage}
 FILESYSTEM_TRANSPORT = "workers.filesystem_broker:Transport"

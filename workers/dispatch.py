@@ -8,8 +8,8 @@ from celery import Celery
 from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
+from polar.contract.dispatch import Stage
 from polar.errors import BrokerUnavailable
-from polar.lifecycle.dispatch import Stage
 from workers.app import TASK_NAMES, stage_queue
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
 
 from polar.config import load_config
-from polar.lifecycle.dispatch import Stage
+from polar.contract.dispatch import Stage
 from polar.observability import StageMetrics, drop_directory, forget_process, group_dir, serve, use_directory
 from polar.services import Services
 

@@ -14,8 +14,8 @@ from typing import Any
 from celery.signals import worker_ready
 
 from polar.lifecycle.nodes import announce
-from polar.lifecycle.reconciler import LeaseJudge, reconcile
 from polar.runtimes.work_root import project_above, swappable_part
+from polar.stages.reconciler import LeaseJudge, reconcile
 from workers.context import services_for
 
 log = logging.getLogger(__name__)

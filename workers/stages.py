@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from celery import Task
 
-from polar.lifecycle.dispatch import Stage
+from polar.contract.dispatch import Stage
 from polar.services import Services
 from polar.stages.init import init_session
 from polar.stages.postrun import postrun_session

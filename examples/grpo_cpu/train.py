@@ -334,7 +334,7 @@ def embedded(options: Options, weights: Path, model: torch.nn.Module) -> Iterato
     """An embedded stack whose engine serves ``weights`` as version 0: the torch backend, or real vLLM serving a
     model directory made of those weights and the reference tokenizer and chat template (its model samples freely:
     no policy)."""
-    from polar.embedded import embedded_stack
+    from polar.local.embedded import embedded_stack
 
     if options.engine == "vllm":
         engine_args = ["--model", str(_model_directory(options, model)), "--seed", str(options.seed),

@@ -249,7 +249,7 @@ def embedded(
 ) -> Iterator[tuple[PolarClient, str, Any]]:
     """An embedded stack whose torch engine serves ``weights`` as version 0; yields (client, engine URL, stack).
     ``env``: extra settings for its processes (a test shortens the lost-worker window with them)."""
-    from polar.embedded import embedded_stack
+    from polar.local.embedded import embedded_stack
 
     engine_args = ["--weights", str(weights), "--seed", str(options.seed), "--weight-version", "0"]
     deployment, stack = embedded_stack(options.out / "state", options.run_concurrency, engine_args=engine_args,

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from polar.codec.instance import instance_headers
 from polar.engine.capacity import Capacity
 from polar.engine.chat_template import ChatTemplate
 from polar.engine.completion_parser import parse_completion
@@ -50,7 +51,6 @@ from polar.engine.settings import EngineSettings
 from polar.engine.streaming import chat_chunks, completion_chunks
 from polar.engine.token_prompts import PromptTexts
 from polar.engine.tokenizer import load_tokenizer
-from polar.instance import instance_headers
 
 # The release whose wire format the engine follows (tests/contracts/vllm/ records it): the first with
 # ``/pause?mode=keep`` besides ``return_token_ids``, ``reasoning`` and nested error bodies.

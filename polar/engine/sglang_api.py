@@ -29,13 +29,13 @@ from typing import Any
 
 from aiohttp import web
 
+from polar.codec.instance import instance_headers
 from polar.engine.errors import EngineRequestError
 from polar.engine.generation import Generation
 from polar.engine.json_codec import dumps, loads
 from polar.engine.policies import SamplingParams
 from polar.engine.protocol import CompletionRequest, OutputOptions
 from polar.engine.serving import ENGINE, Engine, run
-from polar.instance import instance_headers
 
 SGLANG_VERSION = "0.5.6"
 DEFAULT_MAX_NEW_TOKENS = 128

@@ -2,7 +2,7 @@
 
 A task names its evaluator by one of: a built-in name (``EVALUATORS``), the name of an entry point in the
 ``polar.evaluators`` group of an installed package, or an import path ``module:Class`` whose module the operator
-allows (``POLAR_PLUGIN_MODULES``, ``polar.import_path``): built-ins and installed packages are the operator's
+allows (``POLAR_PLUGIN_MODULES``, ``polar.codec.import_path``): built-ins and installed packages are the operator's
 choice, a request body is not. Submission builds the evaluator once from its config, so an unknown name, a path
 outside the allow-list or a bad config is refused with a 400 naming the field; the workers check the allow-list
 again when they load it.
@@ -17,10 +17,10 @@ from typing import Any
 
 import pydantic
 
+from polar.codec.import_path import IMPORT_PATH, LazyRegistry, import_object
+from polar.contract.task_request import EvaluatorSpec, first_error
 from polar.errors import PluginNotAllowed, ValidationError
 from polar.evaluators.base import Evaluation, EvaluationContext, Evaluator, EvaluatorConfig, fresh_runtime_spec
-from polar.import_path import IMPORT_PATH, LazyRegistry, import_object
-from polar.task_request import EvaluatorSpec, first_error
 
 EvaluatorFactory = Callable[[Mapping[str, Any]], Evaluator]
 

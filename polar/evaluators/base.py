@@ -16,11 +16,11 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from polar.lifecycle.states import Outcome
+from polar.contract.states import Outcome
+from polar.contract.task_request import RuntimeSpec, TaskRequest
 from polar.reconstruction.base import CapturedCall, TrajectoryData
 from polar.runtimes.base import Runtime
 from polar.runtimes.session_files import read_output
-from polar.task_request import RuntimeSpec, TaskRequest
 
 
 @dataclass(frozen=True)

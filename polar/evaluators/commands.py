@@ -16,11 +16,11 @@ from typing import Any
 
 from pydantic import Field
 
+from polar.contract.task_request import RuntimeSpec, TaskRequest
 from polar.errors import EvaluationError
 from polar.evaluators.base import EvaluationContext, EvaluatorConfig
 from polar.runtimes.base import ExecResult, Runtime, command_env
 from polar.runtimes.session_files import exists, read_output, write_file
-from polar.task_request import RuntimeSpec, TaskRequest
 
 DEFAULT_TIMEOUT_S = 600.0
 # How much of a command's output the stored details keep: the end, where test summaries and errors are.

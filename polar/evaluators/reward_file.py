@@ -34,6 +34,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from polar.contract.task_request import RuntimeSpec, TaskRequest
 from polar.errors import EvaluationError
 from polar.evaluators.base import Evaluation, EvaluationContext
 from polar.evaluators.commands import (
@@ -46,7 +47,6 @@ from polar.evaluators.commands import (
 from polar.evaluators.reward_range import DEFAULT_RANGE, RewardRange, checked, finite
 from polar.runtimes.base import Runtime
 from polar.runtimes.session_files import FileTooLarge, chown_dir, exists, make_dirs, owner, read_bytes, remove_file
-from polar.task_request import RuntimeSpec, TaskRequest
 
 LOG_NAME = "verifier"
 REWARD_DIR = "logs/verifier"  # under the session directory

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from polar.contract.states import Outcome
 from polar.evaluators.base import Evaluation, EvaluationContext
-from polar.lifecycle.states import Outcome
 
 
 class SessionCompletion:

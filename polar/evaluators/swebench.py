@@ -49,13 +49,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from polar.contract.task_request import RuntimeSpec, TaskRequest
 from polar.errors import EvaluationError
 from polar.evaluators.base import Evaluation, EvaluationContext, EvaluatorConfig
 from polar.evaluators.commands import judging_runtime, run_command
 from polar.evaluators.swebench_patch import screen
 from polar.runtimes.base import Runtime
 from polar.runtimes.session_files import FileTooLarge, read_bytes, read_output
-from polar.task_request import RuntimeSpec, TaskRequest
 
 DEFAULT_REPO_DIR = "/testbed"  # where SWE-bench's instance images hold the repository
 DEFAULT_TIMEOUT_S = 1800.0

@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from polar.contract.task_request import RuntimeSpec, TaskRequest
 from polar.errors import EvaluationError
 from polar.evaluators import pytest_report
 from polar.evaluators.answers import AnswerConfig, check_answer, last_number
@@ -43,7 +44,6 @@ from polar.evaluators.commands import (
 )
 from polar.evaluators.pytest_report import TestStatus
 from polar.evaluators.reward_range import DEFAULT_RANGE, RewardRange, checked
-from polar.task_request import RuntimeSpec, TaskRequest
 
 LOG_NAME = "evaluator"
 

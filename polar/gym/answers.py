@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polar.protocols._base import EngineAnswer
-from polar.serialization import CallJSON
+from polar.storage.serialization import CallJSON
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ from typing import Any
 
 import jinja2
 
+from polar.codec.json_body import check_storable
+from polar.contract.task_request import BatchRequest, parse_batch_request
 from polar.errors import ValidationError
-from polar.json_body import check_storable
 from polar.loaders.rows import Row
 from polar.loaders.template import render_task
-from polar.task_request import BatchRequest, parse_batch_request
 
 BATCH_NAME = "nemo-gym"
 

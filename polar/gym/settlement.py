@@ -16,9 +16,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from polar.contract.states import TERMINAL
 from polar.gym.answers import Settled
 from polar.lifecycle.attempts import is_latest_attempt
-from polar.lifecycle.states import TERMINAL
 from polar.services import Services
 from polar.storage.columns import any_of
 from polar.storage.models import Session, Task, Trajectory

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from polar.contract.task_request import HarnessSpec
 from polar.runtimes.base import PASSTHROUGH, fenced_git
-from polar.task_request import HarnessSpec
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from polar.config import harness_cache_dir as cache_dir
 from polar.errors import RuntimeFailure, ValidationError
 
 
@@ -90,13 +91,6 @@ PACKAGES: Mapping[str, CliPackage] = {
     "mistral_vibe": CliPackage("mistral-vibe", "vibe", "pypi", "2.26.1", python="3.12"),
 }
 INSTALL_TIMEOUT_S = 900.0
-
-
-def cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Where the CLIs are installed: ``POLAR_HARNESS_CACHE`` or ``~/.cache/polar/harnesses``."""
-    env = os.environ if env is None else env
-    configured = env.get("POLAR_HARNESS_CACHE")
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "polar" / "harnesses"
 
 
 def binary_path(name: str, cache: Path | None = None) -> Path:

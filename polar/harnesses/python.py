@@ -2,7 +2,7 @@
 
 The function runs with the proxy environment (``OPENAI_BASE_URL`` etc.); it returns an exit code or None (0).
 Its module must be one of Polar's own agents (``polar.agents``) or under the operator's ``POLAR_PLUGIN_MODULES``:
-checked at submission and again by the entry point before it imports anything (``polar.import_path``).
+checked at submission and again by the entry point before it imports anything (``polar.codec.import_path``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import sys
 from collections.abc import Sequence
 from typing import ClassVar
 
+from polar.codec.import_path import check_import_path
 from polar.harnesses.base import HarnessContext, HarnessLaunch, proxy_environment
-from polar.import_path import check_import_path
 
 BUILT_IN_AGENTS = ("polar.agents",)
 

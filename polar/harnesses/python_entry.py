@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
+from polar.codec.import_path import import_object
 from polar.errors import PluginNotAllowed
-from polar.import_path import import_object
 
 
 def main(argv: list[str]) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from polar.contract.task_request import HarnessSpec
 from polar.errors import PluginNotAllowed, ValidationError
 from polar.harnesses.aider import AiderHarness
 from polar.harnesses.base import Harness
@@ -24,7 +25,6 @@ from polar.harnesses.oracle import OracleHarness, solution_files
 from polar.harnesses.pi import PiHarness
 from polar.harnesses.python import PythonHarness, check_python_target
 from polar.harnesses.qwen_code import QwenCodeHarness
-from polar.task_request import HarnessSpec
 
 HARNESSES: dict[str, Harness] = {
     harness.name: harness

@@ -1,5 +1,5 @@
 """What an operator looks at: read-only views of batches, sessions and trajectories, shaped for people (the web
-console, ``web/console``) rather than for trainers (the rollout API's JSON, ``polar.serialization``).
+console, ``web/console``) rather than for trainers (the rollout API's JSON, ``polar.storage.serialization``).
 
 - ``overview``: the batches, newest first, and one batch's progress per task and per node, its reward histograms
   and acceptance rate.

@@ -11,8 +11,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from polar.clock import iso
+from polar.codec.redaction import shown_url
 from polar.errors import NotFound
-from polar.redaction import shown_url
 from polar.services import Services
 from polar.storage.captured import WholeCall, rebuild, session_rows
 from polar.storage.models import ModelCall, Session

@@ -16,13 +16,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from polar.contract.states import TERMINAL, State
 from polar.errors import NotFound
 from polar.lifecycle.attempts import OutcomeClass, is_latest_attempt
 from polar.lifecycle.batches import overall_status
-from polar.lifecycle.states import TERMINAL, State
-from polar.serialization import batch_json
 from polar.services import Services
 from polar.storage.models import Batch, Session, Task
+from polar.storage.serialization import batch_json
 
 STATES: tuple[str, ...] = tuple(state.value for state in State)  # pipeline order: pending … cancelled
 UNASSIGNED = "(no node yet)"

@@ -16,10 +16,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from polar.clock import as_utc
+from polar.clock import as_utc, iso
 from polar.errors import NotFound
 from polar.services import Services
 from polar.storage.models import Session, SessionEvent
+from polar.storage.serialization import EventJSON, SessionEventsJSON
 
 
 @dataclass(frozen=True)
@@ -80,3 +81,23 @@ def session_timeline(services: Services, session_id: uuid.UUID) -> Timeline:
             .order_by(SessionEvent.id)
         ).all()
     return timeline(rows)
+
+
+def events_json(session_id: object, line: Timeline) -> SessionEventsJSON:
+    """A session's ``session_events`` as the API returns them, with the time spent in each state."""
+    items: list[EventJSON] = [
+        {
+            "at": iso(event.at) or "",
+            "from_state": event.from_state,
+            "to_state": event.to_state,
+            "node": event.node,
+            "worker": event.worker,
+            "detail": event.detail,
+            "duration_s": None if event.duration_s is None else round(event.duration_s, 3),
+        }
+        for event in line.events
+    ]
+    seconds_in = {state: round(seconds, 3) for state, seconds in line.seconds_in.items()}
+    total = line.total_s
+    return {"session_id": str(session_id), "items": items, "seconds_in": seconds_in,
+            "total_s": None if total is None else round(total, 3)}  # fmt: skip

@@ -20,7 +20,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from polar.errors import EngineError
-from polar.proxy.engines import EnginePool
+from polar.fleet.engines import EnginePool
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,11 @@ import uuid
 
 import sqlalchemy as sa
 
+from polar.contract.dispatch import Stage
+from polar.contract.states import BUFFERED, State
 from polar.errors import PolarError
-from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.nodes import ready_capacity
 from polar.lifecycle.outbox import send_due
-from polar.lifecycle.states import BUFFERED, State
 from polar.lifecycle.transitions import transition
 from polar.services import Services
 from polar.storage.locks import ADMISSION, exclusive

@@ -42,12 +42,12 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session as DbSession
 
 from polar.clock import as_utc, utcnow
+from polar.contract.states import Outcome, State
+from polar.contract.task_request import DEFAULT_MAX_ATTEMPTS
 from polar.errors import GENERATION_TIMEOUT
-from polar.lifecycle.states import Outcome, State
 from polar.lifecycle.transitions import record_event
 from polar.services import Services
 from polar.storage.models import Session
-from polar.task_request import DEFAULT_MAX_ATTEMPTS
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",

@@ -23,12 +23,14 @@ from sqlalchemy.exc import IntegrityError
 
 from polar.clock import utcnow
 from polar.config import Config
+from polar.contract.callback_targets import check_callback_url
+from polar.contract.states import TERMINAL, State
+from polar.contract.task_request import BatchRequest, task_to_json
 from polar.errors import Conflict, NotFound, ValidationError
 from polar.evaluators import check_evaluator
 from polar.harnesses.registry import check_harness
 from polar.lifecycle.admission import admit_after_commit
 from polar.lifecycle.attempts import OutcomeClass, is_latest_attempt
-from polar.lifecycle.states import TERMINAL, State
 from polar.reconstruction import RECONSTRUCTIONS
 from polar.records.audit import Caller, record
 from polar.records.provenance import batch_provenance
@@ -38,8 +40,6 @@ from polar.services import Services
 from polar.storage import db_clock
 from polar.storage.locks import FEED, exclusive
 from polar.storage.models import Batch, Session, SessionEvent, Task
-from polar.task_request import BatchRequest, task_to_json
-from polar.training.callback_targets import check_callback_url
 
 
 @dataclass(frozen=True)

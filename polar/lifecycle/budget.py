@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session as DbSession
 
 from polar.clock import as_utc
-from polar.lifecycle.states import State
+from polar.contract.states import State
 from polar.services import Services
 from polar.storage import db_clock
 from polar.storage.models import EngineControl, Session

@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import aliased
 
-from polar.lifecycle.dispatch import Stage
-from polar.lifecycle.states import State
+from polar.contract.dispatch import Stage
+from polar.contract.states import State
 from polar.storage.models import Node, Session
 
 _STAGE_OF = {State.INIT: Stage.INIT, State.READY: Stage.READY, State.POSTRUN: Stage.POSTRUN}

@@ -20,9 +20,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session as DbSession
 
+from polar.contract.dispatch import Stage
+from polar.contract.states import State
 from polar.errors import BrokerUnavailable
-from polar.lifecycle.dispatch import Stage
-from polar.lifecycle.states import State
 from polar.services import Services
 from polar.storage import db_clock
 from polar.storage.models import Session

@@ -11,7 +11,11 @@ import sqlalchemy as sa
 
 from polar.errors import NotFound, ValidationError
 from polar.lifecycle.attempts import DEFAULT_MAX_ATTEMPTS
-from polar.serialization import (
+from polar.services import Services
+from polar.storage.captured import rebuild, routed_experts_of_sessions, rows_by_session, session_rows
+from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
+from polar.storage.payloads import PARTS
+from polar.storage.serialization import (
     CallJSON,
     CallPageJSON,
     SessionJSON,
@@ -21,10 +25,6 @@ from polar.serialization import (
     session_json,
     trajectory_json,
 )
-from polar.services import Services
-from polar.storage.captured import rebuild, routed_experts_of_sessions, rows_by_session, session_rows
-from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
-from polar.storage.payloads import PARTS
 
 # What a call's JSON reads besides the rebuilt prompt and payloads (polar.storage.captured.STORED).
 _CALL_COLUMNS = (

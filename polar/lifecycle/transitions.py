@@ -15,10 +15,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session as DbSession
 
-from polar.json_body import storable_text
-from polar.lifecycle.dispatch import Stage
+from polar.codec.json_body import storable_text
+from polar.contract.dispatch import Stage
+from polar.contract.states import ALLOWED, TERMINAL, State
 from polar.lifecycle.outbox import due as make_due
-from polar.lifecycle.states import ALLOWED, TERMINAL, State
 from polar.services import Services
 from polar.storage import db_clock
 from polar.storage.models import Session, SessionEvent

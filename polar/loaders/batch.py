@@ -21,11 +21,11 @@ from typing import Any
 
 import yaml
 
+from polar.contract.task_request import parse_batch_request
 from polar.errors import ValidationError
 from polar.loaders.rows import read_jsonl
 from polar.loaders.swebench import tasks_from_swebench
 from polar.loaders.template import tasks_from_template
-from polar.task_request import parse_batch_request
 
 _TASK_FIELD = re.compile(r"tasks\[(\d+)\]\.?")
 

@@ -23,12 +23,12 @@ import sqlalchemy as sa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from polar.contract.states import BUFFERED, TERMINAL, State
 from polar.lifecycle.nodes import NodeInfo, nodes
-from polar.lifecycle.states import BUFFERED, TERMINAL, State
 from polar.observability.queues import QueueProbe
+from polar.records.audit import EXPIRY_ACTOR
 from polar.storage.database import Database
 from polar.storage.models import AuditEvent, Session
-from polar.training.engine_control import EXPIRY_ACTOR
 
 log = logging.getLogger(__name__)
 

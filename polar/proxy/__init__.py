@@ -1,9 +1,9 @@
-"""The model-API proxy's domain: session keys (``keys``), the engines (``engines``, ``engine_addresses``), per-session
-call limits (``limits``), persisting calls (``capture``), and one call end to end (``service``). ``web/proxy`` is its
+"""The model-API proxy's domain: session keys (``keys``), per-session call limits (``limits``), persisting calls
+(``capture``), and one call end to end (``service``); the engines it calls are ``polar.fleet``. ``web/proxy`` is its
 HTTP shell.
 
 ``EnginePool``, ``ProxyAnswer`` and ``ProxyService`` are loaded when first asked for: importing a small module of
-this package (the configuration checks engine URLs with ``engine_addresses``) must not load the whole proxy."""
+this package (the run stage mints keys with ``keys``) must not load the whole proxy."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from polar.proxy.engines import EnginePool
+    from polar.fleet.engines import EnginePool
     from polar.proxy.service import ProxyAnswer, ProxyService
 
 _HOMES = {
-    "EnginePool": "polar.proxy.engines",
+    "EnginePool": "polar.fleet.engines",
     "ProxyAnswer": "polar.proxy.service",
     "ProxyService": "polar.proxy.service",
 }

@@ -37,8 +37,8 @@ from typing import Any
 import sqlalchemy as sa
 from psycopg.types.numeric import Int4
 
+from polar.contract.states import State
 from polar.errors import SessionNotRunning
-from polar.lifecycle.states import State
 from polar.proxy.recent_calls import Latest, RecentCalls
 from polar.storage.database import Database
 from polar.storage.driver_statements import DriverStatement
@@ -194,7 +194,7 @@ class CallRecord:
     request: Any
     normalized_request: dict[str, Any]
     response: dict[str, Any]
-    engine_kind: str | None = None  # vllm | sglang (polar.proxy.engines)
+    engine_kind: str | None = None  # vllm | sglang (polar.fleet.engines)
     routed_experts: bytes | None = None  # vLLM's per-token expert routing (.npy bytes), mixture-of-experts only
     sampling: dict[str, Any] | None = None  # {"requested": …, "used": …} (polar.proxy.sampling)
     synthesized: bool = False  # Polar's own answer, no model tokens (polar.proxy.budget)

@@ -16,7 +16,7 @@ recorded (``sampling``). A 200 answer without the token ids and logprobs capture
 (``token_check``).
 
 A call the engine failed (unreachable, 5xx, timed out) is recorded too, with the status the harness got and why
-(``failure_kind``, ``polar.proxy.engines``), so postrun can tell an engine outage from the policy's own failure
+(``failure_kind``, ``polar.fleet.engines``), so postrun can tell an engine outage from the policy's own failure
 (``polar.lifecycle.attempts``): a timeout on a healthy engine that was generating the call is the policy's
 (``generation_timeout``), unless a weight-sync pause held it. While the database is unreachable the proxy waits
 (``POLAR_DB_OUTAGE``) rather than answer a call it could not record.
@@ -37,7 +37,9 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
+from polar.codec.json_body import check_storable, parse_json
 from polar.config import Config
+from polar.contract.states import State
 from polar.errors import (
     ENGINE_TIMEOUT,
     GENERATION_TIMEOUT,
@@ -52,8 +54,8 @@ from polar.errors import (
     Unauthorized,
     ValidationError,
 )
-from polar.json_body import check_storable, parse_json
-from polar.lifecycle.states import State
+from polar.fleet.control import ControlState, ControlView
+from polar.fleet.engines import EngineAddress, EnginePool, EngineReply
 from polar.observability.metrics import MAX_CALLS, MAX_CONCURRENT_CALLS, PAUSED, ProxyMetrics
 from polar.protocols import (
     ClientRequest,
@@ -66,7 +68,6 @@ from polar.protocols import (
 from polar.proxy import budget, sglang, tito, tito_tails
 from polar.proxy.body_limits import check_values
 from polar.proxy.capture import CallRecord, Parents, mark_undelivered, read_parents, record_call, session_state_for_key
-from polar.proxy.engines import EngineAddress, EnginePool, EngineReply
 from polar.proxy.key_misses import STALE_S, KeyMisses
 from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimiter, CallLimits, call_limiter
@@ -82,7 +83,6 @@ from polar.proxy.token_check import check_tokens
 from polar.storage.database import Database
 from polar.storage.early_connection import EarlyConnection
 from polar.storage.outage import ride_out, unreachable
-from polar.training.engine_control import ControlState, ControlView
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from polar.engine.completion_parser import chat_message
+from polar.fleet.engines import EngineReply
 from polar.protocols import EngineAnswer
-from polar.proxy.engines import EngineReply
 from polar.proxy.tito_tips import Tip, TipStore, identity_digests, tip
 from polar.reconstruction.break_reasons import history_key, messages_of, same_history, tools_of
 from polar.storage.captured import rebuild, session_rows

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from polar.proxy.engines import EnginePool
+from polar.fleet.engines import EnginePool
 from polar.reconstruction.prefix_merging import common_prefix
 
 if TYPE_CHECKING:

@@ -19,6 +19,8 @@ from polar.storage.database import Database
 from polar.storage.models import AuditEvent
 
 FINGERPRINT_CHARS = 8
+# Who the audit trail says ended a pause that outlasted POLAR_MAX_PAUSE (the reconciler, on the fleet's behalf).
+EXPIRY_ACTOR = "polar:reconciler"
 
 
 @dataclass(frozen=True)

@@ -37,10 +37,10 @@ from typing import Any
 import httpx
 
 from polar.clock import iso, utcnow
+from polar.codec.redaction import shown_url
 from polar.config import Config
+from polar.contract.task_request import TaskRequest
 from polar.records import logprob_mode
-from polar.redaction import shown_url
-from polar.task_request import TaskRequest
 
 # A configuration field whose name says it holds a credential is never recorded, not even as a digest input.
 SECRET_NAME = re.compile(r"token|secret|password|passwd|credential|auth|key", re.IGNORECASE)
@@ -148,7 +148,7 @@ class EngineProbe:
         known = self._modes.get(url)
         if known is not None and (not known[0].done() or known[1] > time.monotonic()):
             return known[0]
-        from polar.proxy.engine_addresses import parse_engine_url
+        from polar.contract.engine_addresses import parse_engine_url
 
         address = parse_engine_url(url).url
         future = self._mode_pool.submit(logprob_mode.probe, self._mode_client, address)
@@ -188,7 +188,7 @@ def _mode(probe: Future[dict[str, Any]]) -> dict[str, Any]:
 def _address(engine: str, path: str) -> str:
     """Where to ask ``engine`` (a ``POLAR_ENGINE_URLS`` entry) for ``path``: SGLang says its version in
     ``/get_server_info``."""
-    from polar.proxy.engine_addresses import parse_engine_url
+    from polar.contract.engine_addresses import parse_engine_url
 
     address = parse_engine_url(engine)
     if address.kind == "sglang" and path == "/version":

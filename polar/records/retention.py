@@ -39,8 +39,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import aliased
 
+from polar.contract.states import TERMINAL
 from polar.errors import ValidationError
-from polar.lifecycle.states import TERMINAL
 from polar.records.audit import record
 from polar.storage import db_clock
 from polar.storage.captured import rebuild, session_rows

@@ -16,11 +16,11 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from polar.codec.import_path import LazyRegistry
 from polar.config import Config
+from polar.contract.task_request import RuntimeSpec
 from polar.errors import RuntimeFailure, ValidationError
-from polar.import_path import LazyRegistry
 from polar.runtimes.base import EVALUATOR_ROLE, SESSION_ROLE, ExecResult, Runtime
-from polar.task_request import RuntimeSpec
 
 # ``docker`` is a backend only where the Docker SDK is installed.
 RUNTIMES: LazyRegistry[type[Runtime]] = LazyRegistry(

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import polar
+from polar.config import harness_cache_dir
 
 
 def python_paths() -> list[str]:
@@ -20,9 +21,7 @@ def python_paths() -> list[str]:
 def host_tool_paths() -> list[str]:
     """``python_paths`` plus the harness install cache, when it exists, and the prefix of every other interpreter a
     venv there was made from (a CLI needing Python 3.12 runs on pyenv's, which is not Polar's)."""
-    from polar.harnesses.install import cache_dir
-
-    cache = cache_dir()
+    cache = harness_cache_dir()
     if not cache.is_dir():
         return python_paths()
     paths = set(python_paths()) | {str(cache)} | _venv_bases(cache / "venvs")

@@ -16,11 +16,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
 from polar.config import Config
+from polar.contract.task_request import RuntimeSpec
 from polar.errors import RuntimeFailure
 from polar.runtimes.bounds import SandboxBounds
 from polar.runtimes.relay import ProxyAccess, direct
 from polar.runtimes.session_files import copy_into
-from polar.task_request import RuntimeSpec
 
 # Host variables every command in a runtime keeps (locale, certificates, where programs are); everything else
 # is withheld, so no host secret leaks into a harness or an evaluator's command.

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from polar.config import Config
-from polar.task_request import Limits
+from polar.contract.task_request import Limits
 
 log = logging.getLogger(__name__)
 

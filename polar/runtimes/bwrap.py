@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.config import Config
+from polar.contract.task_request import RuntimeSpec
 from polar.errors import RuntimeFailure
 from polar.runtimes import relay, unprivileged
 from polar.runtimes._host_python import host_tool_paths
@@ -40,7 +41,6 @@ from polar.runtimes.base import SESSION_ROLE, ExecResult, StartHook, TickHook, T
 from polar.runtimes.bounds import SandboxBounds
 from polar.runtimes.local import LocalRuntime
 from polar.runtimes.session_files import chown_tree
-from polar.task_request import RuntimeSpec
 
 _SYSTEM_DIRS = ("/usr", "/etc")
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pydantic
 
+from polar.contract.task_request import CopyStep, RuntimeSpec, TaskRequest
 from polar.errors import ValidationError
-from polar.task_request import CopyStep, RuntimeSpec, TaskRequest
 
 HOW_TO_ALLOW = "set POLAR_COPY_ROOTS to the host directories copy steps may read"
 

@@ -45,6 +45,7 @@ import docker
 from docker.errors import APIError, DockerException, NotFound
 
 from polar.config import Config
+from polar.contract.task_request import RuntimeSpec
 from polar.errors import RuntimeFailure
 from polar.runtimes import relay
 from polar.runtimes._host_python import host_tool_paths
@@ -60,7 +61,6 @@ from polar.runtimes.base import (
 )
 from polar.runtimes.bounds import SandboxBounds
 from polar.runtimes.session_files import chown_tree, fresh_session_dir, output_tail
-from polar.task_request import RuntimeSpec
 
 DEFAULT_IMAGE = "polar-test:latest"
 SESSION_LABEL = "polar.session"
@@ -338,7 +338,7 @@ def _remove(client: docker.DockerClient, name_or_id: str) -> None:
 
 
 # The reconciler's client, kept for the process: it lists containers at every pass, and a new client costs more
-# than the list itself (polar.lifecycle.reconciler).
+# than the list itself (polar.stages.reconciler).
 @functools.cache
 def _reaper_client() -> docker.DockerClient:
     return _client()

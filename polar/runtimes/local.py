@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.config import Config
+from polar.contract.task_request import RuntimeSpec
 from polar.errors import RuntimeFailure
 from polar.runtimes import reaper
 from polar.runtimes.base import (
@@ -36,7 +37,6 @@ from polar.runtimes.base import (
     seconds_left,
 )
 from polar.runtimes.session_files import fresh_session_dir, open_append, output_tail
-from polar.task_request import RuntimeSpec
 
 TICK_S = 0.2
 KILL_GRACE_S = 2.0

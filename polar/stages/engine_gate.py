@@ -19,11 +19,11 @@ import time
 import httpx
 import sqlalchemy as sa
 
-from polar.proxy.engine_addresses import EngineAddress, parse_engine_url
-from polar.proxy.fleet import fleet
-from polar.redaction import shown_url
+from polar.codec.redaction import shown_url
+from polar.contract.engine_addresses import EngineAddress, parse_engine_url
+from polar.fleet.control import read_state
+from polar.fleet.overview import fleet
 from polar.services import Services
-from polar.training.engine_control import read_state
 
 POLL_S = 1.0
 PROBE_TIMEOUT_S = 2.0

@@ -8,11 +8,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from polar.json_body import storable_text
+from polar.codec.json_body import storable_text
+from polar.contract.dispatch import Stage
+from polar.contract.states import BUFFERED, Outcome, State
 from polar.lifecycle.admission import admit_after_commit
-from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.outbox import send_due
-from polar.lifecycle.states import BUFFERED, Outcome, State
 from polar.lifecycle.transitions import transition
 from polar.services import Services
 from polar.storage.storable import storable_fields, storing

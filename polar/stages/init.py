@@ -26,11 +26,12 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
+from polar.contract.dispatch import Stage
+from polar.contract.states import Outcome, State
+from polar.contract.task_request import CopyStep, RunStep, RuntimeSpec
 from polar.errors import RuntimeFailure, UnsafePath, ValidationError
 from polar.evaluators import fresh_runtime_spec, load_evaluator
-from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.outbox import dispatch, send_due
-from polar.lifecycle.states import Outcome, State
 from polar.lifecycle.transitions import transition
 from polar.runtimes import EVALUATOR_ROLE, SESSION_ROLE, Runtime, create_runtime
 from polar.runtimes.base import command_env
@@ -40,7 +41,6 @@ from polar.stages.handoff import send_to_postrun
 from polar.stages.lease import Claimed, NodeFull, claim, heartbeat, load
 from polar.storage import db_clock
 from polar.storage.models import Session
-from polar.task_request import CopyStep, RunStep, RuntimeSpec
 
 # How long a full node's init worker waits before handing a session back (it has nothing else to do meanwhile).
 HAND_BACK_S = 0.5

@@ -19,12 +19,12 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from polar.lifecycle.states import BUFFERED, State
+from polar.contract.states import BUFFERED, State
+from polar.contract.task_request import TaskRequest, task_from_json
 from polar.services import Services
 from polar.storage import db_clock
 from polar.storage.locks import ADMISSION, exclusive
 from polar.storage.models import Batch, Session, Task
-from polar.task_request import TaskRequest, task_from_json
 
 
 @dataclass(frozen=True)

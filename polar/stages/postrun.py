@@ -30,9 +30,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from polar.codec.json_body import storable, storable_text
+from polar.contract.states import Outcome, State
 from polar.errors import EvaluationError, RuntimeFailure, UnsafePath
 from polar.evaluators import Evaluation, EvaluationContext, load_evaluator
-from polar.json_body import storable, storable_text
 from polar.lifecycle.admission import admit
 from polar.lifecycle.attempts import (
     CallEvidence,
@@ -45,7 +46,6 @@ from polar.lifecycle.attempts import (
     start_next_attempt,
 )
 from polar.lifecycle.batches import mark_batch_finished
-from polar.lifecycle.states import Outcome, State
 from polar.lifecycle.transitions import transition
 from polar.proxy.refusals import INFRASTRUCTURE_REASONS, fold_in
 from polar.reconstruction import RECONSTRUCTIONS, CapturedCall, TrajectoryData
@@ -297,7 +297,7 @@ def _store(
     was started.
 
     The evaluation's details and the error quote what the harness, the evaluator's commands and the model wrote:
-    they are stored made storable (``polar.json_body.storable``); a store the database still refuses is tried
+    they are stored made storable (``polar.codec.json_body.storable``); a store the database still refuses is tried
     once more with the trajectories' text made storable too (``polar.storage.storable``). Token ids, loss masks
     and logprobs are numbers: never changed."""
     session = claimed.session

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import uuid
 
+from polar.contract.dispatch import Stage
+from polar.contract.states import Outcome, State
 from polar.errors import RuntimeFailure
-from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.outbox import dispatch
-from polar.lifecycle.states import Outcome, State
 from polar.runtimes import attach_runtime
 from polar.services import Services
 from polar.stages.handoff import send_to_postrun

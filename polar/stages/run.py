@@ -12,13 +12,13 @@ import uuid
 
 import sqlalchemy as sa
 
+from polar.codec.json_body import storable_text
+from polar.contract.states import Outcome, State
 from polar.errors import RuntimeFailure, UnsafePath
 from polar.harnesses.base import HarnessContext
 from polar.harnesses.registry import HARNESSES
-from polar.json_body import storable_text
 from polar.lifecycle.admission import admit
 from polar.lifecycle.budget import RunBudget, budget_left, start_run_budget
-from polar.lifecycle.states import Outcome, State
 from polar.lifecycle.transitions import transition
 from polar.proxy.keys import hash_key, mint_key
 from polar.runtimes import Runtime, attach_runtime

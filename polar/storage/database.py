@@ -19,8 +19,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar.codec.json_body import dump_json_text
 from polar.config import Config
-from polar.json_body import dump_json_text
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

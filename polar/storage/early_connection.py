@@ -23,7 +23,7 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import pq
 
-from polar.sockets import readable, writable
+from polar.codec.sockets import readable, writable
 from polar.storage.database import Database
 
 log = logging.getLogger(__name__)

@@ -221,7 +221,7 @@ class ModelCall(Base):
     spans_policy_update: Mapped[bool] = mapped_column(
         sa.Boolean(), nullable=False, default=False, server_default=sa.false()
     )
-    # The protocol of the engine that served the call: vllm | sglang (polar.proxy.engines).
+    # The protocol of the engine that served the call: vllm | sglang (polar.fleet.engines).
     engine_kind: Mapped[str | None] = mapped_column(sa.Text())
     # For a call the engine failed, why: unreachable | engine_error | engine_timeout | generation_timeout (still
     # generating on a healthy engine at the engine timeout: the policy's doing, polar.lifecycle.attempts).
@@ -349,7 +349,7 @@ class CallRefusal(Base):
 
 class EngineRecord(Base):
     """An engine added at run time (``POST /v1/engines``), beside ``POLAR_ENGINE_URLS``; ``drained_at``: no new
-    sessions go to it (polar.proxy.fleet)."""
+    sessions go to it (polar.fleet.overview)."""
 
     __tablename__ = "engines"
 

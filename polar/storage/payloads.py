@@ -28,8 +28,8 @@ import hashlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from polar.codec.json_body import dump_json
 from polar.errors import PolarError
-from polar.json_body import dump_json
 
 PARTS = ("request", "normalized_request", "response")
 _DIGEST_SIZE = 12  # 96-bit hashes: a false "same" is never the likely explanation of anything

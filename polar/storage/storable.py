@@ -1,7 +1,7 @@
 """Writes that hold text from harness, evaluator or model output (errors, output tails, evaluation details): the
 policy's to write, so it may hold what Postgres text and jsonb refuse (a NUL, a lone surrogate).
 
-Such text is made storable where it is written (``polar.json_body.storable``); as a backstop, a write the database
+Such text is made storable where it is written (``polar.codec.json_body.storable``); as a backstop, a write the database
 still refuses for a value it holds (``DataError``, or the ``UnicodeEncodeError`` a lone surrogate raises while it is
 bound) is tried once more with every field made storable, so an attempt's outcome is never lost to a character.
 """
@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from polar.json_body import storable
+from polar.codec.json_body import storable
 
 log = logging.getLogger(__name__)
 

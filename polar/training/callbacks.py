@@ -12,7 +12,7 @@ the last session of a group to end is the one that sees it complete), and ``deli
 of its own in every worker process, never from postrun or the reconciler: a receiver that is slow, refuses or
 never answers delays nothing but its own events. Each event is tried up to ``MAX_ATTEMPTS`` times with growing
 pauses (at most ``MAX_PAUSE_S``), then marked failed with its last error. Each POST goes only where
-``polar.training.callback_targets`` allows, checked again at send time.
+``polar.contract.callback_targets`` allows, checked again at send time.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session as DbSession
 
 from polar.clock import iso
+from polar.codec.redaction import shown_url
+from polar.contract.callback_targets import CallbackRefused, Target, resolve_target
 from polar.lifecycle.attempts import OutcomeClass, is_latest_attempt
 from polar.lifecycle.groups import group_id
-from polar.redaction import shown_url
 from polar.services import Services
 from polar.storage import db_clock
 from polar.storage.models import Batch, CallbackEvent, Session, Task
-from polar.training.callback_targets import CallbackRefused, Target, resolve_target
 
 log = logging.getLogger(__name__)
 

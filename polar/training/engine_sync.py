@@ -1,5 +1,5 @@
 """Pausing and resuming the engines themselves around a weight update, with the proxies' hold
-(``polar.training.engine_control``) in front of them.
+(``polar.fleet.control``) in front of them.
 
     results = pause_engines(addresses, "keep", clear_cache=False)   # after the proxies stopped starting calls
     results = resume_engines(addresses, "step-42")                  # after the new policy version is recorded
@@ -28,10 +28,10 @@ from typing import Any, Literal
 
 import httpx
 
+from polar.codec.redaction import shown_url
+from polar.contract.engine_addresses import EngineAddress
 from polar.errors import ValidationError
-from polar.proxy.engine_addresses import EngineAddress
-from polar.proxy.engines import reported_load
-from polar.redaction import shown_url
+from polar.fleet.engines import reported_load
 
 EngineMode = Literal["keep", "wait", "abort"]
 ENGINE_MODES: tuple[EngineMode, ...] = ("keep", "wait", "abort")

@@ -35,10 +35,10 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
+from polar.contract.states import TERMINAL, State
 from polar.errors import NotFound, ValidationError
 from polar.lifecycle.attempts import is_training_signal
 from polar.lifecycle.groups import group_id
-from polar.lifecycle.states import TERMINAL, State
 from polar.services import Services
 from polar.storage.captured import STORED, chat_form, rebuild
 from polar.storage.columns import is_postgres

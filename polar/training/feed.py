@@ -26,18 +26,18 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session as DbSession
 
+from polar.codec.json_body import dump_json_text
+from polar.codec.wait_slots import WaitSlots
+from polar.contract.states import TERMINAL
 from polar.errors import Busy
-from polar.json_body import dump_json_text
 from polar.lifecycle.attempts import OutcomeClass
 from polar.lifecycle.groups import group_id, group_standing
-from polar.lifecycle.states import TERMINAL
-from polar.serialization import routed_json, stored_trajectory_json
 from polar.services import Services
 from polar.storage.captured import routed_experts_of_sessions
 from polar.storage.columns import any_of, is_postgres
 from polar.storage.locks import FEED, exclusive
 from polar.storage.models import Session, Task, Trajectory
-from polar.training.wait_slots import WaitSlots
+from polar.storage.serialization import routed_json, stored_trajectory_json
 
 POLL_S = 0.2
 _CHUNK = 1000  # tasks per statement when completing groups

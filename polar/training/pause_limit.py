@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 import threading
 
-from polar.proxy.fleet import fleet
+from polar.fleet.control import ExpiredPause, expire_pause
+from polar.fleet.overview import fleet
 from polar.services import Services
-from polar.training.engine_control import ExpiredPause, expire_pause
 from polar.training.engine_sync import resume_engines
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ import click
 import pytest
 import yaml
 
-from polar.cli import main as polar_cli
-from polar.task_request import parse_batch_request
+from polar.contract.task_request import parse_batch_request
+from polar.local.cli import main as polar_cli
 from tests.doc_blocks import ROOT, blocks
 
 # Programs the docs may name besides polar/make/celery/gunicorn: the shell's and the system's own.

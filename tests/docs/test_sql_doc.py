@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from polar.contract.task_request import parse_batch_request
 from polar.lifecycle.batches import request_hash, submit_batch
 from polar.records.audit import Caller, actor
 from polar.services import Services
 from polar.storage.models import Trajectory
-from polar.task_request import parse_batch_request
-from tests.polar.test_feed import finish, queued_sessions
+from tests.polar.training.test_feed import finish, queued_sessions
 from tests.support import command_task, domain_services
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sql.md"

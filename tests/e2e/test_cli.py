@@ -13,9 +13,9 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from polar import cli_views
-from polar.cli import main
 from polar.datasets import ARITHMETIC_ROWS, ARITHMETIC_TEMPLATE
+from polar.local import cli_views
+from polar.local.cli import main
 from tests.support import HANG_GUARD_S, RunningStack, command_task
 
 ROOT = Path(__file__).resolve().parents[2]

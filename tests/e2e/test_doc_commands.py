@@ -5,8 +5,8 @@ validate, YAML and TOML parse; ``test_sql_doc.py`` runs the SQL).
 A block runs with ``bash -euo pipefail`` in a scratch directory that holds ``batch.json`` (the request of
 docs/running-a-batch.md), a link to the checkout's ``.venv`` and a ``polar/`` of links to the checkout's, whose
 ``datasets/arithmetic.jsonl`` holds the dataset's first ``DATASET_ROWS`` rows: a block that submits the whole
-dataset runs each command as written on fewer sessions (``tests/polar/test_loaders.py`` renders every row through
-the template and checks its answer). The
+dataset runs each command as written on fewer sessions (``tests/polar/loaders/test_loaders.py`` renders every row
+through the template and checks its answer). The
 reader's placeholders are filled in the way the docs say: a line ``export NAME=...`` means "set NAME yourself",
 and the test sets it (the stack's URLs and tokens, and ``BATCH_ID`` / ``SESSION_ID`` of a finished batch);
 the example host path ``/data`` becomes a directory of the test's. A block that cannot run here is listed in

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from polar.launcher import Stack, engine_spec, free_port, gunicorn_spec, pipeline_env
+from polar.local.launcher import Stack, engine_spec, free_port, gunicorn_spec, pipeline_env
 from tests.real_vllm import SharedVllm, route_env
 from tests.support import HANG_GUARD_S, LiveProxy, domain_services, wait_until
 

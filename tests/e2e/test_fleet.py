@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polar.launcher import Stack, engine_spec, free_port
+from polar.local.launcher import Stack, engine_spec, free_port
 from tests.e2e.test_pipeline import calculator_task
 from tests.support import HANG_GUARD_S, running_stack, wait_until
 

@@ -32,7 +32,7 @@ import pytest
 import sqlalchemy as sa
 
 from polar.datasets import ARITHMETIC_ROWS
-from polar.launcher import free_port
+from polar.local.launcher import free_port
 from polar.storage.locks import ADMISSION
 from tests.nemo_gym_client import GymAnswer, post_rows
 from tests.support import HANG_GUARD_S, RunningStack, running_stack, wait_until

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from polar.cli import main
 from polar.harbor import find_task_folders, read_task_folder
 from polar.harbor.images import image_tag, task_image
 from polar.harnesses.install import install
+from polar.local.cli import main
 from tests.docker_engine import containers_of, require_docker_image
 from tests.e2e.file_task import wait_finished
 from tests.harbor_model import harbor_reads

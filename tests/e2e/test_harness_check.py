@@ -1,7 +1,7 @@
 """``polar harness check`` as a user runs it. Its runs are docs/harnesses.md's own block, run as written by
 ``tests/e2e/test_doc_commands.py`` on embedded defaults: Claude Code over 30 steps with TITO and the reader's own
 ``command`` harness over 20, each checked to complete and merge into one chain (a session that failed exits 1:
-``tests/polar/harnesses/test_check.py``). Each CLI over 20 steps, with and without TITO, is
+``tests/polar/local/test_harness_check.py``). Each CLI over 20 steps, with and without TITO, is
 ``tests/e2e/test_harness_long_sessions.py``. What is left here: the flags it refuses before starting anything."""
 
 from __future__ import annotations

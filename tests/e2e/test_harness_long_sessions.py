@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from polar.harnesses.check import Report, build_report, check_task, decode_token
 from polar.harnesses.install import install
+from polar.local.harness_check import Report, build_report, check_task, decode_token
 from tests.e2e.file_task import wait_finished
 from tests.shared_stack import PLAN_STEPS, routed
 from tests.support import RunningStack

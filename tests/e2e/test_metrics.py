@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from polar.config import load_config
-from polar.launcher import metrics_urls
+from polar.local.launcher import metrics_urls
 from polar.observability import group_dir
 from tests.conftest import redis_database
 from tests.prometheus import Scrape, scrape

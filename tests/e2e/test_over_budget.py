@@ -115,8 +115,8 @@ def test_sampling_is_recorded_and_neutralized_on_request(proxy: LiveProxy) -> No
 
 
 def test_bad_settings_are_refused_at_submit(proxy: LiveProxy) -> None:
+    from polar.contract.task_request import parse_batch_request
     from polar.errors import ValidationError
-    from polar.task_request import parse_batch_request
 
     for field, value in (("over_budget", "ignore"), ("sampling", "greedy")):
         with pytest.raises(ValidationError) as bad:

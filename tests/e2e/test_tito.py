@@ -15,7 +15,7 @@ import openai
 import pytest
 import sqlalchemy as sa
 
-from polar.lifecycle.states import Outcome, State
+from polar.contract.states import Outcome, State
 from polar.stages.handoff import send_to_postrun
 from polar.stages.postrun import postrun_session
 from tests.support import LiveProxy, live_proxy, real_vllm_proxy

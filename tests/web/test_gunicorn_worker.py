@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 import httpx
 import pytest
 
-from polar.launcher import PYTHON, ProcessSpec, Stack, free_port
+from polar.local.launcher import PYTHON, ProcessSpec, Stack, free_port
 
 THREADS = 2
 REFUSAL_IDS = ["length-and-chunked", "two-lengths", "negative-length", "gzip-coding", "folding", "bad-name"]

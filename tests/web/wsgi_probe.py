@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import parse_qs
 
-from polar.instance import instance_headers
+from polar.codec.instance import instance_headers
 from web.gunicorn_worker import EpollWorker
 from web.proxy.delivery import client_gone
 

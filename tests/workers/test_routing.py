@@ -8,7 +8,7 @@ from pathlib import Path
 import redis
 
 from polar.config import load_config
-from polar.lifecycle.dispatch import Stage
+from polar.contract.dispatch import Stage
 from workers.app import create_celery
 from workers.dispatch import CeleryDispatcher
 

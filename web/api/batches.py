@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify, request
 
+from polar.batches.cancel import cancel_batch
+from polar.contract.task_request import parse_batch_request
 from polar.errors import ValidationError
 from polar.lifecycle.batches import batch_status, request_hash, submit_batch
-from polar.lifecycle.cancel import cancel_batch
 from polar.lifecycle.sessions import list_sessions
 from polar.records.audit import record_now
-from polar.serialization import batch_json
-from polar.task_request import parse_batch_request
+from polar.storage.serialization import batch_json
 from web.api.auth import caller
 from web.api.requests import IntArg, json_body, parse_id, query_arg, services
 

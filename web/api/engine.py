@@ -14,11 +14,11 @@ import pydantic
 from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field
 
+from polar.contract.task_request import first_error
 from polar.errors import ValidationError
-from polar.proxy.fleet import fleet
+from polar.fleet.control import read_state, set_state
+from polar.fleet.overview import fleet
 from polar.records.audit import record_now
-from polar.task_request import first_error
-from polar.training.engine_control import read_state, set_state
 from polar.training.engine_sync import pause_engines, resume_engines
 from web.api.auth import caller
 from web.api.requests import json_body, services

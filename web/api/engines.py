@@ -8,9 +8,9 @@ import pydantic
 from flask import Blueprint, Response, jsonify
 from pydantic import BaseModel, ConfigDict, Field
 
-from polar.proxy.engine_addresses import ENGINE_URL_PATTERN, engine_label
-from polar.proxy.fleet import add_engine, drain_engine, fleet_status
-from polar.task_request import first_error
+from polar.contract.engine_addresses import ENGINE_URL_PATTERN, engine_label
+from polar.contract.task_request import first_error
+from polar.fleet.overview import add_engine, drain_engine, fleet_status
 from web.api.auth import caller
 from web.api.requests import json_body, services
 

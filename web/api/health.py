@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from flask import Blueprint, Response, jsonify
 
-from polar.instance import instance_headers
+from polar.codec.instance import instance_headers
 from web.api.requests import services
 
 blueprint = Blueprint("health", __name__)

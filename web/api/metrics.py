@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from flask import Blueprint, Flask, Response, current_app, g, request
 
 from polar.config import Config
-from polar.lifecycle.dispatch import Stage
+from polar.contract.dispatch import Stage
 from polar.observability import ApiMetrics, DeploymentCollector, exposition, queue_probe
 from web.api.auth import authenticates_itself
 from workers.app import PINNED, stage_queue

@@ -1,9 +1,9 @@
 """What each route of the rollout API takes and returns: the table ``web.api.openapi`` turns into ``/openapi.json``.
 
 Keyed by Flask endpoint (``blueprint.view``); the paths and methods come from the app's own url_map, the bodies'
-and responses' schemas from the pydantic models that validate requests (``polar.task_request``,
-``web.api.engine``) and the TypedDicts the serializers are typed with (``polar.serialization``, and the envelopes
-below). A route without an entry here, or an entry without a route, fails ``tests/web/api/test_openapi.py``.
+and responses' schemas from the pydantic models that validate requests (``polar.contract.task_request``,
+``web.api.engine``) and the TypedDicts the serializers are typed with (``polar.storage.serialization``, and the
+envelopes below). A route without an entry here, or an entry without a route, fails ``tests/web/api/test_openapi.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any, Literal, NotRequired
 from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from typing_extensions on Python < 3.12
 
-from polar.serialization import (
+from polar.contract.task_request import BatchRequest
+from polar.storage.serialization import (
     BatchJSON,
     CallPageJSON,
     FeedItemJSON,
@@ -24,7 +25,6 @@ from polar.serialization import (
     TrajectoryJSON,
     UUIDString,
 )
-from polar.task_request import BatchRequest
 from polar.training.export_formats import FORMATS, MEDIA_TYPES
 from polar.training.exports import KINDS
 from web.api.batches import MAX_IDEMPOTENCY_KEY, SESSIONS_LIMIT, SESSIONS_OFFSET

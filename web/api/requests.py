@@ -8,8 +8,8 @@ from typing import Any
 
 from flask import current_app, request
 
+from polar.codec.json_body import check_storable, parse_json
 from polar.errors import NotFound, ValidationError
-from polar.json_body import check_storable, parse_json
 from polar.services import Services
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
-from polar.inspection.timeline import session_timeline
+from polar.inspection.timeline import events_json, session_timeline
 from polar.lifecycle.sessions import call_page, get_session, session_trajectories
-from polar.serialization import events_json
 from web.api.requests import IntArg, parse_id, services
 
 blueprint = Blueprint("sessions", __name__, url_prefix="/v1/sessions")

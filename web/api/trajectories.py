@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, jsonify
 
+from polar.codec.wait_slots import WaitSlots
 from polar.errors import ValidationError
 from polar.training.feed import wait_for_feed
-from polar.training.wait_slots import WaitSlots
 from web.api.requests import IntArg, parse_id, query_arg, services
 
 blueprint = Blueprint("trajectories", __name__, url_prefix="/v1/trajectories")

@@ -13,6 +13,7 @@ import math
 
 from flask import current_app, render_template, request
 
+from polar.contract.states import TERMINAL
 from polar.errors import ValidationError
 from polar.inspection import (
     PAGE_TOKENS,
@@ -30,8 +31,7 @@ from polar.inspection import (
 from polar.inspection.overview import STATES
 from polar.lifecycle.batches import batch_status
 from polar.lifecycle.sessions import get_session, list_sessions
-from polar.lifecycle.states import TERMINAL
-from polar.serialization import batch_json
+from polar.storage.serialization import batch_json
 from web.api.requests import int_arg, parse_id, services
 from web.console.blueprint import blueprint
 

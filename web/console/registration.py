@@ -8,8 +8,8 @@ from flask import Flask, Response, render_template, request
 from werkzeug.exceptions import HTTPException
 
 from polar.errors import PolarError
+from polar.fleet.engines import EnginePool
 from polar.inspection import TokenText
-from polar.proxy.engines import EnginePool
 from web.api.auth import app_tokens, authenticates_itself
 from web.console import login, pages
 from web.console.blueprint import blueprint

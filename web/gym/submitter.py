@@ -27,12 +27,12 @@ from typing import Any
 import jinja2
 import sqlalchemy as sa
 
+from polar.contract.task_request import BatchRequest
 from polar.gym.rows import checked_task, rows_batch
 from polar.gym.settlement import Sample
 from polar.lifecycle.batches import Submitted, request_hash, submit_batch
 from polar.records.audit import Caller
 from polar.services import Services
-from polar.task_request import BatchRequest
 
 log = logging.getLogger(__name__)
 SUBMIT_ATTEMPTS = 3

@@ -21,8 +21,8 @@ from polar.errors import PolarError
 from polar.gym.answers import Settled
 from polar.gym.settlement import Sample, settled_samples
 from polar.lifecycle.sessions import stored_calls_by_session, whole_calls
-from polar.serialization import CallJSON
 from polar.services import Services
+from polar.storage.serialization import CallJSON
 from web.gym.submitter import Blocking
 
 log = logging.getLogger(__name__)

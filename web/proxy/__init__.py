@@ -15,15 +15,15 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.wsgi import get_input_stream
 
+from polar.codec.instance import instance_headers
+from polar.codec.json_body import dump_json
 from polar.config import Config, load_config
 from polar.errors import PolarError
-from polar.instance import instance_headers
-from polar.json_body import dump_json
+from polar.fleet.overview import engine_pool
 from polar.observability import ProxyMetrics, exposition
 from polar.protocols import detect, protocol_for_errors
 from polar.proxy import ProxyAnswer, ProxyService
 from polar.proxy.body_limits import body_cap, check_length
-from polar.proxy.fleet import engine_pool
 from polar.storage.database import open_database
 from web.json_provider import FastJSONProvider
 from web.proxy.delivery import client_gone, watched

@@ -8,7 +8,7 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from polar.sockets import readable
+from polar.codec.sockets import readable
 
 
 def client_gone(environ: dict[str, Any]) -> bool:

@@ -1,11 +1,12 @@
 """The policy registry: names to factories, plus `module:Class` import paths for policies defined elsewhere, whose
-modules the operator allows with POLAR_PLUGIN_MODULES (polar.import_path)."""
+modules the operator allows with POLAR_PLUGIN_MODULES (polar.codec.import_path)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from polar.codec.import_path import import_object
 from polar.engine.policies.arithmetic import ArithmeticPolicy
 from polar.engine.policies.base import Policy
 from polar.engine.policies.echo import EchoPolicy
@@ -14,7 +15,6 @@ from polar.engine.policies.route import RoutePolicy
 from polar.engine.policies.scripted import ScriptedPolicy
 from polar.engine.policies.tool_user import ToolUserPolicy
 from polar.errors import PluginNotAllowed
-from polar.import_path import import_object
 
 PolicyFactory = Callable[[Mapping[str, Any]], Policy]
 

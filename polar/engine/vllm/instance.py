@@ -1,5 +1,5 @@
 """An ASGI middleware vLLM loads (``--middleware polar.engine.vllm.instance.InstanceHeader``): every answer carries
-the launching stack's id (``polar.instance``), so a stack waiting for its engine never takes another stack's vLLM,
+the launching stack's id (``polar.codec.instance``), so a stack waiting for its engine never takes another stack's vLLM,
 which got the port first, for its own, as with the reference engine."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from polar.instance import instance_headers
+from polar.codec.instance import instance_headers
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

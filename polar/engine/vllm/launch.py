@@ -5,9 +5,9 @@
 ``server_command`` and ``server_env`` say what runs; ``serve`` replaces the current process with it, so a
 supervisor's signals reach vLLM itself. Flags: ``--enable-auto-tool-choice --tool-call-parser hermes
 --reasoning-parser qwen3`` (without auto tool choice vLLM answers any request with tools 400), the served name,
-``--seed``, ``--middleware`` (echoes the launching stack's id on every answer: ``polar.instance``) and, with a policy
-or a sample log, ``--logits-processors`` (``forcing``). Environment: ``VLLM_SERVER_DEV_MODE=1`` (``/pause``,
-``/resume``, ``/collective_rpc``, ``/reset_prefix_cache``: what Polar's weight sync uses) and, on a CPU,
+``--seed``, ``--middleware`` (echoes the launching stack's id on every answer: ``polar.codec.instance``) and,
+with a policy or a sample log, ``--logits-processors`` (``forcing``). Environment: ``VLLM_SERVER_DEV_MODE=1``
+(``/pause``, ``/resume``, ``/collective_rpc``, ``/reset_prefix_cache``: what Polar's weight sync uses) and, on a CPU,
 ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache, 1 unless set), ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (vLLM would
 pin its threads to cores the rest of the stack needs) and ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the model in the
 engine-core process: no worker process spinning beside it), with ``--dtype float32``.

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from polar.config import Config, load_config
+from polar.contract.states import Outcome
+from polar.contract.task_request import EvaluatorSpec, RuntimeSpec, task_from_json
 from polar.errors import ValidationError
 from polar.evaluators import EvaluationContext, check_evaluator
-from polar.lifecycle.states import Outcome
 from polar.runtimes import EVALUATOR_ROLE, Runtime, create_runtime
-from polar.task_request import EvaluatorSpec, RuntimeSpec, task_from_json
 from tests.support import command_task
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from polar.contract.task_request import EvaluatorSpec
 from polar.errors import PluginNotAllowed
 from polar.evaluators import check_evaluator
 from polar.storage.models import Batch, Session
-from polar.task_request import EvaluatorSpec
 from tests.support import command_task, deliver_all, domain_services, submit_tasks
 
 

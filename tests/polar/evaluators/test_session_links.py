@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from polar.config import load_config
+from polar.contract.task_request import RuntimeSpec
 from polar.evaluators.reward_file import RewardFile
 from polar.evaluators.test_on_output import TestOnOutput
 from polar.runtimes import EVALUATOR_ROLE, create_runtime
-from polar.task_request import RuntimeSpec
 from tests.outside import SECRET, Outside, refusal
 from tests.polar.evaluators.support import FinishedSession
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from polar.contract.task_request import EvaluatorSpec, RuntimeSpec, task_from_json
 from polar.errors import EvaluationError
 from polar.evaluators import Evaluation, load_evaluator
 from polar.evaluators.swebench import SWEBench
 from polar.runtimes.base import Runtime
-from polar.task_request import EvaluatorSpec, RuntimeSpec, task_from_json
 from tests.polar.evaluators.support import FinishedSession, refused_field
 from tests.support import command_task
 from tests.swebench_repo import BREAKS_ADD, FIXED, PARTIAL, TEST_CMD, WRONG, SweRepo, build_swe_repo

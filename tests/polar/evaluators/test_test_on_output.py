@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from polar.config import load_config
+from polar.contract.task_request import RuntimeSpec, task_from_json
 from polar.errors import EvaluationError, UnsafePath
 from polar.evaluators import EVALUATORS
 from polar.evaluators.test_on_output import TestOnOutput, score_tests
 from polar.runtimes import create_runtime
-from polar.task_request import RuntimeSpec, task_from_json
 from tests.docker_engine import require_docker_image
 from tests.polar.evaluators.support import FinishedSession, refused_field
 from tests.support import command_task

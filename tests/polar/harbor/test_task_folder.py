@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from polar.contract.task_request import HarnessSpec, parse_batch_request
 from polar.errors import ValidationError
 from polar.harbor import find_task_folders, pack, read_task_folder
 from polar.harnesses.registry import check_harness
 from polar.loaders import harbor_task
-from polar.task_request import HarnessSpec, parse_batch_request
 
 TASKS = Path(__file__).resolve().parents[2] / "e2e" / "harbor_tasks"
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from polar.contract.task_request import HarnessSpec
 from polar.errors import ValidationError
 from polar.harnesses.base import HarnessContext
 from polar.harnesses.registry import HARNESSES, check_harness
-from polar.task_request import HarnessSpec
 
 UNSAFE = {
     'echo "{instruction}"': '"; touch {mark}; echo "',

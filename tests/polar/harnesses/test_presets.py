@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from polar.contract.task_request import HarnessSpec
 from polar.errors import RuntimeFailure, ValidationError
 from polar.harnesses.base import HarnessContext, HarnessLaunch
 from polar.harnesses.install import (
@@ -21,7 +22,6 @@ from polar.harnesses.install import (
     runtime_bin_dirs,
 )
 from polar.harnesses.registry import HARNESSES
-from polar.task_request import HarnessSpec
 from tests.outside import Outside, refusal
 
 PRESETS = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "mini_swe_agent", "hermes", "openclaw",

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from polar.contract.task_request import HarnessSpec
 from polar.errors import PluginNotAllowed
 from polar.harnesses.base import HarnessContext
 from polar.harnesses.registry import HARNESSES, check_harness
-from polar.task_request import HarnessSpec
 
 
 def test_built_in_agents_are_allowed_by_default() -> None:
     check_harness(HarnessSpec(name="python", command="polar.agents.calculator:run"), "tasks[0].harness")
 
 
-@pytest.mark.parametrize("target", ["tests.e2e.agents.slow:run", "os:system", "polar.cli:main"])
+@pytest.mark.parametrize("target", ["tests.e2e.agents.slow:run", "os:system", "polar.local.cli:main"])
 def test_other_targets_need_the_allow_list(target: str) -> None:
     with pytest.raises(PluginNotAllowed) as refused:
         check_harness(HarnessSpec(name="python", command=target), "tasks[0].harness")
@@ -73,5 +73,5 @@ def test_the_entry_point_imports_only_what_it_needs() -> None:
         subprocess.run([sys.executable, "-c", listing], capture_output=True, text=True, check=True).stdout.split()
     )
     assert {m for m in loaded if m.split(".")[0] in ("polar", "docker", "sqlalchemy", "pydantic")} == {
-        "polar", "polar.errors", "polar.import_path", "polar.harnesses", "polar.harnesses.python_entry",
+        "polar", "polar.errors", "polar.codec.import_path", "polar.harnesses", "polar.harnesses.python_entry",
     }  # fmt: skip

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
+from polar.fleet.engines import EnginePool, EngineReply
 from polar.inspection.token_text import TokenText
-from polar.launcher import Stack, engine_spec, free_port
-from polar.proxy.engines import EnginePool, EngineReply
+from polar.local.launcher import Stack, engine_spec, free_port
 
 HANG_GUARD_S = 60  # timeouts below are hang guards for a loaded machine, not speed claims
 

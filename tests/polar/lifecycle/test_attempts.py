@@ -18,20 +18,20 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from polar.batches.cancel import cancel_batch
 from polar.client import PolarClient
 from polar.config import load_config
+from polar.contract.dispatch import Stage
+from polar.contract.states import Outcome
 from polar.gym.answers import gym_answer
 from polar.gym.settlement import settled_samples
 from polar.lifecycle.attempts import CallEvidence, Disruption, OutcomeClass, class_of, classify, refine
 from polar.lifecycle.batches import batch_status
-from polar.lifecycle.cancel import cancel_batch
-from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.groups import group_standing
 from polar.lifecycle.outbox import dispatch
-from polar.lifecycle.reconciler import reconcile
-from polar.lifecycle.states import Outcome
 from polar.proxy.refusals import add_counts
 from polar.services import Services
+from polar.stages.reconciler import reconcile
 from polar.storage.models import Session, SessionEvent, Trajectory
 from polar.training.exports import export_rows
 from polar.training.feed import read_feed

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from polar.contract.dispatch import Stage
+from polar.contract.states import TERMINAL, State
 from polar.lifecycle.batches import batch_status
-from polar.lifecycle.dispatch import Stage
-from polar.lifecycle.states import TERMINAL, State
 from polar.services import Services
 from polar.stages.postrun import postrun_session
 from polar.storage.models import Batch

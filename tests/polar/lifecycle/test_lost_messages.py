@@ -12,11 +12,11 @@ import sqlalchemy as sa
 
 from polar.clock import utcnow
 from polar.config import load_config
-from polar.lifecycle.dispatch import Stage
+from polar.contract.dispatch import Stage
 from polar.lifecycle.lost_messages import lost_messages
 from polar.lifecycle.nodes import announce
-from polar.lifecycle.reconciler import LeaseJudge
 from polar.services import Services
+from polar.stages.reconciler import LeaseJudge
 from polar.storage.models import Session
 from tests.support import command_task, domain_services, submit_tasks
 

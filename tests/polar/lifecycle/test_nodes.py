@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from polar.lifecycle.dispatch import Stage
+from polar.contract.dispatch import Stage
 from polar.lifecycle.nodes import announce, lost_nodes, nodes, ready_capacity
-from polar.lifecycle.reconciler import reconcile
 from polar.services import Services
 from polar.stages.init import init_session
+from polar.stages.reconciler import reconcile
 from polar.storage.models import Node, Session, SessionEvent
 from tests.support import calls_before_postrun, command_task, deliver_all, domain_services, submit_tasks
 

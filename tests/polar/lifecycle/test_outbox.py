@@ -10,10 +10,10 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from polar.contract.dispatch import Stage
 from polar.errors import BrokerUnavailable
-from polar.lifecycle.dispatch import Stage
 from polar.lifecycle.outbox import send_due
-from polar.lifecycle.reconciler import reconcile
+from polar.stages.reconciler import reconcile
 from polar.storage.models import Session
 from tests.support import RecordingDispatcher, command_task, deliver_all, domain_services, submit_tasks
 

@@ -16,13 +16,13 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from polar.clock import as_utc
-from polar.lifecycle.reconciler import reconcile
+from polar.fleet.control import EXPIRY_ACTOR, read_state, set_state
 from polar.observability import DeploymentCollector
 from polar.observability.registry import Exposition
 from polar.proxy.pause_holds import stamp_held
 from polar.services import Services
+from polar.stages.reconciler import reconcile
 from polar.storage.models import AuditEvent, Session
-from polar.training.engine_control import EXPIRY_ACTOR, read_state, set_state
 from tests.prometheus import Scrape, parse
 from tests.support import command_task, domain_services, running_proxy_session, wait_until
 

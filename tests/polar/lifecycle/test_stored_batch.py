@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from polar.batches.cancel import cancel_batch
+from polar.contract.task_request import parse_batch_request
 from polar.lifecycle.batches import request_hash, submit_batch
-from polar.lifecycle.cancel import cancel_batch
-from polar.lifecycle.reconciler import reconcile
+from polar.stages.reconciler import reconcile
 from polar.storage.locks import ADMISSION
 from polar.storage.models import Batch, Session
-from polar.task_request import parse_batch_request
 from tests.support import command_task, deliver_all, domain_services
 
 BODY = {"tasks": [command_task("t", "true", samples=2)]}

@@ -9,9 +9,9 @@ import pytest
 
 import polar.runtimes
 from polar.config import load_config
+from polar.contract.task_request import parse_batch_request
 from polar.errors import ValidationError
 from polar.lifecycle.batches import _check_available
-from polar.task_request import parse_batch_request
 from tests.support import command_task
 
 

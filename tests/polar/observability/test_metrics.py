@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from polar.fleet.engines import EnginePool
 from polar.observability import ApiMetrics, ProxyMetrics, StageMetrics, exposition
 from polar.observability import metrics as metrics_module
-from polar.proxy.engines import EnginePool
 from tests.prometheus import Scrape, parse
 from tests.support import wait_until
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from polar.json_body import parse_json
+from polar.codec.json_body import parse_json
 from polar.protocols import anthropic, gemini, openai_chat
 from polar.proxy.body_limits import MIB, BodyTooLarge, body_cap, check_values
 

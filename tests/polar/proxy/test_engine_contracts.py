@@ -22,7 +22,7 @@ import pytest
 from polar.engine.chat_template import ChatTemplate
 from polar.engine.conversation import normalise_messages
 from polar.engine.tokenizer import load_tokenizer
-from polar.launcher import Stack, engine_spec, free_port
+from polar.local.launcher import Stack, engine_spec, free_port
 from polar.protocols import RequestContext, anthropic, gemini, openai_chat, openai_responses
 from polar.protocols._base import EngineAnswer
 from polar.proxy import sglang, tito

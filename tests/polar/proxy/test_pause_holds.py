@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from polar.config import load_config
+from polar.fleet.control import REFRESH_S, set_state
 from polar.protocols import detect
 from polar.proxy import EnginePool, ProxyService
 from polar.proxy.limits import LocalLimiter
@@ -24,7 +25,6 @@ from polar.proxy.pause_holds import PauseHolds, stamp_held
 from polar.proxy.refusals import RefusalCounter
 from polar.storage.database import Database
 from polar.storage.models import Session
-from polar.training.engine_control import REFRESH_S, set_state
 from tests.conftest import redis_database
 from tests.support import command_task, running_proxy_session, wait_until
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from polar.fleet.control import read_state
+from polar.fleet.overview import pinned_engine
 from polar.proxy.capture import CallRecord, record_call, session_state_for_key
-from polar.proxy.fleet import pinned_engine
 from polar.services import Services
 from polar.storage.database import Database
-from polar.training.engine_control import read_state
 from tests.polar.storage.test_prompts import running_session, tokens
 from tests.support import domain_services
 

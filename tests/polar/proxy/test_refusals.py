@@ -15,15 +15,15 @@ import pytest
 import sqlalchemy as sa
 
 from polar.config import load_config
+from polar.fleet.control import REFRESH_S, set_state
+from polar.fleet.overview import pinned_engine
 from polar.protocols import detect
 from polar.proxy import EnginePool, ProxyService
-from polar.proxy.fleet import pinned_engine
 from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimits, LocalLimiter
 from polar.proxy.refusals import RefusalCounter, add_counts, fold_in, refusal_counts
 from polar.storage.database import Database
 from polar.storage.models import CallRefusal
-from polar.training.engine_control import REFRESH_S, set_state
 from tests.conftest import redis_database
 from tests.support import command_task, running_proxy_session
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from polar.config import load_config
+from polar.fleet.control import REFRESH_S, set_state
 from polar.observability import ProxyMetrics, exposition
 from polar.protocols import detect
 from polar.proxy import EnginePool, ProxyService
 from polar.proxy.limits import CallLimits, LocalLimiter
-from polar.training.engine_control import REFRESH_S, set_state
 from tests.prometheus import Scrape, parse
 from tests.support import command_task, domain_services, running_proxy_session
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from polar.launcher import Stack, engine_spec
-from polar.proxy.engines import EnginePool, EngineReply
+from polar.fleet.engines import EnginePool, EngineReply
+from polar.local.launcher import Stack, engine_spec
 from polar.proxy.tito import ChainLink
 from polar.proxy.tito_tails import (
     SENTINEL,

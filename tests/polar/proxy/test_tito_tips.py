@@ -17,7 +17,7 @@ import redis
 import sqlalchemy as sa
 
 from polar.config import load_config
-from polar.launcher import Stack, engine_spec, free_port
+from polar.local.launcher import Stack, engine_spec, free_port
 from polar.protocols import detect
 from polar.proxy import EnginePool, ProxyService, service, tito
 from polar.proxy.limits import LocalLimiter

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from polar.contract.task_request import parse_batch_request
 from polar.errors import ValidationError
 from polar.lifecycle.batches import with_default_runtime
 from polar.runtimes import check_runtime
-from polar.task_request import parse_batch_request
 
 
 def batch(*runtimes: dict[str, Any]) -> Any:

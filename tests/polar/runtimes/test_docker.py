@@ -13,10 +13,10 @@ import docker
 import pytest
 
 from polar.config import load_config
+from polar.contract.task_request import Limits, RuntimeSpec
 from polar.errors import RuntimeFailure, ValidationError
 from polar.runtimes import attach_runtime, check_runtime, create_runtime
 from polar.runtimes.docker import reap_orphans
-from polar.task_request import Limits, RuntimeSpec
 from tests.docker_engine import labelled_containers, require_docker_image
 
 DOCKER = RuntimeSpec(backend="docker")

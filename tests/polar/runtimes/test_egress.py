@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from polar.config import load_config
+from polar.contract.task_request import RuntimeSpec, TaskRequest
 from polar.runtimes import create_runtime
 from polar.runtimes.egress import EgressGate
-from polar.task_request import RuntimeSpec, TaskRequest
 
 
 def host_address() -> str:

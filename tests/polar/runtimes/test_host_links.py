@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from polar.config import load_config
+from polar.contract.task_request import RuntimeSpec
 from polar.runtimes import create_runtime
 from polar.runtimes.base import runtime_name
-from polar.task_request import RuntimeSpec
 from tests.docker_engine import require_docker_image
 from tests.outside import SECRET, Outside, refusal
 
@@ -175,7 +175,7 @@ import sys, uuid
 from pathlib import Path
 from polar.config import load_config
 from polar.runtimes import create_runtime
-from polar.task_request import RuntimeSpec
+from polar.contract.task_request import RuntimeSpec
 
 def status(field):
     line = next(l for l in open("/proc/self/status") if l.startswith(field + ":"))

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from polar.config import load_config
+from polar.contract.task_request import Limits, RuntimeSpec
 from polar.errors import ValidationError
 from polar.runtimes import check_confinement
 from polar.runtimes.bounds import SandboxBounds
 from polar.runtimes.egress import EgressGate, Refused
 from polar.runtimes.relay import ProxyRelay, ProxyTarget
-from polar.task_request import Limits, RuntimeSpec
 from tests.scripted_http import ScriptedServer
 from tests.support import wait_until
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from polar.clock import as_utc
-from polar.launcher import free_port
-from polar.lifecycle.dispatch import Stage
+from polar.contract.dispatch import Stage
+from polar.fleet.control import set_state
+from polar.local.launcher import free_port
 from polar.services import Services
 from polar.stages.run import run_session
 from polar.storage.models import EngineControl, Session
-from polar.training.engine_control import set_state
 from tests.support import command_task, deliver_all, domain_services, live_proxy, submit_tasks
 
 

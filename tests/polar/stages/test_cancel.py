@@ -6,7 +6,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from polar.lifecycle.cancel import cancel_batch
+from polar.batches.cancel import cancel_batch
 from polar.storage.models import Batch, Session, SessionEvent
 from tests.support import command_task, domain_services, stage_functions, submit_tasks
 

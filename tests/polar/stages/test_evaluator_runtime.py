@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from polar.contract.task_request import RuntimeSpec, TaskRequest
 from polar.evaluators import Evaluation, EvaluationContext
-from polar.lifecycle.reconciler import reconcile
 from polar.runtimes import EVALUATOR_ROLE, create_runtime
 from polar.services import Services
+from polar.stages.reconciler import reconcile
 from polar.storage.models import Session
-from polar.task_request import RuntimeSpec, TaskRequest
 from tests.polar.stages.test_stages import STAGE_FUNCTIONS, drain, sessions
 from tests.support import command_task, domain_services, session_dirs, submit_tasks
 

@@ -19,13 +19,13 @@ import pytest
 import sqlalchemy as sa
 
 import polar.clock
-from polar.lifecycle import reconciler as reconciler_module
-from polar.lifecycle.dispatch import Stage
-from polar.lifecycle.reconciler import reconcile
+from polar.contract.dispatch import Stage
 from polar.services import Services
 from polar.stages import lease
+from polar.stages import reconciler as reconciler_module
 from polar.stages.init import init_session
 from polar.stages.postrun import postrun_session
+from polar.stages.reconciler import reconcile
 from polar.stages.run import _start, run_session
 from polar.storage.models import Session, SessionEvent
 from tests.support import command_task, deliver_all, domain_services, process_alive, session_dirs, submit_tasks

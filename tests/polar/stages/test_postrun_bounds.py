@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from polar.lifecycle.dispatch import Stage
-from polar.lifecycle.reconciler import reconcile
+from polar.contract.dispatch import Stage
 from polar.runtimes.session_files import read_output
 from polar.stages.postrun import MAX_POSTRUN_CLAIMS
+from polar.stages.reconciler import reconcile
 from polar.storage.models import ModelCall, Session, Trajectory
 from tests.support import command_task, deliver_all, domain_services, submit_tasks
 

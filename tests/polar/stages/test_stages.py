@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from polar.lifecycle.dispatch import Stage
-from polar.lifecycle.reconciler import reconcile
+from polar.contract.dispatch import Stage
 from polar.services import Services
+from polar.stages.reconciler import reconcile
 from polar.storage.models import Session, SessionEvent
 from tests.support import (
     calls_before_postrun,

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from polar.contract.dispatch import Stage
+from polar.contract.states import Outcome, State
 from polar.evaluators.base import Evaluation
-from polar.lifecycle.dispatch import Stage
-from polar.lifecycle.states import Outcome, State
 from polar.reconstruction.base import TrajectoryData
 from polar.services import Services
 from polar.stages import postrun

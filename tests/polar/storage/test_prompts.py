@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from polar.contract.task_request import parse_batch_request
 from polar.errors import PolarError
 from polar.lifecycle.batches import request_hash, submit_batch
 from polar.lifecycle.sessions import session_calls
@@ -22,7 +23,6 @@ from polar.stages.postrun import captured_calls
 from polar.storage.migration import upgrade
 from polar.storage.models import ModelCall, Session
 from polar.storage.prompts import Chain, PromptView, TokenIds, chain_hash, encode_prompt, full_prompts
-from polar.task_request import parse_batch_request
 from tests.support import command_task, domain_services
 
 TURN_TOKENS = 100  # new tokens per turn (tool results, user turns)

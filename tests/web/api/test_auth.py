@@ -16,7 +16,7 @@ from flask import Flask
 
 from polar.config import load_config
 from polar.errors import ValidationError
-from polar.launcher import Stack, gunicorn_spec
+from polar.local.launcher import Stack, gunicorn_spec
 from tests.support import command_task, free_port
 from web.api import create_app
 from web.api.auth import SELF_AUTHENTICATING

@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 from flask.testing import FlaskClient
 
-from polar.cli import main
 from polar.config import load_config
-from polar.launcher import Stack, gunicorn_spec
-from tests.polar.test_exports import RL_COLUMNS, BatchFactory
+from polar.local.cli import main
+from polar.local.launcher import Stack, gunicorn_spec
+from tests.polar.training.test_exports import RL_COLUMNS, BatchFactory
 from tests.support import free_port
 from web.api import create_app
 

@@ -48,7 +48,7 @@ def task(**extra: Any) -> dict[str, Any]:
 
 
 def nested(depth: int) -> list[Any]:
-    """``[[[...]]]``, ``depth`` lists deep: more than a stored body may nest (polar.json_body.MAX_DEPTH)."""
+    """``[[[...]]]``, ``depth`` lists deep: more than a stored body may nest (polar.codec.json_body.MAX_DEPTH)."""
     value: list[Any] = []
     for _ in range(depth - 1):
         value = [value]

@@ -15,7 +15,7 @@ from flask import Flask
 from openapi_spec_validator import validate
 
 from polar.config import load_config
-from polar.task_request import BatchRequest
+from polar.contract.task_request import BatchRequest
 from web.api import create_app
 from web.api.openapi import build_document, described_routes, openapi_path
 from web.api.operations import OPERATIONS

@@ -17,7 +17,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from polar.config import load_config
-from polar.launcher import Stack, engine_spec, free_port
+from polar.local.launcher import Stack, engine_spec, free_port
 from polar.storage.models import Batch, ModelCall, Session, SessionEvent, Task, Trajectory
 from web.api import create_app
 

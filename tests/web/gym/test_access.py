@@ -128,7 +128,7 @@ def _sql(database_url: str, query: str) -> list[Any]:
 def test_the_cli_refuses_a_bad_network_and_a_token_it_does_not_have(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from polar.cli import main
+    from polar.local.cli import main
 
     template = tmp_path / "gym.template.json"
     template.write_text(TEMPLATE)

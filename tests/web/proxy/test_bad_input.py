@@ -16,9 +16,9 @@ import pytest
 import sqlalchemy as sa
 
 from polar.config import load_config
+from polar.fleet.engines import EnginePool
 from polar.protocols import detect
 from polar.proxy import ProxyService
-from polar.proxy.engines import EnginePool
 from polar.proxy.tito import ChainLink
 from polar.proxy.tito_tails import TailRenders, prompt_ids
 from polar.storage.database import Database
