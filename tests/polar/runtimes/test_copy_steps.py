@@ -11,10 +11,11 @@ import pytest
 import sqlalchemy as sa
 
 from polar.config import load_config
+from polar.contract.dispatch import Stage
+from polar.contract.task_request import parse_batch_request
 from polar.errors import ValidationError
 from polar.services import Services
 from polar.storage.models import Session
-from polar.task_request import parse_batch_request
 from tests.outside import Outside
 from tests.support import command_task, deliver_all, domain_services, submit_tasks
 
@@ -115,12 +116,16 @@ def test_a_source_that_leaves_its_root_after_submission_is_refused_at_copy_time(
     submit_tasks(services, _task({"copy": str(allowed / "data.txt"), "to": "data.txt"}))
     (allowed / "data.txt").unlink()
     (allowed / "data.txt").symlink_to(outside.secret)  # the root changed since: judged again on the real path
+    # Init refuses the copy; its session directory is looked at before postrun tears it down.
+    deliver_all(services, until=lambda stage, _: stage is Stage.POSTRUN)
+    handle = _ended(services).runtime_handle
+    assert handle is not None  # init made the runtime and recorded it
+    work = Path(handle["root"]) / "work"
+    assert work.is_dir() and list(work.iterdir()) == []  # the refused (and only) step copied nothing in
     deliver_all(services)
     session = _ended(services)
     assert (session.state, session.outcome) == ("failed", "prepare_failed")
     assert "POLAR_COPY_ROOTS" in (session.error or "")
-    work = next(Path(services.config.work_root).glob(f"{session.id}*"), None)
-    assert work is None or not (work / "work" / "data.txt").exists()
 
 
 def test_copying_what_does_not_exist_fails_the_preparation(database_url: str, tmp_path: Path, allowed: Path) -> None:
