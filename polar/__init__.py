@@ -38,6 +38,8 @@ MOVED: dict[str, str] = {
     "polar.proxy.engines": "polar.fleet.engines",
     "polar.proxy.engine_http": "polar.fleet.engine_http",
     "polar.proxy.fleet": "polar.fleet.overview",
+    "polar.proxy.sglang": "polar.fleet.backends.sglang",
+    "polar.proxy.renderers": "polar.fleet.renderers",
 }
 
 

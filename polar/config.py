@@ -56,7 +56,7 @@ class Config:
     proxy_url: str = "http://127.0.0.1:8100"
     # ``http://…`` (vLLM's protocol) or ``sglang+http://…`` (SGLang's native one): polar.fleet.engines.
     engine_urls: tuple[str, ...] = ("http://127.0.0.1:8000",)
-    # The model's tokenizer directory, which prompts for SGLang engines are rendered with (polar.proxy.renderers).
+    # The model's tokenizer directory, which prompts for SGLang engines are rendered with (polar.fleet.renderers).
     engine_tokenizer: str | None = None
     # How often each proxy process checks its engines' /health and load (0: only when a call fails).
     engine_health_interval_s: float = 2.0

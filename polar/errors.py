@@ -148,3 +148,29 @@ class EvaluationError(PolarError):
     def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.details = dict(details or {})
+
+
+# The HTTP status each error answers with, in every protocol Polar serves (the rollout API, the console, the proxy's
+# provider shapes); a subclass before its base. An error that carries its own status (an engine's) keeps it.
+HTTP_STATUS: dict[type[PolarError], int] = {
+    ValidationError: 400,
+    Unauthorized: 401,
+    SessionNotRunning: 401,
+    Forbidden: 403,
+    NotFound: 404,
+    Conflict: 409,
+    EnginePaused: 429,
+    TooManyCalls: 429,
+    Busy: 429,
+    EngineTimeout: 504,
+    EngineError: 502,
+    CaptureFailed: 503,
+}
+
+
+def http_status(exc: PolarError) -> int:
+    """The status ``exc`` answers with: its own when it carries one, else ``HTTP_STATUS``'s, else 500."""
+    own = getattr(exc, "status_code", None)
+    if own:
+        return int(own)
+    return next((code for kind, code in HTTP_STATUS.items() if isinstance(exc, kind)), 500)

@@ -321,7 +321,7 @@ class LiveProxy:
         """What the prompt of a captured call must be, from the engine side: the engine's own ``/tokenize`` of the
         chat form (vLLM), or the model's template in the tokenizer directory (SGLang: Polar renders)."""
         if self.engine_api == "sglang":
-            from polar.proxy.renderers import ChatRenderer
+            from polar.fleet.renderers import ChatRenderer
 
             assert self.tokenizer_dir is not None
             return ChatRenderer.load(str(self.tokenizer_dir)).prompt_ids(normalized_request["polar_chat"])

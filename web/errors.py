@@ -1,4 +1,4 @@
-"""The one place that maps Polar's errors to HTTP status codes for the rollout API, and the one error shape:
+"""The rollout API's one error shape, with the status ``polar.errors.http_status`` gives each error:
 ``{"error": {"message", "status", "field"?}}`` (``ErrorJSON``, the error schema of ``/openapi.json``)."""
 
 from __future__ import annotations
@@ -11,13 +11,9 @@ from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from typing_extensions on Python < 3.12
 from werkzeug.exceptions import HTTPException
 
-from polar.errors import Busy, Conflict, Forbidden, NotFound, PolarError, Unauthorized, ValidationError
+from polar.errors import Busy, PolarError, http_status
 
 log = logging.getLogger(__name__)
-
-STATUS: dict[type[PolarError], int] = {
-    ValidationError: 400, Unauthorized: 401, Forbidden: 403, NotFound: 404, Conflict: 409, Busy: 429,
-}  # fmt: skip
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -43,7 +39,7 @@ def error_body(status: int, message: str, field: str | None = None) -> tuple[Res
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(PolarError)
     def _polar(exc: PolarError) -> tuple[Response, int]:
-        status = next((code for kind, code in STATUS.items() if isinstance(exc, kind)), 500)
+        status = http_status(exc)
         response, status = error_body(status, str(exc), getattr(exc, "field", None))
         if isinstance(exc, Busy):
             response.headers["Retry-After"] = str(exc.retry_after_s)

@@ -13,6 +13,10 @@ from polar.errors import ValidationError
 
 EngineKind = Literal["vllm", "sglang"]
 KINDS: tuple[EngineKind, ...] = ("vllm", "sglang")
+# How each kind is written in an engine URL, and where its server says its version (the rest of what a kind means
+# is its backend module, polar.fleet.backends).
+_PREFIXES: dict[EngineKind, str] = {"vllm": "", "sglang": "sglang+"}
+_VERSION_PATHS: dict[EngineKind, str] = {"vllm": "/version", "sglang": "/get_server_info"}
 
 
 @dataclass(frozen=True)
@@ -52,4 +56,9 @@ def parse_engine_url(raw: str) -> EngineAddress:
 
 def engine_label(address: EngineAddress) -> str:
     """How an engine is written in ``POLAR_ENGINE_URLS``: its URL, prefixed with its kind unless vLLM."""
-    return address.url if address.kind == "vllm" else f"{address.kind}+{address.url}"
+    return _PREFIXES[address.kind] + address.url
+
+
+def version_path(address: EngineAddress) -> str:
+    """Where the engine at ``address`` says its version (``{"version": ...}``)."""
+    return _VERSION_PATHS[address.kind]

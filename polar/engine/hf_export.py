@@ -3,7 +3,7 @@
     polar engine --export-tokenizer ./reference-tokenizer        # tokenizer.json + tokenizer_config.json
 
 A real SGLang deployment ships the model's tokenizer directory; Polar's proxy renders SGLang prompts from it
-with ``transformers`` (``polar.proxy.renderers``). This export is that directory for the reference engine: the
+with ``transformers`` (``polar.fleet.renderers``). This export is that directory for the reference engine: the
 trained BPE as ``tokenizer.json`` and ``chat_template`` as a Jinja template that writes exactly what
 ``polar.engine.chat_template.ChatTemplate`` writes (a test renders conversations both ways). Messages reach the
 template as vLLM hands them to one: tool-call arguments parsed to objects, reasoning as ``reasoning_content``.

@@ -277,18 +277,19 @@ class EnginePool:
         model: str | None,
         kind: EngineKind | None = None,
         parse: Callable[[bytes], Any] = orjson.loads,
+        name_model: bool = True,
     ) -> EngineReply:
         """POST ``body`` to ``path`` on the session's engine (of ``kind``, default: the one it is routed to),
-        naming ``model`` (default: the model the engine serves; SGLang's native API names none), its 2xx answer
-        read by ``parse``. 4xx answers come back as replies; connection failures move on; everything else
-        raises."""
+        naming ``model`` (default: the model the engine serves) unless the API names none (``name_model``:
+        SGLang's native one), its 2xx answer read by ``parse``. 4xx answers come back as replies; connection
+        failures move on; everything else raises."""
         failures: list[str] = []
         order = self.order(session_id, kind)
         for url in order:
             state = self._states[url]
             started = time.perf_counter()
             try:
-                if state.address.kind == "vllm":
+                if name_model:
                     body["model"] = model or self.served_model(url)
                 with self._in_flight(state):
                     status, content = self._calls.request(state.origin, "POST", path, dump_json(body))

@@ -30,6 +30,7 @@ from polar.config import Config
 from polar.contract.engine_addresses import EngineAddress, engine_label, parse_engine_url
 from polar.contract.states import State
 from polar.errors import NotFound
+from polar.fleet.backends import backend
 from polar.fleet.control import read_state
 from polar.fleet.engines import EnginePool, read_health
 from polar.storage.database import Database
@@ -112,8 +113,7 @@ def _probe(client: httpx.Client, address: EngineAddress) -> dict[str, Any]:
         facts.update(healthy=health.healthy, load=health.load, error=health.error)
         if not health.healthy:
             return facts
-        info_paths = ("/get_server_info",) if address.kind == "sglang" else ("/version", "/weight_info")
-        for path in info_paths:
+        for path in backend(address.kind).INFO_PATHS:
             answer = client.get(address.url + path)
             if answer.status_code == 200:
                 body = answer.json()

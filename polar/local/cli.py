@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import signal
 import sys
 import time
@@ -17,129 +16,12 @@ import click
 
 from polar.client import APIError, PolarClient, configured_client
 from polar.config import load_config
-from polar.local import cli_views
+from polar.local import cli_engine, cli_harness, cli_views
 
 
 @click.group()
 def main() -> None:
     """Polar: RL and SFT rollouts over unmodified agent harnesses."""
-
-
-@main.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--model", default=None,
-              help="The served model name (default polar-reference); with --backend vllm, the model directory "
-                   "(default: the tiny local model, built once into the engine cache).")  # fmt: skip
-@click.option("--served-model-name", default=None, help="The served model name (any backend; wins over --model).")
-@click.option("--backend", type=click.Choice(["policy", "torch", "vllm"]), default="policy", show_default=True,
-              help="policy: a scripted policy writes the turns; torch: a small seeded Qwen2-style model samples "
-                   "them (pip install 'polar[train]'), new weights via POST /v1/load_weights; vllm: real vLLM "
-                   "serves the model, held to --policy's answers when one is given (docs/engines.md).")  # fmt: skip
-@click.option(
-    "--weights",
-    default=None,
-    type=click.Path(exists=True, dir_okay=False),
-    help="With --backend torch: start from these weights (a safetensors file) instead of the seed's.",
-)
-@click.option(
-    "--policy",
-    default=None,
-    help="Policy name or module:Class (default: scripted; with --backend vllm, none: the model samples).",
-)
-@click.option("--policy-config", default="{}", help="Policy configuration as JSON.")
-@click.option("--strip-earlier-reasoning", is_flag=True, help="Drop <think> of earlier turns, as Qwen3 does.")
-@click.option("--max-num-seqs", default=256, show_default=True, type=int)
-@click.option("--prefill-rate", default=0.0, show_default=True, type=float, help="Prompt tokens/s (0: instant).")
-@click.option("--decode-rate", default=0.0, show_default=True, type=float, help="Sampled tokens/s (0: instant).")
-@click.option(
-    "--max-model-len",
-    default=None,
-    type=int,
-    help="Context length (default 32768; with --backend vllm, the model's, 131072 for the tiny one).",
-)
-@click.option("--log", "log_path", default=None, help="Append every served request's token ids to this JSONL file.")
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--api", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True,
-              help="Wire protocol: vLLM's OpenAI-compatible API or SGLang's native /generate API.")  # fmt: skip
-@click.option("--weight-version", default=None, help="The weight version reported until /update_weight_version.")
-@click.option("--logprobs-mode", default="raw_logprobs", show_default=True,
-              type=click.Choice(["raw_logprobs", "processed_logprobs"]),
-              help="As vLLM's (torch backend): logprobs before or after temperature and top-p.")  # fmt: skip
-@click.option("--export-tokenizer", default=None, metavar="DIR",
-              help="Write the engine's tokenizer and chat template as a Hugging Face tokenizer directory and exit "
-                   "(what Polar's proxy renders SGLang prompts with).")  # fmt: skip
-@click.option("--install", is_flag=True,
-              help="With --backend vllm: install vLLM (its own virtualenv in the engine cache) and build the tiny "
-                   "model if missing, print where they are, and exit.")  # fmt: skip
-@click.option("--vllm-args", default=None,
-              help='With --backend vllm: more arguments for its server, e.g. "--max-num-seqs 8".')  # fmt: skip
-def engine(**options: Any) -> None:
-    """Run an engine: the reference engine (vLLM's OpenAI-compatible protocol, or SGLang's native one, on the CPU),
-    or real vLLM (--backend vllm)."""
-    if options["export_tokenizer"]:
-        from polar.engine.hf_export import export_tokenizer
-
-        name = options["served_model_name"] or options["model"] or "polar-reference"
-        click.echo(export_tokenizer(Path(options["export_tokenizer"]), name))
-        return
-    try:
-        policy_config = json.loads(options.pop("policy_config"))
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--policy-config") from exc
-    if options["backend"] == "vllm":
-        _serve_vllm(options, policy_config)
-        return
-    from polar.engine import EngineSettings, serve
-
-    settings = EngineSettings(
-        host=options["host"],
-        port=options["port"],
-        model=options["served_model_name"] or options["model"] or "polar-reference",
-        backend=options["backend"],
-        weights=options["weights"],
-        policy=options["policy"] or "scripted",
-        policy_config=policy_config,
-        plugin_modules=load_config().plugin_modules,
-        strip_earlier_reasoning=options["strip_earlier_reasoning"],
-        max_num_seqs=options["max_num_seqs"],
-        prefill_tokens_per_s=options["prefill_rate"],
-        decode_tokens_per_s=options["decode_rate"],
-        max_model_len=options["max_model_len"] or 32768,
-        log_path=options["log_path"],
-        seed=options["seed"],
-        api=options["api"],
-        weight_version=options["weight_version"],
-        logprobs_mode=options["logprobs_mode"],
-    )
-    serve(settings)
-
-
-def _serve_vllm(options: dict[str, Any], policy_config: dict[str, Any]) -> None:
-    """``polar engine --backend vllm``: exec real vLLM's server (or, with --install, install it and exit)."""
-    from polar.engine import vllm
-    from polar.engine.vllm.install import install
-    from polar.errors import PolarError
-
-    try:
-        if options["install"]:
-            python = install()
-            click.echo(f"vLLM {vllm.VLLM_VERSION}: {python}")
-            click.echo(f"tiny model: {vllm.ensure_tiny_model(python, seed=options['seed'])}")
-            return
-        model = Path(options["model"]) if options["model"] else None
-        if model is not None and not (model / "config.json").is_file():
-            raise click.BadParameter(f"{model} is not a model directory (no config.json)", param_hint="--model")
-        server = vllm.VllmServer(
-            host=options["host"], port=options["port"], model=model,
-            served_model_name=options["served_model_name"] or "polar-reference",
-            policy=options["policy"], policy_config=policy_config, plugin_modules=load_config().plugin_modules,
-            log_path=options["log_path"], seed=options["seed"], max_model_len=options["max_model_len"],
-            extra_args=tuple(shlex.split(options["vllm_args"] or "")),
-        )  # fmt: skip
-        vllm.serve(server)
-    except PolarError as exc:
-        raise click.ClickException(str(exc)) from exc
 
 
 @main.group()
@@ -552,67 +434,6 @@ def gym_agent(template_path: Path, host: str, port: int, allow_from: tuple[str, 
     os.execv(sys.executable, [sys.executable, "-m", "web.gym", *args, "--poll", str(poll_s)])
 
 
-@main.group()
-def harness() -> None:
-    """Coding-agent CLIs the harness presets drive."""
-
-
-@harness.command("install")
-@click.argument("names", nargs=-1)
-@click.option("--list", "show", is_flag=True, help="Show the installed versions instead.")
-def harness_install(names: tuple[str, ...], show: bool) -> None:
-    """Install the CLIs of presets NAME… into POLAR_HARNESS_CACHE (npm; a virtualenv of its own for a Python CLI);
-    skips those already installed."""
-    from polar.errors import PolarError
-    from polar.harnesses.install import PACKAGES, cache_dir, install, installed
-
-    if show:
-        click.echo(f"cache: {cache_dir()}")
-        for name, version in installed().items():
-            click.echo(f"{name:15} {PACKAGES[name].spec():36} {version or '-'}")
-        return
-    if not names:
-        raise click.UsageError(f"name at least one preset: {', '.join(PACKAGES)} (or --list)")
-    try:
-        versions = install(names)
-    except PolarError as exc:
-        raise click.ClickException(str(exc)) from exc
-    for name, version in versions.items():
-        click.echo(f"{name:15} {version}")
-
-
-@harness.command("check")
-@click.argument("name")
-@click.option("--turns", default=20, show_default=True, type=click.IntRange(1, 500), help="Tool steps of the plan.")
-@click.option("--tito", is_flag=True, help="Token-in-token-out on (token_in_token_out in the task).")
-@click.option("--runtime", type=click.Choice(["local", "bwrap", "docker"]), default=None,
-              help="Where the harness runs (default: the deployment's default runtime).")  # fmt: skip
-@click.option("--command", "command", default=None, help="With NAME=command: the shell command ({instruction}).")
-@click.option("--no-reasoning", is_flag=True, help="The model gives no reasoning block.")
-@click.option("--long-output", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Lines every 'run' step prints (to trigger the harness's compaction).")  # fmt: skip
-@click.option("--dir", "state_dir", default=".polar-check", show_default=True, type=click.Path(path_type=Path))
-def harness_check(
-    name: str, turns: int, tito: bool, runtime: str | None, command: str | None, no_reasoning: bool,
-    long_output: int, state_dir: Path,
-) -> None:  # fmt: skip
-    """Run NAME (a preset, or `command` with --command) on a multi-step plan and show how its calls chain: per
-    call, chain extended or broken and why; per chain, the merge rate. Exits 1 when the session did not complete
-    or a break is unexplained."""
-    from polar.local.harness_check import check_task, render, run_check
-
-    if (name == "command") != (command is not None):
-        raise click.UsageError("--command goes with NAME=command (and NAME=command needs --command)")
-    task = check_task(name, turns, tito, runtime, command)
-    policy = {"steps": turns, "reasoning": not no_reasoning, "long_output_lines": long_output}
-    try:
-        report = run_check(state_dir, task, policy, click.echo)
-    except APIError as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(render(report))
-    if not report.ok:
-        raise SystemExit(1)
-
-
-for _command in (cli_views.status, cli_views.logs, cli_views.open_console):  # polar status / logs / open
+# polar engine, polar harness install / check, polar status / logs / open
+for _command in (cli_engine.engine, cli_harness.harness, cli_views.status, cli_views.logs, cli_views.open_console):
     main.add_command(_command)

@@ -1,18 +1,16 @@
 """Token-in-token-out (TITO): when a harness resends earlier turns, the next prompt is built from the session's
 own previous prompt + the sampled token ids + the newly rendered tail, and the engine is asked with token ids
-(``/v1/completions``). Re-rendering an assistant turn (a template that strips earlier reasoning, a client that
-drops it) can then never break the token chain that training relies on.
+(``/v1/completions``, ``polar.fleet.backends.vllm``). Re-rendering an assistant turn (a template that strips
+earlier reasoning, a client that drops it) can then never break the token chain that training relies on.
 
-The tail is found without knowing the chat template (``polar.proxy.tito_tails``). The completion text is parsed
-back into a chat message with the same reasoning and Hermes tool-call parser the engine uses (vLLM's ``hermes`` +
-``qwen3`` parsers), so protocol modules see an ordinary chat answer.
+This module finds the chain a request continues (``find_link``) and the tip an answer leaves (``tip_of``); the
+tail is found without knowing the chat template (``polar.proxy.tito_tails``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,8 +18,6 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from polar.engine.completion_parser import chat_message
-from polar.fleet.engines import EngineReply
 from polar.protocols import EngineAnswer
 from polar.proxy.tito_tips import Tip, TipStore, identity_digests, tip
 from polar.reconstruction.break_reasons import history_key, messages_of, same_history, tools_of
@@ -31,12 +27,6 @@ from polar.storage.models import ModelCall, Session, Task
 from polar.storage.prompts import full_prompts
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MAX_TOKENS = 8192
-# What a chat request carries that also means something to /v1/completions (vLLM's per-request arguments for
-# logits processors, ``vllm_xargs``, included: an operator's POLAR_SAMPLING_OVERRIDES may set them).
-_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
-             "repetition_penalty", "min_tokens", "vllm_xargs")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -161,53 +151,3 @@ def _continues(rows: list[Any], call_id: uuid.UUID, history: Sequence[Any], tool
     if tools_of(stored) != tools_of({"tools": list(tools)}):
         return False
     return same_history(messages_of(stored) or [], history)
-
-
-def completion_body(engine_body: dict[str, Any], prompt: list[int]) -> dict[str, Any]:
-    """The ``/v1/completions`` request: the token prompt, the chat request's sampling, capture switches on."""
-    body = {name: engine_body[name] for name in _SAMPLING if name in engine_body}
-    max_tokens = engine_body.get("max_tokens") or engine_body.get("max_completion_tokens") or DEFAULT_MAX_TOKENS
-    return {
-        **body,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "logprobs": 0,
-        "return_token_ids": True,
-        "skip_special_tokens": False,
-    }
-
-
-def stored_request(body: dict[str, Any], link: ChainLink, chat_body: dict[str, Any]) -> dict[str, Any]:
-    """What a TITO call stores as its normalised request: exactly the completions ``body`` the engine got,
-    annotated (under ``polar_tito``, never sent) with the chat form it stands for."""
-    chat = {"chain_call_id": str(link.call_id), "messages": chat_body.get("messages"), "tools": chat_body.get("tools")}
-    return {**body, "polar_tito": chat}
-
-
-def as_chat_answer(reply: EngineReply, prompt: list[int], tools_offered: bool) -> dict[str, Any]:
-    """A ``/v1/completions`` answer as the vLLM chat completion the protocol modules render."""
-    body = reply.body
-    choice = body["choices"][0]
-    message = chat_message(str(choice.get("text") or ""), tools_offered)
-    finish = choice.get("finish_reason")
-    logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
-    tokens = (choice.get("logprobs") or {}).get("tokens") or [""] * len(logprobs)
-    ids = choice.get("prompt_token_ids") or prompt  # the engine's own reading, kept as read (TokenIds: checked)
-    return {
-        "id": str(body.get("id") or f"cmpl-{uuid.uuid4().hex}"),  # the engine's own id, as its log has it
-        "object": "chat.completion",
-        "created": body.get("created", int(time.time())),
-        "model": body.get("model"),
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "logprobs": {"content": [{"token": t, "logprob": lp} for t, lp in zip(tokens, logprobs, strict=False)]},
-                "finish_reason": "tool_calls" if message["tool_calls"] and finish == "stop" else finish,
-                "stop_reason": choice.get("stop_reason"),
-                "token_ids": list(choice.get("token_ids") or []),
-            }
-        ],
-        "usage": body.get("usage"),
-        "prompt_token_ids": ids if isinstance(ids, list) else list(ids),
-    }

@@ -188,12 +188,10 @@ def _mode(probe: Future[dict[str, Any]]) -> dict[str, Any]:
 def _address(engine: str, path: str) -> str:
     """Where to ask ``engine`` (a ``POLAR_ENGINE_URLS`` entry) for ``path``: SGLang says its version in
     ``/get_server_info``."""
-    from polar.contract.engine_addresses import parse_engine_url
+    from polar.contract.engine_addresses import parse_engine_url, version_path
 
     address = parse_engine_url(engine)
-    if address.kind == "sglang" and path == "/version":
-        path = "/get_server_info"
-    return address.url + path
+    return address.url + (version_path(address) if path == "/version" else path)
 
 
 def _facts(url: str, models: Any, version: Any) -> dict[str, Any]:

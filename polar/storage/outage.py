@@ -17,6 +17,8 @@ from typing import TypeVar
 
 import sqlalchemy as sa
 
+from polar.errors import CaptureFailed
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -45,3 +47,13 @@ def ride_out(work: Callable[[], T], within_s: float) -> T:
             log.warning("database unreachable (%s); retrying in %.1fs", type(exc.orig).__name__, pause)
         time.sleep(pause)
         pause = min(LONGEST_PAUSE_S, pause * 2)
+
+
+def ride_out_or_refuse(work: Callable[[], T], within_s: float) -> T:
+    """``ride_out``, with what is left of an outage raised as ``CaptureFailed`` (the caller's 503: retry)."""
+    try:
+        return ride_out(work, within_s)
+    except sa.exc.DBAPIError as exc:
+        raise CaptureFailed(f"Polar could not reach its database: {type(exc.orig).__name__}; retry") from exc
+    except sa.exc.TimeoutError as exc:  # every pooled connection busy past the pool's wait: not a DBAPIError
+        raise CaptureFailed("Polar's database connections are all busy; retry") from exc

@@ -4,15 +4,9 @@
     results = pause_engines(addresses, "keep", clear_cache=False)   # after the proxies stopped starting calls
     results = resume_engines(addresses, "step-42")                  # after the new policy version is recorded
 
-Per kind (facts from the engines' sources, recorded in ``tests/contracts/``):
-
-- vLLM (dev mode, ``VLLM_SERVER_DEV_MODE=1``): ``POST /pause?mode=keep|wait|abort&clear_cache=…`` (vLLM ≥ 0.12,
-  PR #28037; ``mode`` from PR #32351, merged 2026-02-07, first released in 0.16), ``POST /resume``, and
-  ``POST /update_weight_version {"new_version"}`` where the build has it. An older vLLM ignores ``mode`` and
-  aborts, so Polar asks ``/version`` first and refuses to send ``keep`` below ``KEEP_SINCE["vllm"]``.
-- SGLang: ``POST /pause_generation {"mode": "in_place"|"abort"}`` (``keep`` is ``in_place``; SGLang ≤ 0.5.5 took
-  no mode), ``POST /continue_generation``, ``POST /update_weight_version {"new_version"}``. SGLang has no
-  ``wait``: Polar polls its running + waiting requests (``/metrics``) down to zero, then pauses ``in_place``.
+Each kind's pause and resume is its backend's (``polar.fleet.backends``; facts from the engines' sources, recorded
+in ``tests/contracts/``). Polar asks an engine's version first and refuses a mode its build would not honour (an
+older vLLM ignores ``mode`` and aborts).
 
 Each engine's outcome is reported (``ok``, ``error``); one engine failing does not stop the others, and the
 proxies' hold stands either way.
@@ -21,7 +15,6 @@ proxies' hold stands either way.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
@@ -29,16 +22,13 @@ from typing import Any, Literal
 import httpx
 
 from polar.codec.redaction import shown_url
-from polar.contract.engine_addresses import EngineAddress
+from polar.contract.engine_addresses import EngineAddress, version_path
 from polar.errors import ValidationError
-from polar.fleet.engines import reported_load
+from polar.fleet.backends import backend
 
 EngineMode = Literal["keep", "wait", "abort"]
 ENGINE_MODES: tuple[EngineMode, ...] = ("keep", "wait", "abort")
-PAUSE_SINCE = {"vllm": (0, 12, 0)}
-KEEP_SINCE = {"vllm": (0, 16, 0), "sglang": (0, 5, 6)}
 TIMEOUT_S = 600.0
-_SGLANG_MODES = {"keep": "in_place", "abort": "abort"}
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 
 
@@ -51,10 +41,9 @@ def parse_version(text: str | None) -> tuple[int, int, int] | None:
 
 
 def engine_version(client: httpx.Client, address: EngineAddress) -> str | None:
-    """The version an engine reports (vLLM ``/version``, SGLang ``/get_server_info``), or None."""
-    path = "/get_server_info" if address.kind == "sglang" else "/version"
+    """The version an engine reports (``version_path``: vLLM ``/version``, SGLang ``/get_server_info``), or None."""
     try:
-        response = client.get(address.url + path, timeout=5.0)
+        response = client.get(address.url + version_path(address), timeout=5.0)
         return str(response.json().get("version")) if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
@@ -62,16 +51,7 @@ def engine_version(client: httpx.Client, address: EngineAddress) -> str | None:
 
 def unsupported(address: EngineAddress, version: str | None, mode: EngineMode) -> str | None:
     """Why this engine cannot be paused in ``mode`` (None: it can)."""
-    parsed = parse_version(version)
-    if parsed is None:
-        return None  # a build that does not say: try, and report what it answers
-    if address.kind == "vllm" and parsed < PAUSE_SINCE["vllm"]:
-        return f"vLLM {version} has no /pause (needs ≥ 0.12 with VLLM_SERVER_DEV_MODE=1)"
-    since = KEEP_SINCE.get(address.kind)
-    if mode == "keep" and since is not None and parsed < since:
-        label = "vLLM" if address.kind == "vllm" else "SGLang"
-        return f"{label} {version} cannot keep in-flight requests across a pause (needs ≥ {'.'.join(map(str, since))})"
-    return None
+    return backend(address.kind).pause_refusal(parse_version(version), version, mode)
 
 
 def _answer(response: httpx.Response) -> str | None:
@@ -82,11 +62,6 @@ def _answer(response: httpx.Response) -> str | None:
     return f"{response.request.url.path} answered {response.status_code}: {response.text[:300]}"
 
 
-def _running(client: httpx.Client, address: EngineAddress) -> float:
-    response = client.get(address.url + "/metrics", timeout=5.0)
-    return reported_load(response.text) or 0.0
-
-
 def _pause_one(client: httpx.Client, address: EngineAddress, mode: EngineMode, clear_cache: bool) -> dict[str, Any]:
     result: dict[str, Any] = {"url": shown_url(address.url), "kind": address.kind, "ok": False, "error": None}
     try:
@@ -95,16 +70,7 @@ def _pause_one(client: httpx.Client, address: EngineAddress, mode: EngineMode, c
         if (why := unsupported(address, version, mode)) is not None:
             result["error"] = why
             return result
-        if address.kind == "vllm":
-            query = {"mode": mode, "clear_cache": "true" if clear_cache else "false"}
-            result["error"] = _answer(client.post(address.url + "/pause", params=query))
-        else:
-            if mode == "wait":
-                deadline = time.monotonic() + TIMEOUT_S
-                while _running(client, address) > 0 and time.monotonic() < deadline:
-                    time.sleep(0.05)
-            sglang_mode = _SGLANG_MODES.get(mode, "in_place")
-            result["error"] = _answer(client.post(address.url + "/pause_generation", json={"mode": sglang_mode}))
+        result["error"] = _answer(backend(address.kind).pause(client, address.url, mode, clear_cache))
     except httpx.HTTPError as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
     result["ok"] = result["error"] is None
@@ -117,11 +83,7 @@ def _resume_one(client: httpx.Client, address: EngineAddress, policy_version: st
         if policy_version is not None:  # best effort: not every build has it, and the proxy records versions
             update = client.post(address.url + "/update_weight_version", json={"new_version": policy_version})
             result["weight_version_set"] = update.status_code == 200
-        path = "/continue_generation" if address.kind == "sglang" else "/resume"
-        response = (
-            client.post(address.url + path, json={}) if address.kind == "sglang" else client.post(address.url + path)
-        )
-        result["error"] = _answer(response)
+        result["error"] = _answer(backend(address.kind).resume(client, address.url))
     except httpx.HTTPError as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
     result["ok"] = result["error"] is None

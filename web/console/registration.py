@@ -7,14 +7,13 @@ import logging
 from flask import Flask, Response, render_template, request
 from werkzeug.exceptions import HTTPException
 
-from polar.errors import PolarError
+from polar.errors import PolarError, http_status
 from polar.fleet.engines import EnginePool
 from polar.inspection import TokenText
 from web.api.auth import app_tokens, authenticates_itself
 from web.console import login, pages
 from web.console.blueprint import blueprint
 from web.console.formatting import FILTERS, GLOBALS
-from web.errors import STATUS
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +56,7 @@ def _error_page(status: int, message: str) -> tuple[str, int]:
 
 @blueprint.errorhandler(PolarError)
 def _polar_error(exc: PolarError) -> tuple[str, int]:
-    status = next((code for kind, code in STATUS.items() if isinstance(exc, kind)), 500)
+    status = http_status(exc)
     return _error_page(status, str(exc))
 
 

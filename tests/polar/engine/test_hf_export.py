@@ -13,7 +13,7 @@ from polar.engine import ChatTemplate, normalise_messages
 from polar.engine.conversation import normalise_tools
 from polar.engine.hf_export import export_tokenizer
 from polar.engine.tokenizer import Tokenizer
-from polar.proxy.renderers import ChatRenderer, template_messages
+from polar.fleet.renderers import ChatRenderer, template_messages
 
 TOOLS = [
     {

@@ -105,7 +105,7 @@ def test_engine_4xx_comes_back_as_a_reply(engines: dict[str, str]) -> None:
 
 
 def test_max_tokens_beyond_the_context_is_fitted_to_the_room_left(engines: dict[str, str]) -> None:
-    from polar.proxy.service import fit_max_tokens
+    from polar.fleet.backends.vllm import fit_max_tokens
 
     pool = EnginePool([engines["a"]], timeout_s=HANG_GUARD_S)
     body = {**CHAT, "max_tokens": 64000}

@@ -73,5 +73,6 @@ def test_the_entry_point_imports_only_what_it_needs() -> None:
         subprocess.run([sys.executable, "-c", listing], capture_output=True, text=True, check=True).stdout.split()
     )
     assert {m for m in loaded if m.split(".")[0] in ("polar", "docker", "sqlalchemy", "pydantic")} == {
-        "polar", "polar.errors", "polar.codec.import_path", "polar.harnesses", "polar.harnesses.python_entry",
+        "polar", "polar.errors", "polar.codec", "polar.codec.import_path", "polar.harnesses",
+        "polar.harnesses.python_entry",
     }  # fmt: skip

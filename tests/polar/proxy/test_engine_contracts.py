@@ -22,11 +22,12 @@ import pytest
 from polar.engine.chat_template import ChatTemplate
 from polar.engine.conversation import normalise_messages
 from polar.engine.tokenizer import load_tokenizer
+from polar.fleet.backends import sglang
+from polar.fleet.backends import vllm as vllm_backend
+from polar.fleet.backends.base import capture_fields
 from polar.local.launcher import Stack, engine_spec, free_port
 from polar.protocols import RequestContext, anthropic, gemini, openai_chat, openai_responses
 from polar.protocols._base import EngineAnswer
-from polar.proxy import sglang, tito
-from polar.proxy.service import _capture_fields
 from tests.real_vllm import SharedVllm
 
 CONTRACTS = Path(__file__).resolve().parents[2] / "contracts"
@@ -171,7 +172,7 @@ CLIENT_REQUESTS: list[tuple[Any, dict[str, Any], RequestContext]] = [
 @pytest.mark.parametrize(("protocol", "body", "context"), CLIENT_REQUESTS)
 def test_chat_bodies_the_proxy_sends_are_valid_vllm_requests(protocol: Any, body: Any, context: Any) -> None:
     engine_body = protocol.normalize(body, context).engine_body
-    sent = {**_capture_fields(engine_body), "model": "served"}
+    sent = {**capture_fields(engine_body), "model": "served"}
     check("vllm", "chat_completion_request", sent)
     assert sent["return_token_ids"] is True and sent["logprobs"] is True and sent["stream"] is False
 
@@ -184,7 +185,7 @@ def test_tokenize_bodies_are_valid(protocol: Any, body: Any, context: Any) -> No
 
 def test_tito_bodies_are_valid() -> None:
     chat = openai_chat.normalize(CLIENT_REQUESTS[0][1], RequestContext()).engine_body
-    check("vllm", "completion_request", {**tito.completion_body(chat, [1, 2, 3]), "model": "served"})
+    check("vllm", "completion_request", {**vllm_backend.completion_body(chat, [1, 2, 3]), "model": "served"})
     render = {
         "messages": chat["messages"],
         "add_generation_prompt": True,
@@ -265,12 +266,12 @@ def test_real_vllm_answers_as_its_contracts_say(real_vllm: SharedVllm) -> None:
 def _answers_as_vllm(url: str, extra: dict[str, Any] | None = None) -> None:
     """Every answer Polar parses from a vLLM-protocol engine, checked against the vLLM schemas (the bodies sent
     are checked against the request schemas first)."""
-    chat = {**_capture_fields({"messages": [{"role": "user", "content": "q"}], "tools": TOOLS}), **(extra or {})}
+    chat = {**capture_fields({"messages": [{"role": "user", "content": "q"}], "tools": TOOLS}), **(extra or {})}
     check("vllm", "chat_completion_request", chat)
     answer = _post(f"{url}/v1/chat/completions", chat).json()
     check("vllm", "chat_completion_response", answer)
     prompt = answer["prompt_token_ids"]
-    completion_request = tito.completion_body(extra or {}, prompt)
+    completion_request = vllm_backend.completion_body(extra or {}, prompt)
     check("vllm", "completion_request", completion_request)
     completion = _post(f"{url}/v1/completions", completion_request).json()
     check("vllm", "completion_response", completion)

@@ -75,5 +75,5 @@ def test_a_flood_of_unknown_keys_makes_a_bounded_number_of_queries(proxy: ProxyS
     refused = next(answer for answer in flood if answer.status == 429)
     assert refused.headers["Retry-After"] == "1" and "unknown proxy keys" in json.dumps(refused.body)
     stale = time.monotonic() - 1  # its cache entry went stale meanwhile
-    proxy._keys = {key_hash: (*entry[:3], stale) for key_hash, entry in proxy._keys.items()}
+    proxy.admission._keys = {key_hash: (*entry[:3], stale) for key_hash, entry in proxy.admission._keys.items()}
     assert proxy.handle(MODELS, key, None, b"").status == 200  # a running session keeps calling during the flood

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from polar.config import load_config
 from polar.local.launcher import Stack, engine_spec, free_port
 from polar.protocols import detect
-from polar.proxy import EnginePool, ProxyService, service, tito
+from polar.proxy import EnginePool, ProxyService, asker, tito
 from polar.proxy.limits import LocalLimiter
 from polar.proxy.tito_tips import LocalTips, RedisTips, Tip
 from polar.storage.database import Database
@@ -123,9 +123,9 @@ def test_without_a_tip_the_session_is_read_and_the_chain_still_found(
     session_id, key = _tito_session(database_url, tmp_path)
     proxy = _proxy(database_url, engine_url, tmp_path, redis_url)
     reads = _RowsRead(monkeypatch)
-    real = proxy.tips.remember
+    real = proxy.asker.tips.remember
     forgetting = {"on": False}
-    monkeypatch.setattr(proxy.tips, "remember", lambda *a, **k: None if forgetting["on"] else real(*a, **k))
+    monkeypatch.setattr(proxy.asker.tips, "remember", lambda *a, **k: None if forgetting["on"] else real(*a, **k))
     try:
         forgetting["on"] = True
         per_call = _converse([proxy], key, reads)
@@ -169,12 +169,12 @@ def test_the_tito_switch_is_remembered_for_a_bounded_number_of_sessions(
     database_url: str, engine_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Audit F21: the per-session TITO switch was cached for every session a process ever served."""
-    monkeypatch.setattr(service, "TITO_FLAGS_SIZE", 3)
+    monkeypatch.setattr(asker, "TITO_FLAGS_SIZE", 3)
     proxy = _proxy(database_url, engine_url, tmp_path, None)
     try:
         for _ in range(10):
-            assert proxy._tito_enabled(uuid.uuid4()) is False  # an unknown session: no TITO
-            assert len(proxy._tito) <= 3  # before: 10 entries, one per session ever asked about
+            assert proxy.asker.tito_enabled(uuid.uuid4()) is False  # an unknown session: no TITO
+            assert len(proxy.asker._tito) <= 3  # before: 10 entries, one per session ever asked about
     finally:
         proxy.engines.close()
         proxy.db.dispose()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from polar.errors import EngineError
-from polar.proxy import sglang
+from polar.fleet.backends import sglang
 from polar.proxy.token_check import check_tokens, token_gap
 from tests.e2e.tokenless_engine import answer
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from polar.proxy.sglang import fit_max_new_tokens
+from polar.fleet.backends.sglang import fit_max_new_tokens
 from tests.support import HANG_GUARD_S, live_proxy
 
 CONTEXT = 32768  # the reference engine's max_model_len

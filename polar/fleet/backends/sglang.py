@@ -1,6 +1,6 @@
 """Chat calls to an SGLang engine through its native ``/generate`` API, token-exactly.
 
-    ids = renderer.prompt_ids(chat_body)                       # polar.proxy.renderers: the model's own template
+    ids = renderer.prompt_ids(chat_body)                       # polar.fleet.renderers: the model's own template
     reply = engines.post(session_id, "/generate", generate_body(chat_body, ids), None, kind="sglang")
     answer = as_chat_answer(reply.body, ids, parse_tools=…)    # a vLLM-shaped chat completion
 
@@ -11,6 +11,10 @@ SGLang's OpenAI-compatible server returns no token ids, so Polar renders the pro
 weight version is ``meta_info.weight_version``. The text is parsed with the same reasoning (``<think>``) and
 Hermes tool-call parser as TITO (``polar.engine.completion_parser``), so the protocol modules see an ordinary
 chat answer. Shapes recorded from SGLang's source: ``tests/contracts/sglang/``.
+
+The weight sync's hold is ``POST /pause_generation {"mode": "in_place"|"abort"}`` (``keep`` is ``in_place``; SGLang
+≤ 0.5.5 took no mode) and ``POST /continue_generation``. SGLang has no ``wait``: Polar polls its running + waiting
+requests (``/metrics``) down to zero, then pauses ``in_place``.
 """
 
 from __future__ import annotations
@@ -21,8 +25,23 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import httpx
+
+from polar.contract.engine_addresses import EngineKind
 from polar.engine.completion_parser import chat_message
 from polar.errors import EngineError, ValidationError
+from polar.fleet.backends.base import Asked, EngineMode, EngineRequest
+from polar.fleet.engines import EngineReply, reported_load
+
+KIND: EngineKind = "sglang"
+LABEL = "SGLang"
+INFO_PATHS = ("/get_server_info",)
+TOKEN_IN = False
+KEEP_SINCE = (0, 5, 6)
+DRAIN_TIMEOUT_S = 600.0
+_MODES = {"keep": "in_place", "abort": "abort"}
+# What a prompt rendered on the proxy depends on (kept with the stored request, never sent).
+_RENDERED = ("messages", "tools", "add_generation_prompt", "continue_final_message", "chat_template_kwargs")
 
 DEFAULT_MAX_NEW_TOKENS = 8192
 # SGLang's refusal of a request whose prompt + max_new_tokens does not fit (tokenizer_manager.py).
@@ -163,3 +182,54 @@ def as_chat_answer(
         "prompt_token_ids": list(prompt_ids),
         "weight_version": meta.get("weight_version"),
     }
+
+
+def pause_refusal(version: tuple[int, int, int] | None, text: str | None, mode: EngineMode) -> str | None:
+    if version is not None and mode == "keep" and version < KEEP_SINCE:
+        return f"SGLang {text} cannot keep in-flight requests across a pause (needs ≥ {'.'.join(map(str, KEEP_SINCE))})"
+    return None
+
+
+def _running(client: httpx.Client, url: str) -> float:
+    return reported_load(client.get(url + "/metrics", timeout=5.0).text) or 0.0
+
+
+def pause(client: httpx.Client, url: str, mode: EngineMode, clear_cache: bool) -> httpx.Response:
+    if mode == "wait":
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while _running(client, url) > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return client.post(url + "/pause_generation", json={"mode": _MODES.get(mode, "in_place")})
+
+
+def resume(client: httpx.Client, url: str) -> httpx.Response:
+    return client.post(url + "/continue_generation", json={})
+
+
+def planned(request: EngineRequest) -> None:
+    """Nothing before asking: the prompt is rendered as the call is asked."""
+    return None
+
+
+def ask(request: EngineRequest) -> Asked:
+    """Render the prompt here, generate from its ids, and read the answer back as a chat completion; the stored
+    request is exactly what the engine got, with the chat form it stands for (never sent)."""
+    chat_body, engines = request.chat_body, request.engines
+    prompt = request.renderer().prompt_ids(chat_body)
+    body = generate_body(chat_body, prompt)
+    reply = engines.post(request.session_id, "/generate", body, None, kind=KIND, name_model=False)
+    refitted = False
+    if (fitted := fit_max_new_tokens(body, reply.status_code, reply.error_message)) is not None:
+        body, refitted = fitted, True  # asked again once, as vLLM is (``vllm.fit_max_tokens``)
+        reply = engines.post(request.session_id, "/generate", body, None, kind=KIND, name_model=False)
+    stored = {**body, "polar_chat": {name: chat_body[name] for name in _RENDERED if name in chat_body}}
+    if reply.status_code == 200:
+        parse_tools = bool(chat_body.get("tools")) and chat_body.get("tool_choice") != "none"
+        model = request.served_model or engines.served_model(str(reply.url))
+        answer = as_chat_answer(reply.body, prompt, parse_tools, model)
+        reply = EngineReply(reply.url, 200, answer, reply.latency_ms, reply.kind)
+    return Asked(stored, reply, refitted)
+
+
+def count_tokens(request: EngineRequest, body: dict[str, Any]) -> EngineReply:
+    return EngineReply(None, 200, {"count": len(request.renderer().prompt_ids(body))}, 0.0, KIND)

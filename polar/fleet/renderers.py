@@ -1,5 +1,5 @@
 """Rendering a chat request to prompt token ids on the proxy, for engines whose API takes token ids only
-(SGLang's native ``/generate``; ``polar.proxy.sglang``).
+(SGLang's native ``/generate``; ``polar.fleet.backends.sglang``).
 
     renderer = ChatRenderer.load("/models/Qwen3-8B")            # the model's tokenizer directory
     ids = renderer.prompt_ids({"messages": [...], "tools": [...], "chat_template_kwargs": {...}})
