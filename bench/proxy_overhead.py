@@ -294,7 +294,7 @@ def _agent(args: argparse.Namespace) -> int:
         )
         print("goal: added p50 <= 5 ms for 32k-token calls, once the deployment has served a session ('first': before)")
         # A deployment's first agent session runs ~0.5-1 ms a call slower than every later one (docs/benchmarks.md,
-        # tenth stop): it is shown apart, as the small-call run keeps its 20 warm-up calls out of its figures.
+        # at agent size): it is shown apart, as the small-call run keeps its 20 warm-up calls out of its figures.
         _agent_report(_replay(deployment, args.max_prompt_tokens, False, False), "first: json, off")
         for stream in (False, True):
             for tito in (False, True):

@@ -2,7 +2,7 @@
 
 A backend that has sat idle for a model call's length answers its next statement several times slower than a busy
 one: on this project's machine a prepared autocommit insert took ~0.8 ms after 20 ms idle against ~0.1 ms back to
-back, and ``SELECT 1`` 0.46 against 0.03 ms (docs/benchmarks.md, ninth stop). The virtual CPU it slept on and its
+back, and ``SELECT 1`` 0.46 against 0.03 ms (docs/benchmarks.md, small calls). The virtual CPU it slept on and its
 caches have gone cold. The proxy knows its insert is coming as soon as the engine's answer is read, ~1 ms before
 the insert is bound, so it sends the backend an empty query then (Postgres answers it with ``EmptyQueryResponse``,
 running nothing) and reads that answer just before the insert: the backend wakes while the proxy parses the answer
