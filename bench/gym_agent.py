@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, fo
 from bench.deployment import ADMIN_DSN
 from polar.config import load_config
 from polar.local.launcher import free_port
-from polar.proxy.capture import CallRecord, record_call
+from polar.storage.calls.write import CallRecord, record_call
 from polar.storage.database import Database
 from polar.storage.migration import upgrade
 from polar.storage.models import Session

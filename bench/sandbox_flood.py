@@ -23,8 +23,8 @@ from polar.config import load_config
 from polar.runtimes.bounds import SandboxBounds
 from polar.storage.migration import upgrade
 from polar.storage.scratch import create_database, drop_database
+from tests.live_proxy import live_proxy
 from tests.sandbox_flood import flood
-from tests.support import live_proxy
 
 ADMIN_DSN = os.environ.get("POLAR_BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 

@@ -41,9 +41,9 @@ from polar.contract.dispatch import Stage
 from polar.contract.task_request import parse_batch_request
 from polar.lifecycle.batches import batch_status, request_hash, submit_batch
 from polar.lifecycle.sessions import call_page, list_sessions
-from polar.proxy.capture import CallRecord, record_call
 from polar.services import Services
 from polar.stages.postrun import postrun_session
+from polar.storage.calls.write import CallRecord, record_call
 from polar.storage.database import Database
 from polar.storage.migration import upgrade
 from polar.storage.models import Session

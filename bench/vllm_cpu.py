@@ -32,7 +32,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from polar.engine.tokenizer import load_tokenizer
+from polar.chat.tokenizer import load_tokenizer
 from polar.local.launcher import free_port
 from tests.module_costs import process_group_cpu_s  # the server is its own process group
 

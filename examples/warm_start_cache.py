@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from polar.engine.torch_model import load_weights, save_weights
+from polar.refengine.torch_model import load_weights, save_weights
 
 
 def warm_start_key(model: torch.nn.Module, rows: Sequence[Any], recipe: str, steps: int, seed: int) -> str:

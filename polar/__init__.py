@@ -1,7 +1,8 @@
 """Polar: rollouts of real agent harnesses, captured token-exactly, for RL and SFT (docs/architecture.md).
 
-Modules that moved keep their old import path: ``MOVED`` maps it to the module's home, and importing the old name
-gives the same module object (so a patch through either name patches both). New code imports the new path.
+Modules that moved keep their old import path: ``MOVED`` maps it to the module's home (a package's entry covers its
+submodules: ``polar.engine.policies`` is ``polar.refengine.policies``), and importing the old name gives the same
+module object, so a patch through either name patches both. New code imports the new path.
 """
 
 from __future__ import annotations
@@ -40,17 +41,38 @@ MOVED: dict[str, str] = {
     "polar.proxy.fleet": "polar.fleet.overview",
     "polar.proxy.sglang": "polar.fleet.backends.sglang",
     "polar.proxy.renderers": "polar.fleet.renderers",
+    "polar.engine": "polar.refengine",
+    "polar.engine.errors": "polar.chat.errors",
+    "polar.engine.conversation": "polar.chat.conversation",
+    "polar.engine.completion_parser": "polar.chat.completion_parser",
+    "polar.engine.chat_template": "polar.chat.chat_template",
+    "polar.engine.tokenizer": "polar.chat.tokenizer",
+    "polar.engine.id_text": "polar.chat.id_text",
+    "polar.engine.json_codec": "polar.chat.json_codec",
+    "polar.engine.prompt_parser": "polar.chat.prompt_parser",
+    "polar.engine.hf_export": "polar.chat.hf_export",
+    "polar.proxy.capture": "polar.storage.calls.write",
+    "polar.proxy.recent_calls": "polar.storage.calls.recent",
+    "polar.storage.captured": "polar.storage.calls.read",
 }
+
+
+def moved_to(name: str) -> str | None:
+    """Where the module once at ``name`` lives now, or None if it never moved."""
+    old = max((key for key in MOVED if name == key or name.startswith(key + ".")), key=len, default=None)
+    return None if old is None else MOVED[old] + name[len(old) :]
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Answers an old module path with the module at its new one."""
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
-        return ModuleSpec(fullname, self) if fullname in MOVED else None
+        return ModuleSpec(fullname, self) if moved_to(fullname) is not None else None
 
     def create_module(self, spec: ModuleSpec) -> ModuleType:
-        return importlib.import_module(MOVED[spec.name])
+        home = moved_to(spec.name)
+        assert home is not None
+        return importlib.import_module(home)
 
     def exec_module(self, module: ModuleType) -> None:
         """The module ran at its new path already."""

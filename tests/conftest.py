@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from polar.engine.vllm import vllm_python
+from polar.refengine.vllm import vllm_python
 from polar.storage.migration import upgrade
 from polar.storage.scratch import admin, scratch_database, sqlalchemy_url
 from tests.database_pool import DatabasePool
@@ -29,7 +29,7 @@ from tests.real_vllm import (
     stop_shared_vllm,
 )
 from tests.shared_stack import for_one_test, left_as_found, start_shared_stack
-from tests.support import LIVE_STACKS, RunningStack
+from tests.stacks import LIVE_STACKS, RunningStack
 from tests.waiting_lane import WaitingLaneScheduling, add_ini
 
 ADMIN_DSN = os.environ.get("POLAR_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/test")

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import proc_stat
+
 SHOWN = 20
 KEEP_ENV = "POLAR_MODULE_COSTS"  # a path: the whole table (every module, JSON lines) is copied there at the end
 
@@ -39,13 +41,8 @@ def _processes() -> Iterator[tuple[int, list[str]]]:
     """Every live process: its pid and the fields of ``/proc/<pid>/stat`` after its name (``fields[1]`` the ppid,
     ``fields[2]`` the process group, ``fields[11:15]`` utime, stime, cutime, cstime)."""
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        yield int(entry.name), stat[stat.rfind(")") + 2 :].split()
+        if entry.name.isdigit() and (fields := proc_stat(int(entry.name))) is not None:
+            yield int(entry.name), fields
 
 
 def process_group_cpu_s(group: int) -> float:

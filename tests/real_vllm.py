@@ -28,8 +28,8 @@ from typing import Any
 
 import httpx
 
-from polar.engine.vllm import read_sample_log
 from polar.local.launcher import free_port
+from polar.refengine.vllm import read_sample_log
 
 RUN_DIR_ENV = "POLAR_TEST_RUN_DIR"  # the controller makes it; every test process of the run shares it
 CONTROLLER_ENV = "POLAR_TEST_CONTROLLER_PID"

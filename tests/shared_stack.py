@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.local.harness_check import MAX_MODEL_LEN
-from tests.support import RunningStack, running_stack
+from tests.stacks import RunningStack, running_stack
 
 REPO = Path(__file__).resolve().parents[1]
 READ_TOKEN = "shared-stack-reader-" + "r" * 32
@@ -69,7 +69,7 @@ SCRIPTS: dict[str, dict[str, Any]] = {
 # Routes to the engine's own policies, for the harness presets' modules. They come first, so that a CLI's side call
 # that repeats the task (a title request) is answered as a stack running that policy alone would answer it.
 # tests/e2e/test_harness_long_sessions.py: tool steps before the final answer, the file and then two rounds of the
-# plan's six other kinds of step (polar.engine.policies.plan), so every kind is re-sent in a later call's history
+# plan's six other kinds of step (polar.refengine.policies.plan), so every kind is re-sent in a later call's history
 PLAN_STEPS = 13
 POLICY_ROUTES: dict[str, dict[str, Any]] = {
     # the long sessions, marked with ``routed("plan", …)``

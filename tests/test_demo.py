@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support import HANG_GUARD_S, process_alive
+from tests.processes import HANG_GUARD_S, process_alive
 
 
 def test_demo_runs_end_to_end_on_embedded_defaults(tmp_path: Path) -> None:

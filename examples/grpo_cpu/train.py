@@ -38,14 +38,14 @@ import torch
 
 from examples.grpo_cpu import task
 from examples.warm_start_cache import warm_started
+from polar.chat.chat_template import ChatTemplate
+from polar.chat.tokenizer import load_tokenizer
 from polar.client import PolarClient
-from polar.engine.chat_template import ChatTemplate
-from polar.engine.generation import Generator
-from polar.engine.protocol import parse_chat_request
-from polar.engine.settings import EngineSettings
-from polar.engine.tokenizer import load_tokenizer
-from polar.engine.torch_model import batch_logprobs, new_model, save_weights
 from polar.integrations.adapter import PolarRollouts
+from polar.refengine.generation import Generator
+from polar.refengine.protocol import parse_chat_request
+from polar.refengine.settings import EngineSettings
+from polar.refengine.torch_model import batch_logprobs, new_model, save_weights
 
 SYSTEM = "You answer in one short line."  # polar.agents.one_shot's
 
@@ -353,8 +353,8 @@ def embedded(options: Options, weights: Path, model: torch.nn.Module) -> Iterato
 
 def _model_directory(options: Options, model: torch.nn.Module) -> Path:
     """A Hugging Face model directory vLLM loads: the model's config and weights, the reference tokenizer and chat
-    template (``polar.engine.hf_export``)."""
-    from polar.engine.hf_export import export_tokenizer
+    template (``polar.chat.hf_export``)."""
+    from polar.chat.hf_export import export_tokenizer
 
     directory = options.out / "model"
     export_tokenizer(directory)

@@ -34,15 +34,15 @@ import torch
 from examples.trl_cpu import task
 from examples.warm_start_cache import warm_started
 from polar.agents.calculator import SYSTEM, TOOLS
+from polar.chat.chat_template import ChatTemplate
+from polar.chat.tokenizer import load_tokenizer
 from polar.client import PolarClient
-from polar.engine.chat_template import ChatTemplate
-from polar.engine.generation import Generator
-from polar.engine.protocol import parse_chat_request
-from polar.engine.settings import EngineSettings
-from polar.engine.tokenizer import load_tokenizer
-from polar.engine.torch_model import new_model, save_weights
 from polar.integrations.adapter import PolarRollouts
 from polar.integrations.trl import PolarRolloutFunc, polar_reward
+from polar.refengine.generation import Generator
+from polar.refengine.protocol import parse_chat_request
+from polar.refengine.settings import EngineSettings
+from polar.refengine.torch_model import new_model, save_weights
 
 
 @dataclass
@@ -153,7 +153,7 @@ def hf_tokenizer(directory: Path) -> Any:
     """The reference tokenizer as a transformers tokenizer (TRL decodes and pads with it)."""
     from transformers import AutoTokenizer
 
-    from polar.engine.hf_export import export_tokenizer
+    from polar.chat.hf_export import export_tokenizer
 
     export_tokenizer(directory)
     tokenizer = AutoTokenizer.from_pretrained(directory)

@@ -3,8 +3,9 @@ fleet as the API shows it (``GET /v1/engines``).
 
 - ``registered_engines`` / ``add_engine`` / ``drain_engine``: the ``engines`` table, beside ``POLAR_ENGINE_URLS``;
   proxies re-read it every health round (``polar.fleet.engines``).
-- ``pinned_engine``: the engine that served a session's latest call (``model_calls.engine_url``), so a proxy
-  process that has not seen the session yet keeps it where its prefix cache is.
+- ``pinned_engine`` (read from the calls, ``polar.storage.calls.read``): the engine that served a session's latest
+  call (``model_calls.engine_url``), so a proxy process that has not seen the session yet keeps it where its
+  prefix cache is.
 - ``record_move``: a session moved off an engine that failed its health checks. It is a ``session_events`` row
   (``running → running``, detail ``engine moved: <from> -> <to> (<reason>); prefix cache lost``); each captured
   call also names its engine (``model_calls.engine_url`` / ``engine_kind``), so a reconstruction can tell that a
@@ -33,17 +34,12 @@ from polar.errors import NotFound
 from polar.fleet.backends import backend
 from polar.fleet.control import read_state
 from polar.fleet.engines import EnginePool, read_health
+from polar.storage.calls.read import pinned_engine
 from polar.storage.database import Database
-from polar.storage.models import EngineRecord, ModelCall, SessionEvent
+from polar.storage.models import EngineRecord, SessionEvent
 
 PROBE_TIMEOUT_S = 2.0
 log = logging.getLogger(__name__)
-_PINNED = (
-    sa.select(ModelCall.engine_url, ModelCall.engine_kind)
-    .where(ModelCall.session_id == sa.bindparam("session_id"), ModelCall.engine_url.is_not(None))
-    .order_by(ModelCall.seq.desc())
-    .limit(1)
-)
 
 
 def registered_engines(db: Database) -> list[tuple[str, bool]]:
@@ -75,13 +71,6 @@ def drain_engine(db: Database, raw_url: str) -> EngineAddress:
                            "entries are drained by removing them)")  # fmt: skip
         row.drained_at = utcnow()
     return address
-
-
-def pinned_engine(db: Database, session_id: uuid.UUID) -> str | None:
-    """The engine URL that served the session's latest call, if any."""
-    with db.autocommit() as connection:
-        row = connection.execute(_PINNED, {"session_id": session_id}).first()
-    return row.engine_url if row is not None else None
 
 
 def record_move(db: Database, node: str, session_id: uuid.UUID, from_url: str, to_url: str, reason: str) -> None:

@@ -1,5 +1,5 @@
 """A session's captured calls for reading, a page at a time: what the client sent, what the engine got, what came
-back, how long it took and how it ended. Payloads are rebuilt from their deltas (``polar.storage.captured``);
+back, how long it took and how it ended. Payloads are rebuilt from their deltas (``polar.storage.calls.read``);
 prompts are not joined (the trajectory viewer shows tokens): only their lengths are shown.
 """
 
@@ -8,21 +8,20 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import sqlalchemy as sa
-
 from polar.clock import iso
 from polar.codec.redaction import shown_url
 from polar.errors import NotFound
 from polar.services import Services
-from polar.storage.captured import WholeCall, rebuild, session_rows
-from polar.storage.models import ModelCall, Session
-
-_SUMMARY_COLUMNS = (
-    ModelCall.session_id, ModelCall.agent, ModelCall.provider, ModelCall.model, ModelCall.stream,
-    ModelCall.prompt_len, ModelCall.finish_reason, ModelCall.status_code, ModelCall.latency_ms,
-    ModelCall.engine_latency_ms, ModelCall.engine_url, ModelCall.policy_version, ModelCall.created_at,
-    ModelCall.policy_version_end, ModelCall.spans_policy_update, ModelCall.engine_kind,
-)  # fmt: skip
+from polar.storage.calls.read import (
+    SUMMARY_COLUMNS,
+    WholeCall,
+    call_place,
+    count_calls,
+    rebuild,
+    seqs_at_offset,
+    session_rows,
+)
+from polar.storage.models import Session
 
 
 def _summary(call: Any, whole: WholeCall) -> dict[str, Any]:
@@ -54,7 +53,7 @@ def _summary(call: Any, whole: WholeCall) -> dict[str, Any]:
 
 def _whole(db: Any, session_id: uuid.UUID, first_seq: int, last_seq: int) -> list[dict[str, Any]]:
     """Calls ``first_seq`` … ``last_seq`` of the session, their payloads rebuilt (prompts are not needed)."""
-    rows = session_rows(db, session_id, up_to_seq=last_seq, columns=_SUMMARY_COLUMNS)
+    rows = session_rows(db, session_id, up_to_seq=last_seq, columns=SUMMARY_COLUMNS)
     wanted = [row for row in rows if row.seq >= first_seq]
     whole = rebuild(rows, {row.id for row in wanted}, prompts=False)
     return [_summary(row, whole[row.id]) for row in wanted]
@@ -65,11 +64,8 @@ def call_page(services: Services, session_id: uuid.UUID, offset: int, limit: int
     with services.db.unit() as db:
         if db.get(Session, session_id) is None:
             raise NotFound(f"session {session_id} not found")
-        in_session = ModelCall.session_id == session_id
-        total = int(db.scalar(sa.select(sa.func.count()).select_from(ModelCall).where(in_session)) or 0)
-        seqs = db.scalars(
-            sa.select(ModelCall.seq).where(in_session).order_by(ModelCall.seq).limit(limit).offset(offset)
-        ).all()
+        total = count_calls(db, session_id)
+        seqs = seqs_at_offset(db, session_id, offset, limit)
         items = _whole(db, session_id, seqs[0], seqs[-1]) if seqs else []
     next_offset = offset + len(items)
     return {"items": items, "total": total, "next_offset": next_offset if next_offset < total else None}
@@ -78,7 +74,7 @@ def call_page(services: Services, session_id: uuid.UUID, offset: int, limit: int
 def get_call(services: Services, call_id: uuid.UUID) -> dict[str, Any]:
     """One call, as ``call_page`` shows it."""
     with services.db.unit() as db:
-        found = db.execute(sa.select(ModelCall.session_id, ModelCall.seq).where(ModelCall.id == call_id)).first()
+        found = call_place(db, call_id)
         if found is None:
             raise NotFound(f"call {call_id} not found")
         return _whole(db, found.session_id, found.seq, found.seq)[0]

@@ -28,7 +28,8 @@ from sqlalchemy.orm import defer
 
 from polar.errors import NotFound
 from polar.services import Services
-from polar.storage.models import ModelCall, Session, Trajectory
+from polar.storage.calls.read import span_rows
+from polar.storage.models import Session, Trajectory
 
 PAGE_TOKENS = 2000
 
@@ -184,10 +185,7 @@ def load_trajectory(services: Services, trajectory_id: uuid.UUID) -> TrajectoryD
             raise NotFound(f"trajectory {trajectory_id} not found")
         batch_id = db.scalar(sa.select(Session.batch_id).where(Session.id == row.session_id))
         call_ids = _uuids(row.call_ids)
-        calls = db.execute(
-            sa.select(ModelCall.id, ModelCall.seq, ModelCall.agent, ModelCall.finish_reason, ModelCall.prompt_len,
-                      ModelCall.completion_token_ids).where(ModelCall.id.in_(call_ids or []))
-        ).all()  # fmt: skip
+        calls = span_rows(db, call_ids or [])
         siblings = db.execute(
             sa.select(Trajectory.id, Trajectory.position, Trajectory.stats)
             .where(Trajectory.session_id == row.session_id)

@@ -80,7 +80,7 @@ class PolarRolloutFunc:
     ) -> None:
         """``task_for(prompt)``: the task a prompt becomes (its ``task_id`` is replaced by a fresh one per call);
         ``defaults``: the batch defaults (harness, evaluator, reconstruction…); ``save(model, path)``: writes the
-        weights the engine loads (default ``polar.engine.torch_model.save_weights``, safetensors)."""
+        weights the engine loads (default ``polar.refengine.torch_model.save_weights``, safetensors)."""
         self.rollouts = rollouts
         self.task_for = task_for
         self.weights_dir = weights_dir
@@ -107,7 +107,7 @@ class PolarRolloutFunc:
     def load(self, model: Any, version: int) -> None:
         """Save ``model`` and load it into the engine as policy ``version`` (pause, load, resume)."""
         if self.save is None:
-            from polar.engine.torch_model import save_weights
+            from polar.refengine.torch_model import save_weights
 
             self.save = save_weights
         path = self.save(model, self.weights_dir / f"step-{version}.safetensors")

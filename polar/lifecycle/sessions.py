@@ -12,8 +12,15 @@ import sqlalchemy as sa
 from polar.errors import NotFound, ValidationError
 from polar.lifecycle.attempts import DEFAULT_MAX_ATTEMPTS
 from polar.services import Services
-from polar.storage.captured import rebuild, routed_experts_of_sessions, rows_by_session, session_rows
-from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
+from polar.storage.calls.read import (
+    CALL_COLUMNS,
+    rebuild,
+    routed_experts_of_sessions,
+    rows_by_session,
+    seqs_after,
+    session_rows,
+)
+from polar.storage.models import Batch, Session, Task, Trajectory
 from polar.storage.payloads import PARTS
 from polar.storage.serialization import (
     CallJSON,
@@ -25,15 +32,6 @@ from polar.storage.serialization import (
     session_json,
     trajectory_json,
 )
-
-# What a call's JSON reads besides the rebuilt prompt and payloads (polar.storage.captured.STORED).
-_CALL_COLUMNS = (
-    ModelCall.session_id, ModelCall.agent, ModelCall.provider, ModelCall.model, ModelCall.stream, ModelCall.logprobs,
-    ModelCall.finish_reason, ModelCall.status_code, ModelCall.latency_ms, ModelCall.engine_latency_ms,
-    ModelCall.policy_version, ModelCall.created_at, ModelCall.delivered, ModelCall.policy_version_end,
-    ModelCall.spans_policy_update, ModelCall.engine_kind, ModelCall.routed_experts, ModelCall.sampling,
-    ModelCall.synthesized,
-)  # fmt: skip
 
 
 def _max_attempts(spec: dict[str, Any]) -> int:
@@ -109,16 +107,11 @@ def call_page(services: Services, session_id: uuid.UUID, after: int = 0, limit: 
     from their deltas); ``next_after`` is the ``after`` of the next page, None on the last one."""
     with services.db.unit() as db:
         _require_session(db, session_id)
-        seqs = db.scalars(
-            sa.select(ModelCall.seq)
-            .where(ModelCall.session_id == session_id, ModelCall.seq > after)
-            .order_by(ModelCall.seq)
-            .limit(limit + 1)
-        ).all()
+        seqs = seqs_after(db, session_id, after, limit + 1)
         page = seqs[:limit]
         if not page:
             return {"items": [], "next_after": None}
-        rows = session_rows(db, session_id, up_to_seq=page[-1], columns=_CALL_COLUMNS)
+        rows = session_rows(db, session_id, up_to_seq=page[-1], columns=CALL_COLUMNS)
     wanted = [row for row in rows if row.seq > after]
     whole = rebuild(rows, {row.id for row in wanted})
     return {
@@ -151,7 +144,7 @@ def stored_calls_by_session(
     """The stored rows (prompts and the payload ``parts`` as deltas: about one session's tokens once) of each of
     ``session_ids``, in one query; ``whole_calls`` rebuilds one session's calls from them when they are needed."""
     with services.db.unit() as db:
-        return rows_by_session(db, session_ids, columns=_CALL_COLUMNS, parts=parts)
+        return rows_by_session(db, session_ids, columns=CALL_COLUMNS, parts=parts)
 
 
 def whole_calls(rows: Sequence[Any]) -> list[CallJSON]:

@@ -65,7 +65,7 @@ def engine(**options: Any) -> None:
     """Run an engine: the reference engine (vLLM's OpenAI-compatible protocol, or SGLang's native one, on the CPU),
     or real vLLM (--backend vllm)."""
     if options["export_tokenizer"]:
-        from polar.engine.hf_export import export_tokenizer
+        from polar.chat.hf_export import export_tokenizer
 
         name = options["served_model_name"] or options["model"] or "polar-reference"
         click.echo(export_tokenizer(Path(options["export_tokenizer"]), name))
@@ -77,7 +77,7 @@ def engine(**options: Any) -> None:
     if options["backend"] == "vllm":
         _serve_vllm(options, policy_config)
         return
-    from polar.engine import EngineSettings, serve
+    from polar.refengine import EngineSettings, serve
 
     settings = EngineSettings(
         host=options["host"],
@@ -104,9 +104,9 @@ def engine(**options: Any) -> None:
 
 def _serve_vllm(options: dict[str, Any], policy_config: dict[str, Any]) -> None:
     """``polar engine --backend vllm``: exec real vLLM's server (or, with --install, install it and exit)."""
-    from polar.engine import vllm
-    from polar.engine.vllm.install import install
     from polar.errors import PolarError
+    from polar.refengine import vllm
+    from polar.refengine.vllm.install import install
 
     try:
         if options["install"]:

@@ -5,7 +5,7 @@ on it.
     report = build_report(session, calls, trajectories, decode)   # from the API's answers for the session
     print(render(report)); exit(0 if report.ok else 1)
 
-The session runs on the reference engine's ``plan`` policy (``polar.engine.policies.plan``: ``turns`` tool steps
+The session runs on the reference engine's ``plan`` policy (``polar.refengine.policies.plan``: ``turns`` tool steps
 on whatever tools the harness offers, then a final answer), reconstructed with prefix merging. The report says, per
 call, whether it extended a chain, and for each break its reason (``polar.reconstruction.break_reasons``), position
 and the two differing tokens decoded; per chain, its calls and breaks; and the **merge rate**: calls that extended

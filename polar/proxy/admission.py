@@ -12,8 +12,8 @@ from polar.config import Config
 from polar.contract.states import State
 from polar.errors import Busy, EnginePaused, SessionNotRunning, Unauthorized
 from polar.fleet.control import ControlState, ControlView
-from polar.proxy.capture import session_state_for_key
 from polar.proxy.key_misses import STALE_S, KeyMisses
+from polar.proxy.key_owner import session_state_for_key
 from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimits
 from polar.proxy.pause_holds import PauseHolds

@@ -8,7 +8,7 @@ begins with the text it sent last time.
 
 ``KnownPrompts`` keeps, per (session, agent), the last prompt's ids as the engine wrote them and as checked
 ``TokenIds`` (with their int32 bytes). The next answer's ids are compared as bytes, and only the ids past the
-repeated text are parsed and packed (``polar.engine.id_text``). Ids read so are digits and commas only, which JSON
+repeated text are parsed and packed (``polar.chat.id_text``). Ids read so are digits and commas only, which JSON
 can only read as non-negative ints, so ``token_check`` trusts them without a pass over their types.
 
 Anything unexpected (the key found twice, or not where an answer keeps it, other characters, a prompt that does not
@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from polar.engine.id_text import array_span, past, read_ids, with_null
+from polar.chat.id_text import array_span, past, read_ids, with_null
 from polar.storage.prompts import TokenIds
 
 _KEY = b'"prompt_token_ids":['

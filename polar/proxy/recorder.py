@@ -1,4 +1,4 @@
-"""Recording a call through the proxy (``polar.proxy.capture``): answered, failed by the engine, or synthesized;
+"""Recording a call through the proxy (``polar.storage.calls.write``): answered, failed by the engine, or synthesized;
 its parents read while the engine works for a call big enough to be worth it; an answer that never reached the
 harness marked so. Every write rides out a database outage and then refuses (``CaptureFailed``, a 503) rather
 than answer a call it could not record."""
@@ -20,8 +20,8 @@ from polar.errors import EngineError, PolarError
 from polar.fleet.engines import EngineReply
 from polar.protocols import EngineAnswer, without_routed_experts
 from polar.proxy.call import ProxyCall
-from polar.proxy.capture import CallRecord, Parents, mark_undelivered, read_parents, record_call
-from polar.proxy.recent_calls import RecentCalls
+from polar.storage.calls.recent import RecentCalls
+from polar.storage.calls.write import CallRecord, Parents, mark_undelivered, read_parents, record_call
 from polar.storage.database import Database
 from polar.storage.early_connection import EarlyConnection
 from polar.storage.outage import ride_out_or_refuse
@@ -62,7 +62,7 @@ class CallRecorder:
     def __init__(self, config: Config, db: Database) -> None:
         self.config = config
         self.db = db
-        self.recent = RecentCalls()  # each session's latest calls, as parents of its next (polar.proxy.recent_calls)
+        self.recent = RecentCalls()  # each session's latest calls, as parents of its next (polar.storage.calls.recent)
         self._parent_readers = ThreadPoolExecutor(PARENT_READERS, thread_name_prefix="proxy-parents")
         self._parent_slots = threading.BoundedSemaphore(PARENT_READERS)
 
@@ -138,8 +138,8 @@ class CallRecorder:
         self, session_id: uuid.UUID, agent: str | None, payloads: dict[str, Any], prompt: list[int] | None
     ) -> Future[Parents] | None:
         """Start reading the parents of this session's next call and storing its ``payloads`` against them, with
-        the ``prompt`` it is sent if known (``polar.proxy.capture.read_parents``), so both overlap the engine's work
-        instead of following it (Postgres; SQLite reads them in its insert)."""
+        the ``prompt`` it is sent if known (``polar.storage.calls.write.read_parents``), so both overlap the
+        engine's work instead of following it (Postgres; SQLite reads them in its insert)."""
         # Bounded: while the database is slow or away, reads are not queued behind each other; the insert reads.
         if not self.db.is_postgres or not self._parent_slots.acquire(blocking=False):
             return None

@@ -21,9 +21,9 @@ import sqlalchemy as sa
 from polar.protocols import EngineAnswer
 from polar.proxy.tito_tips import Tip, TipStore, identity_digests, tip
 from polar.reconstruction.break_reasons import history_key, messages_of, same_history, tools_of
-from polar.storage.captured import rebuild, session_rows
+from polar.storage.calls.read import ANSWER_COLUMNS, rebuild, session_rows
 from polar.storage.database import Database
-from polar.storage.models import ModelCall, Session, Task
+from polar.storage.models import Session, Task
 from polar.storage.prompts import full_prompts
 
 log = logging.getLogger(__name__)
@@ -125,8 +125,7 @@ def _find_link_in_session(
 ) -> ChainLink | None:
     """``find_link`` by reading the session's calls back (every call's response; O(calls))."""
     with db.autocommit() as connection:
-        rows = session_rows(connection, session_id, columns=(ModelCall.agent, ModelCall.status_code,
-                                                             ModelCall.finish_reason), parts=["response"])  # fmt: skip
+        rows = session_rows(connection, session_id, columns=ANSWER_COLUMNS, parts=["response"])
     candidates = [row for row in rows if row.status_code == 200 and row.agent == agent]
     answers = rebuild(rows, {row.id for row in candidates}, prompts=False, parts=["response"])
     for row in reversed(candidates):

@@ -36,16 +36,16 @@ from typing import Any
 
 import orjson
 
-from polar.engine.conversation import Message, ToolCall, normalise_messages
-from polar.engine.errors import MessageFormatError
-from polar.storage.captured import chat_form
+from polar.chat.conversation import Message, ToolCall, normalise_messages
+from polar.chat.errors import MessageFormatError
+from polar.storage.calls.read import chat_form
 
 NEW_CHAIN = frozenset({"new_conversation", "parallel"})
 UNEXPLAINED = frozenset({"diverged", "shorter_prompt"})
 
 
 def messages_of(normalized_request: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
-    """The chat messages a stored normalised request stands for (``polar.storage.captured.chat_form``)."""
+    """The chat messages a stored normalised request stands for (``polar.storage.calls.read.chat_form``)."""
     if not normalized_request:
         return None
     messages = chat_form(normalized_request).get("messages")

@@ -37,15 +37,14 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session as DbSession
-from sqlalchemy.orm import aliased
 
 from polar.contract.states import TERMINAL
 from polar.errors import ValidationError
 from polar.records.audit import record
 from polar.storage import db_clock
-from polar.storage.captured import rebuild, session_rows
+from polar.storage.calls.retention import counted_calls, delete_calls, strip_bodies, strippable_calls
 from polar.storage.database import Database
-from polar.storage.models import AuditEvent, Batch, CallbackEvent, ModelCall, Session, SessionEvent, Task, Trajectory
+from polar.storage.models import AuditEvent, Batch, CallbackEvent, Session, SessionEvent, Task, Trajectory
 
 ACTOR = "cli:gc"
 ACTION = "gc"
@@ -55,9 +54,6 @@ CHUNK_CALLS = 20_000  # a chunk stops taking sessions once it holds this many ca
 _AGE = re.compile(r"([1-9][0-9]*)([mhdw])")
 _UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 _TERMINAL = sorted(state.value for state in TERMINAL)
-_BODIES = (ModelCall.request, ModelCall.normalized_request, ModelCall.response)
-# An emptied call stores its (empty) bodies whole, no longer as deltas.
-_EMPTIED = {**{body: {} for body in _BODIES}, ModelCall.payload_parent_id: None}
 
 Progress = Callable[[uuid.UUID, "GcCounts", bool], None]
 
@@ -174,15 +170,6 @@ def _eligible(db: DbSession, cutoff: datetime, policy: RetentionPolicy) -> list[
     return [(row.id, row.name) for row in rows if str(row.id) not in stripped]
 
 
-def _body_bytes(db: DbSession) -> sa.ColumnElement[Any]:
-    """The stored size of a call's three bodies."""
-    if db.get_bind().dialect.name == "postgresql":
-        sizes = [sa.func.pg_column_size(body) for body in _BODIES]
-    else:
-        sizes = [sa.func.length(sa.cast(body, sa.LargeBinary)) for body in _BODIES]
-    return sa.func.coalesce(sa.func.sum(sizes[0] + sizes[1] + sizes[2]), 0)
-
-
 def _still_eligible(db: DbSession, batch_id: uuid.UUID, cutoff: datetime) -> bool:
     return db.scalar(sa.select(Batch.id).where(Batch.id == batch_id, Batch.finished_at < cutoff)) is not None
 
@@ -210,14 +197,12 @@ def _rows(db: DbSession, statement: sa.Executable) -> int:
 
 def _delete_sessions(db: DbSession, ids: Sequence[uuid.UUID]) -> GcCounts:
     """Delete these sessions and what hangs off them, children first (each delete's count is its own)."""
-    payload = db.scalar(sa.select(_body_bytes(db)).where(ModelCall.session_id.in_(ids)))
-    # One statement for all of a session's calls: a call's prompt parent is always a call of the same session.
-    calls = _rows(db, sa.delete(ModelCall).where(ModelCall.session_id.in_(ids)))
+    calls, payload = delete_calls(db, ids)
     trajectories = _rows(db, sa.delete(Trajectory).where(Trajectory.session_id.in_(ids)))
     events = _rows(db, sa.delete(SessionEvent).where(SessionEvent.session_id.in_(ids)))
     sessions = _rows(db, sa.delete(Session).where(Session.id.in_(ids)))
     return GcCounts(sessions=sessions, calls=calls, trajectories=trajectories, session_events=events,
-                    payload_bytes=int(payload or 0))  # fmt: skip
+                    payload_bytes=payload)  # fmt: skip
 
 
 def _audit(db: DbSession, batch_id: uuid.UUID, name: str | None, policy: RetentionPolicy, done: GcCounts) -> None:
@@ -257,40 +242,6 @@ def _delete_batch(
     return done
 
 
-def _strippable(ids: Sequence[uuid.UUID] | sa.Select[Any]) -> sa.ColumnElement[bool]:
-    """Calls of these sessions that still hold a body and are not their session's last successful call."""
-    later = aliased(ModelCall)
-    last_ok = (
-        sa.select(sa.func.max(later.seq))
-        .where(later.session_id == ModelCall.session_id, later.status_code == 200)
-        .scalar_subquery()
-    )
-    holds_body = sa.or_(*(sa.cast(body, sa.Text) != "{}" for body in _BODIES))
-    return sa.and_(ModelCall.session_id.in_(ids), ModelCall.seq != sa.func.coalesce(last_ok, 0), holds_body)
-
-
-def _keep_whole(db: DbSession, ids: Sequence[uuid.UUID]) -> None:
-    """Store each session's last successful call's payloads whole: they may be deltas on the calls about to be
-    emptied (``polar.storage.payloads``)."""
-    kept = db.execute(
-        sa.select(ModelCall.session_id, sa.func.max(ModelCall.seq).label("seq"))
-        .where(ModelCall.session_id.in_(ids), ModelCall.status_code == 200)
-        .group_by(ModelCall.session_id)
-    ).all()
-    for session_id, seq in kept:
-        rows = session_rows(db, session_id, up_to_seq=seq)
-        last = rows[-1]
-        if last.payload_parent_id is None:
-            continue
-        whole = rebuild(rows, {last.id})[last.id]
-        db.execute(
-            sa.update(ModelCall)
-            .where(ModelCall.id == last.id)
-            .values(request=whole.request, normalized_request=whole.normalized_request, response=whole.response,
-                    payload_parent_id=None)
-        )  # fmt: skip
-
-
 def _strip_batch(
     database: Database,
     batch_id: uuid.UUID,
@@ -306,11 +257,8 @@ def _strip_batch(
                 return done
             ids = _chunk(db, batch_id, after, policy.chunk_sessions)
             if ids:
-                _keep_whole(db, ids)
-                where = _strippable(ids)
-                payload = db.scalar(sa.select(_body_bytes(db)).where(where))
-                emptied = _rows(db, sa.update(ModelCall).where(where).values(_EMPTIED))
-                done += GcCounts(calls=emptied, payload_bytes=int(payload or 0))
+                emptied, payload = strip_bodies(db, ids)
+                done += GcCounts(calls=emptied, payload_bytes=payload)
         if not ids:
             break
         after = ids[-1]
@@ -327,16 +275,13 @@ def _planned(database: Database, batch_id: uuid.UUID, policy: RetentionPolicy) -
     with database.unit() as db:
         session_ids = sa.select(Session.id).where(Session.batch_id == batch_id).scalar_subquery()
         if policy.keep_trajectories:
-            where = _strippable(sa.select(Session.id).where(Session.batch_id == batch_id))
-            calls, payload = db.execute(sa.select(sa.func.count(), _body_bytes(db)).where(where)).one()
-            return GcCounts(batches=1, calls=calls, payload_bytes=int(payload or 0))
+            calls, payload = strippable_calls(db, sa.select(Session.id).where(Session.batch_id == batch_id))
+            return GcCounts(batches=1, calls=calls, payload_bytes=payload)
 
         def count(table: Any, where: sa.ColumnElement[bool]) -> int:
             return int(db.scalar(sa.select(sa.func.count()).select_from(table).where(where)) or 0)
 
-        calls, payload = db.execute(
-            sa.select(sa.func.count(), _body_bytes(db)).where(ModelCall.session_id.in_(session_ids))
-        ).one()
+        calls, payload = counted_calls(db, session_ids)
         return GcCounts(
             batches=1,
             sessions=count(Session, Session.batch_id == batch_id),
@@ -345,5 +290,5 @@ def _planned(database: Database, batch_id: uuid.UUID, policy: RetentionPolicy) -
             session_events=count(SessionEvent, SessionEvent.session_id.in_(session_ids)),
             tasks=count(Task, Task.batch_id == batch_id),
             callback_events=count(CallbackEvent, CallbackEvent.batch_id == batch_id),
-            payload_bytes=int(payload or 0),
+            payload_bytes=payload,
         )

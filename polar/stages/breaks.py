@@ -11,7 +11,7 @@ from typing import Any
 
 from polar.reconstruction import CapturedCall, TrajectoryData
 from polar.reconstruction.break_reasons import UNEXPLAINED, answer_of, explain, messages_of, tools_of
-from polar.storage.captured import rebuild, session_rows
+from polar.storage.calls.read import rebuild, session_rows
 
 
 def explain_breaks(

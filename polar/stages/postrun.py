@@ -55,8 +55,8 @@ from polar.services import Services
 from polar.stages.breaks import explain_breaks
 from polar.stages.lease import Claimed, claim, heartbeat
 from polar.stages.main_chain import mark_main
-from polar.storage.captured import rebuild, session_rows
-from polar.storage.models import Batch, CallRefusal, ModelCall, Session, Trajectory
+from polar.storage.calls.read import answered_calls, engine_failures, last_answer_at, rebuild, session_rows
+from polar.storage.models import Batch, CallRefusal, Session, Trajectory
 from polar.storage.prompts import prompt_views
 from polar.storage.storable import storing
 from polar.training.callbacks import record_session_events
@@ -68,26 +68,7 @@ def captured_calls(services: Services, session_id: uuid.UUID) -> list[CapturedCa
     (stored as deltas, see ``polar.storage.prompts``) read through their deltas (``PromptView``): a long session's
     prompts cost its stored ids once, not the sum of every prompt's length."""
     with services.db.unit() as db:
-        rows = db.execute(
-            sa.select(
-                ModelCall.id,
-                ModelCall.seq,
-                ModelCall.agent,
-                ModelCall.prompt_parent_id,
-                ModelCall.prompt_prefix_len,
-                ModelCall.prompt_token_ids,
-                ModelCall.completion_token_ids,
-                ModelCall.logprobs,
-                ModelCall.finish_reason,
-            )
-            .where(
-                ModelCall.session_id == session_id,
-                ModelCall.status_code == 200,
-                ModelCall.delivered,
-                ~ModelCall.synthesized,
-            )
-            .order_by(ModelCall.seq)
-        ).all()
+        rows = answered_calls(db, session_id)
     prompts = prompt_views(rows)
     return [
         CapturedCall(str(r.id), r.seq, r.agent, prompts[r.id], r.completion_token_ids, r.logprobs, r.finish_reason)
@@ -137,19 +118,8 @@ def call_evidence(services: Services, session: Session) -> CallEvidence:
     kind with its count and its last time."""
     fold_in(services.db, services.config.redis_url, session.id, session.proxy_key_hash)
     with services.db.unit() as db:
-        last_answer = db.scalar(
-            sa.select(sa.func.max(ModelCall.created_at)).where(
-                ModelCall.session_id == session.id,
-                ModelCall.status_code == 200,
-                ModelCall.delivered,
-                ~ModelCall.synthesized,
-            )
-        )
-        failed = db.execute(
-            sa.select(ModelCall.failure_kind, sa.func.count(), sa.func.max(ModelCall.created_at))
-            .where(ModelCall.session_id == session.id, ModelCall.status_code.in_(ENGINE_FAILURE_STATUSES))
-            .group_by(ModelCall.failure_kind)
-        ).all()
+        last_answer = last_answer_at(db, session.id)
+        failed = engine_failures(db, session.id, ENGINE_FAILURE_STATUSES)
         refused = db.execute(
             sa.select(CallRefusal.reason, CallRefusal.count, CallRefusal.last_at).where(
                 CallRefusal.session_id == session.id, CallRefusal.reason.in_(INFRASTRUCTURE_REASONS)

@@ -149,6 +149,13 @@ def is_postgres(target: Any) -> bool:
     return bool(bind.dialect.name == "postgresql")
 
 
+def array_length(db: Any, column: Any) -> Any:
+    """SQL: the length of an array column (a JSON list on SQLite), 0 for a null one. ``db``: an ORM session."""
+    if db.get_bind().dialect.name == "postgresql":
+        return sa.func.coalesce(sa.func.cardinality(column), 0)
+    return sa.func.coalesce(sa.func.json_array_length(column), 0)
+
+
 _UUID_OID, _UUID_ARRAY_OID = 2950, 2951
 _UUID_LENGTH = struct.pack(">i", 16)
 

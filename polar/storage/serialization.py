@@ -18,7 +18,7 @@ from sqlalchemy import Row
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from typing_extensions on Python < 3.12
 
 from polar.clock import as_utc, iso
-from polar.storage.captured import WholeCall
+from polar.storage.calls.read import WholeCall
 from polar.storage.models import Batch, Session, Trajectory
 
 UUIDString = Annotated[str, WithJsonSchema({"type": "string", "format": "uuid"})]
@@ -253,7 +253,7 @@ def session_json(session: Session, max_attempts: int | None = None) -> SessionJS
 
 
 def call_json(call: Any, whole: WholeCall) -> CallJSON:
-    """``call`` is a ``model_calls`` row; ``whole`` its full prompt and payloads (``polar.storage.captured``): the
+    """``call`` is a ``model_calls`` row; ``whole`` its full prompt and payloads (``polar.storage.calls.read``): the
     row stores them as deltas on earlier calls."""
     return {
         "call_id": str(call.id),

@@ -40,9 +40,10 @@ from polar.errors import NotFound, ValidationError
 from polar.lifecycle.attempts import is_training_signal
 from polar.lifecycle.groups import group_id
 from polar.services import Services
-from polar.storage.captured import STORED, chat_form, rebuild
-from polar.storage.columns import is_postgres
-from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
+from polar.storage.calls.exports import answer_calls, answer_totals, call_policy_version, spanning_calls, stored_rows
+from polar.storage.calls.read import chat_form, rebuild
+from polar.storage.columns import array_length
+from polar.storage.models import Batch, Session, Task, Trajectory
 
 Kind = Literal["rl", "sft"]
 KINDS: tuple[Kind, ...] = ("rl", "sft")
@@ -80,56 +81,6 @@ def _accepted(min_reward: float | None) -> sa.ColumnElement[bool]:
     return Session.reward >= min_reward if min_reward is not None else sa.true()
 
 
-def _length(db: Any, column: Any) -> Any:
-    if db.get_bind().dialect.name == "postgresql":
-        return sa.func.coalesce(sa.func.cardinality(column), 0)
-    return sa.func.coalesce(sa.func.json_array_length(column), 0)
-
-
-def _of_batch(batch_id: uuid.UUID) -> sa.ColumnElement[bool]:
-    """The batch's calls only: the per-session aggregates below read them through the (session_id, seq) index
-    instead of grouping every call ever captured (audit F21)."""
-    return ModelCall.session_id.in_(sa.select(Session.id).where(Session.batch_id == batch_id))
-
-
-def _answer_call(db: Any, batch_id: uuid.UUID) -> Any:
-    """Per session of the batch, the seq of its answer: the last call the engine answered with 200 among the calls
-    of its trajectories marked ``main`` (``polar.reconstruction.main_chain``), never a side call. Each main
-    trajectory's calls are listed from its ``call_ids`` and found by their ids."""
-    if is_postgres(db):
-        listed = sa.func.unnest(Trajectory.call_ids).table_valued("call_id").render_derived()
-        call_id: Any = sa.cast(listed.c.call_id, sa.Uuid())
-    else:  # SQLite keeps the ids as JSON strings, and a Uuid column as 32 hex digits
-        listed = sa.func.json_each(Trajectory.call_ids).table_valued("value")
-        call_id = sa.func.replace(listed.c.value, "-", "")
-    main = (
-        sa.select(call_id.label("call_id"))
-        .select_from(Trajectory)
-        .join(listed, sa.true())
-        .where(Trajectory.main, Trajectory.session_id.in_(sa.select(Session.id).where(Session.batch_id == batch_id)))
-        .subquery()
-    )
-    return (
-        sa.select(ModelCall.session_id, sa.func.max(ModelCall.seq).label("seq"))
-        .join(main, ModelCall.id == main.c.call_id)
-        .where(ModelCall.status_code == 200, ~ModelCall.synthesized)
-        .group_by(ModelCall.session_id)
-        .subquery()
-    )
-
-
-def _call_policy_version(batch_id: uuid.UUID) -> Any:
-    """Per session of the batch, the calls' policy_version when every call carried the same one, else null."""
-    version = ModelCall.policy_version
-    same = sa.and_(sa.func.count(sa.distinct(version)) == 1, sa.func.count(version) == sa.func.count())
-    return (
-        sa.select(ModelCall.session_id, sa.case((same, sa.func.min(version)), else_=None).label("version"))
-        .where(_of_batch(batch_id))
-        .group_by(ModelCall.session_id)
-        .subquery()
-    )
-
-
 def _scope(kind: Kind, batch_id: uuid.UUID) -> sa.ColumnElement[bool]:
     # Attempts lost to the infrastructure are never training data (polar.lifecycle.attempts).
     return sa.and_(Session.batch_id == batch_id, Session.state.in_(_considered(kind)), is_training_signal())
@@ -150,21 +101,13 @@ def export_summary(services: Services, batch_id: uuid.UUID, kind: str, min_rewar
         if kind == "rl":
             accepted = db.scalar(sa.select(sa.func.count()).select_from(Session).where(scope, _accepted(min_reward)))
             rows, tokens = db.execute(
-                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(_length(db, Trajectory.token_ids)), 0))
+                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(array_length(db, Trajectory.token_ids)), 0))
                 .select_from(Trajectory)
                 .join(Session, Session.id == Trajectory.session_id)
                 .where(scope, _accepted(min_reward))
             ).one()
         else:
-            last = _answer_call(db, batch_id)
-            size = ModelCall.prompt_len + _length(db, ModelCall.completion_token_ids)
-            accepted, tokens = db.execute(
-                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(size), 0))
-                .select_from(Session)
-                .join(last, last.c.session_id == Session.id)
-                .join(ModelCall, sa.and_(ModelCall.session_id == Session.id, ModelCall.seq == last.c.seq))
-                .where(scope, _accepted(min_reward))
-            ).one()
+            accepted, tokens = answer_totals(db, batch_id, scope, _accepted(min_reward))
             rows = accepted
     return ExportSummary(kind, int(sessions), int(accepted or 0), int(rows), int(tokens))
 
@@ -186,19 +129,9 @@ def _metadata(spec_metadata: Any) -> Mapping[str, Any]:
     return spec_metadata if isinstance(spec_metadata, Mapping) else {}
 
 
-def _spanning_calls(db: Any, batch_id: uuid.UUID) -> set[str]:
-    """Ids of the batch's calls an engine held across a weight update (``model_calls.spans_policy_update``)."""
-    query = (
-        sa.select(ModelCall.id)
-        .join(Session, Session.id == ModelCall.session_id)
-        .where(Session.batch_id == batch_id, ModelCall.spans_policy_update)
-    )
-    return {str(call_id) for call_id in db.scalars(query)}
-
-
 def _rl_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator[dict[str, Any]]:
-    versions = _call_policy_version(batch_id)
-    spanning = _spanning_calls(db, batch_id)
+    versions = call_policy_version(batch_id)
+    spanning = spanning_calls(db, batch_id)
     query = (
         sa.select(
             Trajectory.id,
@@ -248,25 +181,11 @@ def _rl_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator
 
 
 def _sft_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator[dict[str, Any]]:
-    last = _answer_call(db, batch_id)
-    query = (
-        sa.select(Session.id, Session.task_id, Session.sample_index, Session.reward, ModelCall.id.label("call_id"),
-                  ModelCall.seq)
-        .join(Task, Task.id == Session.task_pk)
-        .join(last, last.c.session_id == Session.id)
-        .join(ModelCall, sa.and_(ModelCall.session_id == Session.id, ModelCall.seq == last.c.seq))
-        .where(_scope("sft", batch_id), _accepted(min_reward))
-        .order_by(Task.position, Session.sample_index)
-    )  # fmt: skip
-    sessions = db.execute(query).all()
+    sessions = answer_calls(db, batch_id, _scope("sft", batch_id), _accepted(min_reward))
     # A call's payloads are deltas on earlier calls of its session: read each session's calls up to its last.
     for start in range(0, len(sessions), YIELD_PER):
         chunk = sessions[start : start + YIELD_PER]
-        stored = db.execute(
-            sa.select(*STORED, ModelCall.session_id)
-            .where(ModelCall.session_id.in_([session.id for session in chunk]))
-            .order_by(ModelCall.session_id, ModelCall.seq)
-        ).all()
+        stored = stored_rows(db, [session.id for session in chunk])
         by_session: dict[uuid.UUID, list[Any]] = {}
         for row in stored:
             by_session.setdefault(row.session_id, []).append(row)

@@ -33,7 +33,7 @@ from polar.errors import Busy
 from polar.lifecycle.attempts import OutcomeClass
 from polar.lifecycle.groups import group_id, group_standing
 from polar.services import Services
-from polar.storage.captured import routed_experts_of_sessions
+from polar.storage.calls.read import routed_experts_of_sessions
 from polar.storage.columns import any_of, is_postgres
 from polar.storage.locks import FEED, exclusive
 from polar.storage.models import Session, Task, Trajectory

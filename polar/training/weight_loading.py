@@ -3,7 +3,7 @@
     load_weights(engine_url, weights_file, version="3", backend="vllm")
 
 - The reference engine's torch backend (``polar engine --backend torch``): ``POST /v1/load_weights {"path",
-  "version"}`` with a ``polar.engine.torch_model.save_weights`` file.
+  "version"}`` with a ``polar.refengine.torch_model.save_weights`` file.
 - Real vLLM (dev mode): ``POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}`` (the
   workers reload in place from the directory that holds the file, as safetensors in the model's own names; vLLM
   0.32's ``Worker.reload_weights``, the same on its CPU build), then ``POST /reset_prefix_cache

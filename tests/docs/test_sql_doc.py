@@ -15,7 +15,7 @@ from polar.records.audit import Caller, actor
 from polar.services import Services
 from polar.storage.models import Trajectory
 from tests.polar.training.test_feed import finish, queued_sessions
-from tests.support import command_task, domain_services
+from tests.stage_calls import command_task, domain_services
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sql.md"
 EXAMPLES = re.findall(r"```sql\n(.*?)```", DOC.read_text(), flags=re.S)

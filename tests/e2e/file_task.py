@@ -10,7 +10,7 @@ from typing import Any
 
 from polar.harnesses.install import install
 from tests.shared_stack import RUN_CONCURRENCY
-from tests.support import RunningStack
+from tests.stacks import RunningStack
 
 # A session's budget only catches a hung harness, so it is generous: on a loaded 2-core CI machine OpenClaw in bwrap
 # spent 33 s preparing its first turn and 46 s on SQLite maintenance, and was cut at the 240 s it had then.

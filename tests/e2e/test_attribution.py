@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.support import RunningStack, running_stack
+from tests.stacks import RunningStack, running_stack
 
 REPO = str(Path(__file__).resolve().parents[2])
 PLUGINS = {"POLAR_PLUGIN_MODULES": "tests.e2e"}

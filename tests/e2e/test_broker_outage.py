@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.private_services import PrivateRedis
-from tests.support import command_task, running_stack
+from tests.stacks import running_stack
+from tests.stage_calls import command_task
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from polar.client import APIError
 from tests.shared_stack import routed
-from tests.support import RunningStack
+from tests.stacks import RunningStack
 
 REPO = str(Path(__file__).resolve().parents[2])
 

@@ -16,7 +16,9 @@ from click.testing import CliRunner
 from polar.datasets import ARITHMETIC_ROWS, ARITHMETIC_TEMPLATE
 from polar.local import cli_views
 from polar.local.cli import main
-from tests.support import HANG_GUARD_S, RunningStack, command_task
+from tests.processes import HANG_GUARD_S
+from tests.stacks import RunningStack
+from tests.stage_calls import command_task
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,8 +18,10 @@ import pytest
 
 from tests.browser import Browser, Page
 from tests.e2e.agents.rewriting import REWRITTEN
+from tests.processes import HANG_GUARD_S
 from tests.shared_stack import READ_TOKEN, routed
-from tests.support import HANG_GUARD_S, RunningStack, with_a_model_call
+from tests.stacks import RunningStack
+from tests.stage_calls import with_a_model_call
 
 REPO = str(Path(__file__).resolve().parents[2])
 # The shared stack's engine answers this module's tasks from its "console" script (tests/shared_stack.py): by how

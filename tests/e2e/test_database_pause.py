@@ -14,7 +14,9 @@ import pytest
 
 from polar.storage.migration import upgrade
 from tests.private_services import PrivatePostgres
-from tests.support import command_task, running_stack, wait_until
+from tests.processes import wait_until
+from tests.stacks import running_stack
+from tests.stage_calls import command_task
 
 pytestmark = pytest.mark.long(seconds=58)  # dealt out first, longest first (tests/conftest.py)
 

@@ -28,7 +28,8 @@ import httpx
 import pytest
 
 from tests.doc_blocks import ROOT, Block, blocks
-from tests.support import HANG_GUARD_S, RunningStack
+from tests.processes import HANG_GUARD_S
+from tests.stacks import RunningStack
 
 pytestmark = pytest.mark.long(seconds=75)  # dealt out first, longest first (tests/conftest.py)
 

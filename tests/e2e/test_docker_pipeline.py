@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.docker_engine import containers_of, require_docker_image
-from tests.support import RunningStack, command_task, running_stack, wait_until
+from tests.processes import wait_until
+from tests.stacks import RunningStack, running_stack
+from tests.stage_calls import command_task
 
 DOCKER = {"runtime": {"backend": "docker"}}
 

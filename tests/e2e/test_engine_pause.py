@@ -20,8 +20,10 @@ import openai
 import pytest
 
 from polar.local.launcher import Stack, engine_spec, free_port, gunicorn_spec, pipeline_env
+from tests.live_proxy import LiveProxy
+from tests.processes import HANG_GUARD_S, wait_until
 from tests.real_vllm import SharedVllm, route_env
-from tests.support import HANG_GUARD_S, LiveProxy, domain_services, wait_until
+from tests.stage_calls import domain_services
 
 # ~150 tokens: ~7.5 s at 20 tokens/s. The first six calls must all be decoding when the pause lands; with ~2 s
 # calls, a run beside a busy core (`make test-stress`) got them to the engines more than 2 s apart, and never saw
@@ -209,7 +211,7 @@ def test_calls_held_across_a_weight_update_on_real_vllm_are_marked(real_fleet: A
 
 def _decoded(records: list[dict[str, Any]]) -> list[str]:
     """Each record's prompt as text (its tag is in the user turn)."""
-    from polar.engine.tokenizer import load_tokenizer
+    from polar.chat.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer()
     return [tokenizer.decode(r["prompt_token_ids"]) for r in records]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.tokenless_engine import tokenless_engine
-from tests.support import running_stack
+from tests.stacks import running_stack
 
 REPO = str(Path(__file__).resolve().parents[2])
 

@@ -18,7 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import RunningStack, command_task, session_dirs, wait_until, with_a_model_call
+from tests.processes import session_dirs, wait_until
+from tests.stacks import RunningStack
+from tests.stage_calls import command_task, with_a_model_call
 
 REPO = str(Path(__file__).resolve().parents[2])
 PYTEST = f"{shlex.quote(sys.executable)} -m pytest -p no:cacheprovider"

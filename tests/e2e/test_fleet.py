@@ -12,7 +12,8 @@ import pytest
 
 from polar.local.launcher import Stack, engine_spec, free_port
 from tests.e2e.test_pipeline import calculator_task
-from tests.support import HANG_GUARD_S, running_stack, wait_until
+from tests.processes import HANG_GUARD_S, wait_until
+from tests.stacks import running_stack
 
 pytestmark = pytest.mark.long(seconds=40)
 SESSIONS = 8  # four run slots: a first wave on e1-e3, the rest after e2 is gone and e4 is added

@@ -15,7 +15,7 @@ from datasets import load_dataset
 
 from polar.datasets import ARITHMETIC_ROWS, ARITHMETIC_TEMPLATE
 from tests.shared_stack import routed
-from tests.support import RunningStack
+from tests.stacks import RunningStack
 
 POLAR = Path(sys.executable).parent / "polar"
 EXPECTED = {row["id"]: row["answer"] for row in map(json.loads, ARITHMETIC_ROWS.read_text().splitlines())}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import run_to_end
+from tests.processes import run_to_end
 
 pytestmark = [pytest.mark.long(seconds=130), pytest.mark.timeout(1800)]
 

@@ -35,7 +35,8 @@ from polar.datasets import ARITHMETIC_ROWS
 from polar.local.launcher import free_port
 from polar.storage.locks import ADMISSION
 from tests.nemo_gym_client import GymAnswer, post_rows
-from tests.support import HANG_GUARD_S, RunningStack, running_stack, wait_until
+from tests.processes import HANG_GUARD_S, wait_until
+from tests.stacks import RunningStack, running_stack
 
 pytestmark = pytest.mark.long(seconds=82)  # dealt out first (tests/conftest.py)
 

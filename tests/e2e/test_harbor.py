@@ -29,7 +29,7 @@ from polar.local.cli import main
 from tests.docker_engine import containers_of, require_docker_image
 from tests.e2e.file_task import wait_finished
 from tests.harbor_model import harbor_reads
-from tests.support import RunningStack
+from tests.stacks import RunningStack
 
 pytestmark = [pytest.mark.long(seconds=109), pytest.mark.timeout(1500)]
 

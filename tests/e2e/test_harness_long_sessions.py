@@ -18,7 +18,7 @@ from polar.harnesses.install import install
 from polar.local.harness_check import Report, build_report, check_task, decode_token
 from tests.e2e.file_task import wait_finished
 from tests.shared_stack import PLAN_STEPS, routed
-from tests.support import RunningStack
+from tests.stacks import RunningStack
 
 pytestmark = [pytest.mark.long(seconds=60), pytest.mark.timeout(1500)]
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.file_task import check_file_task, file_task_results
-from tests.support import RunningStack
+from tests.stacks import RunningStack
 
 pytestmark = pytest.mark.timeout(1500)  # installs three CLIs, then one wave
 

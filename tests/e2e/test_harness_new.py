@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.file_task import check_file_task, file_task_results
-from tests.support import RunningStack
+from tests.stacks import RunningStack
 
 pytestmark = [pytest.mark.long(seconds=61), pytest.mark.timeout(2700)]  # installs five CLIs, then three waves
 

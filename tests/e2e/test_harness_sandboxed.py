@@ -14,7 +14,7 @@ from polar.harnesses.install import install
 from tests.docker_engine import containers_of, require_docker_image
 from tests.e2e.file_task import SESSION_BUDGET_S, batch_timeout_s, wait_finished
 from tests.shared_stack import RUN_CONCURRENCY
-from tests.support import RunningStack
+from tests.stacks import RunningStack
 
 # Dealt out first, longest first (tests/conftest.py). It installs the six CLIs first and then waits for three waves
 # of sessions that may each use their whole budget: the default 300 s per test cut it short on slow machines.

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from tests.shared_stack import SCRIPTS, routed
-from tests.support import RunningStack, command_task, with_a_model_call
+from tests.stacks import RunningStack
+from tests.stage_calls import command_task, with_a_model_call
 
 REPO = str(Path(__file__).resolve().parents[2])
 NUL_OUTPUT = "printf 'x\\000y'; exit 1"

@@ -20,7 +20,7 @@ import pytest
 from polar.integrations import PolarRollouts
 from tests.e2e.agents.side_calls import TITLE_SYSTEM, TOOL_SYSTEM
 from tests.shared_stack import SCRIPTS
-from tests.support import RunningStack
+from tests.stacks import RunningStack
 
 REPO = str(Path(__file__).resolve().parents[2])
 # The shared stack's engine answers the title request (its "short title" system prompt) from the "title" script, more

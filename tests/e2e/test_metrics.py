@@ -18,11 +18,13 @@ import httpx
 import pytest
 
 from polar.config import load_config
-from polar.local.launcher import metrics_urls
+from polar.local.launcher import free_port, metrics_urls
 from polar.observability import group_dir
 from tests.conftest import redis_database
+from tests.processes import HANG_GUARD_S, wait_until
 from tests.prometheus import Scrape, scrape
-from tests.support import HANG_GUARD_S, RunningStack, command_task, free_port, running_stack, wait_until
+from tests.stacks import RunningStack, running_stack
+from tests.stage_calls import command_task
 
 REPO = str(Path(__file__).resolve().parents[2])
 STAGES = ("init", "ready", "run", "postrun")

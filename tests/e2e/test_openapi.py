@@ -27,7 +27,8 @@ from hypothesis import settings
 from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from tests.support import HANG_GUARD_S, RunningStack, running_stack, wait_until
+from tests.processes import HANG_GUARD_S, wait_until
+from tests.stacks import RunningStack, running_stack
 
 pytestmark = pytest.mark.long(seconds=75)  # dealt out first, longest first (tests/conftest.py)
 

@@ -17,7 +17,8 @@ from google.genai import types
 from polar.proxy.budget import STOP_TEXT
 from polar.stages.postrun import captured_calls
 from tests.conftest import redis_database
-from tests.support import LiveProxy, engine_entries, live_proxy
+from tests.live_proxy import LiveProxy, live_proxy
+from tests.stacks import engine_entries
 
 USER = [{"role": "user", "content": "Hi"}]
 TOOLS = [{"type": "function", "function": {"name": "look", "parameters": {"type": "object", "properties": {}}}}]

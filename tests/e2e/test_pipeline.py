@@ -7,7 +7,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.support import HANG_GUARD_S, RunningStack
+from tests.processes import HANG_GUARD_S
+from tests.stacks import RunningStack
 
 REPO = str(Path(__file__).resolve().parents[2])
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from tests.support import command_task, running_stack
+from tests.stacks import running_stack
+from tests.stage_calls import command_task
 
 
 def test_ready_buffer_bounds_init_and_ready(database_url: str, broker_url: str, tmp_path: Path) -> None:

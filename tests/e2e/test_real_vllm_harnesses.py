@@ -3,10 +3,10 @@
 mini-swe-agent, hermes and openclaw, each asked to "Create hello.txt containing polar-ok" in one batch.
 
 vLLM renders each prompt with the model's chat template, parses the tool calls (``hermes``) and reasoning
-(``qwen3``), samples the tokens (held to the policy's answer by ``polar.engine.vllm.forcing``) and reports the model's
-raw logprobs. Each session must complete with the file holding exactly ``polar-ok`` after at least two model calls,
-and every captured call must be token-exact: its prompt ids are vLLM's ``/tokenize`` of the stored request, its
-completion ids what vLLM sampled (logged from inside vLLM).
+(``qwen3``), samples the tokens (held to the policy's answer by ``polar.refengine.vllm.forcing``) and reports the
+model's raw logprobs. Each session must complete with the file holding exactly ``polar-ok`` after at least two
+model calls, and every captured call must be token-exact: its prompt ids are vLLM's ``/tokenize`` of the stored
+request, its completion ids what vLLM sampled (logged from inside vLLM).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 from polar.harnesses.install import install
 from tests.e2e.file_task import SESSION_BUDGET_S, batch_timeout_s, wait_finished
 from tests.real_vllm import SharedVllm
-from tests.support import RunningStack, engine_tokenize, running_stack
+from tests.stacks import RunningStack, engine_tokenize, running_stack
 
 pytestmark = [
     pytest.mark.long(seconds=125),

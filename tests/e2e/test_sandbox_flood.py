@@ -12,8 +12,8 @@ import pytest
 
 from polar.config import load_config
 from polar.runtimes.bounds import SandboxBounds
+from tests.live_proxy import LiveProxy, live_proxy
 from tests.sandbox_flood import flood
-from tests.support import LiveProxy, live_proxy
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="NO BWRAP: bubblewrap is not installed")
 

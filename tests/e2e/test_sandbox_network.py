@@ -12,7 +12,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from tests.docker_engine import require_docker_image
-from tests.support import RunningStack, command_task
+from tests.stacks import RunningStack
+from tests.stage_calls import command_task
 
 PROBE = Path(__file__).with_name("agents") / "sandbox_probe.py"
 

@@ -16,7 +16,7 @@ import pytest
 
 from polar.config import default_work_root, deployment_id
 from tests.docker_engine import require_docker_image
-from tests.support import running_stack
+from tests.stacks import running_stack
 from tests.swebench_repo import FIXED, TEST_CMD, SweRepo, build_swe_repo
 
 HOST_PYPROJECT = (

@@ -13,7 +13,8 @@ import pytest
 
 from polar.harnesses.install import install
 from tests.docker_engine import containers_of, require_docker_image
-from tests.support import RunningStack, wait_until
+from tests.processes import wait_until
+from tests.stacks import RunningStack
 from tests.swebench_repo import FIXED, TEST_CMD, WRONG, SweRepo, build_swe_repo
 
 pytestmark = pytest.mark.long(seconds=29)  # dealt out first, longest first (tests/conftest.py)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.processes import process_alive, wait_until
 from tests.shared_stack import RUN_CONCURRENCY
-from tests.support import RunningStack, process_alive, wait_until
+from tests.stacks import RunningStack
 
 REPO = str(Path(__file__).resolve().parents[2])  # the hanging agent is named by import path (tests.e2e)
 

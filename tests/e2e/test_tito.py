@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from polar.contract.states import Outcome, State
 from polar.stages.handoff import send_to_postrun
 from polar.stages.postrun import postrun_session
-from tests.support import LiveProxy, live_proxy, real_vllm_proxy
+from tests.live_proxy import LiveProxy, live_proxy, real_vllm_proxy
 
 CITIES = ("Paris", "Rome")
 TURNS = {

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import running_stack
+from tests.stacks import running_stack
 
 pytestmark = pytest.mark.long(seconds=40)  # dealt out first, longest first (tests/conftest.py)
 

@@ -12,13 +12,13 @@ import httpx
 import pytest
 import torch
 
-from polar.engine.tokenizer import load_tokenizer
-from polar.engine.torch_model import save_weights, token_logprobs
-from polar.engine.vllm import tiny_model_dir
+from polar.chat.tokenizer import load_tokenizer
 from polar.errors import ValidationError
+from polar.refengine.torch_model import save_weights, token_logprobs
+from polar.refengine.vllm import tiny_model_dir
 from polar.training.weight_loading import load_weights
+from tests.processes import HANG_GUARD_S
 from tests.real_vllm import SharedVllm
-from tests.support import HANG_GUARD_S
 
 # Measured here (vLLM 0.32 CPU kernels against transformers' eager Qwen2, both float32): differences of a few 1e-6;
 # the bound leaves room for other CPUs' kernels.

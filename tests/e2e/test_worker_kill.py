@@ -17,7 +17,8 @@ import signal
 import time
 from pathlib import Path
 
-from tests.support import process_alive, running_stack, wait_until
+from tests.processes import process_alive, wait_until
+from tests.stacks import running_stack
 
 REPO = str(Path(__file__).resolve().parents[2])
 VISIBILITY_S = 6.0  # well past what a loaded machine's prep worker holds its short stages' messages

@@ -20,7 +20,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("codec",),  # JSON bodies, small net helpers, import paths, stack identity
     ("contract",),  # the task request, session states, stages, engine addresses, callback targets
     ("config",),
-    ("engine",),  # conversation, completion parsing, chat templates, tokenizers; the reference engine
+    ("chat",),  # conversation, completion parsing, chat templates, tokenizers: the proxy's and every engine's
+    ("refengine",),  # the reference engine: server, policies, the torch and vLLM backends
     ("storage",),
     ("protocols", "reconstruction"),
     ("runtimes",),

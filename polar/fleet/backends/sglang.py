@@ -9,7 +9,7 @@ SGLang's OpenAI-compatible server returns no token ids, so Polar renders the pro
 (``[logprob, token_id, text]`` triples, ``return_logprob``), the finish reason is ``meta_info.finish_reason``
 (``{"type": "stop", "matched": id|str}`` / ``{"type": "length", "length": n}`` / ``{"type": "abort"}``) and the
 weight version is ``meta_info.weight_version``. The text is parsed with the same reasoning (``<think>``) and
-Hermes tool-call parser as TITO (``polar.engine.completion_parser``), so the protocol modules see an ordinary
+Hermes tool-call parser as TITO (``polar.chat.completion_parser``), so the protocol modules see an ordinary
 chat answer. Shapes recorded from SGLang's source: ``tests/contracts/sglang/``.
 
 The weight sync's hold is ``POST /pause_generation {"mode": "in_place"|"abort"}`` (``keep`` is ``in_place``; SGLang
@@ -27,8 +27,8 @@ from typing import Any
 
 import httpx
 
+from polar.chat.completion_parser import chat_message
 from polar.contract.engine_addresses import EngineKind
-from polar.engine.completion_parser import chat_message
 from polar.errors import EngineError, ValidationError
 from polar.fleet.backends.base import Asked, EngineMode, EngineRequest
 from polar.fleet.engines import EngineReply, reported_load

@@ -2,7 +2,7 @@
 exact token prompt through ``/v1/completions`` read back as a chat completion.
 
 A TITO answer's text is parsed with the same reasoning and Hermes tool-call parser vLLM's ``hermes`` + ``qwen3``
-parsers use (``polar.engine.completion_parser``), so the protocol modules see an ordinary chat answer. The weight
+parsers use (``polar.chat.completion_parser``), so the protocol modules see an ordinary chat answer. The weight
 sync's hold is vLLM's dev-mode ``/pause`` and ``/resume`` (``VLLM_SERVER_DEV_MODE=1``; ``polar.training.engine_sync``).
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
+from polar.chat.completion_parser import chat_message
 from polar.contract.engine_addresses import EngineKind
-from polar.engine.completion_parser import chat_message
 from polar.fleet.backends.base import Asked, EngineMode, EngineRequest, capture_fields
 from polar.fleet.engines import EngineReply
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.live_proxy import LiveProxy, live_proxy, real_vllm_proxy
 from tests.real_vllm import SCRIPTED
-from tests.support import LiveProxy, live_proxy, real_vllm_proxy
 
 
 @pytest.fixture(scope="module", params=["real-vllm", "sglang"])
@@ -18,7 +18,7 @@ def proxy(
     """Real vLLM (the run's shared server, on this module's route), then the reference engine speaking SGLang's
     native protocol (no SGLang runs here), scripted by the test module's ``TURNS`` (a list of turns, or a whole
     policy config): the same tests pass on both. The reference engine's own vLLM protocol is tested against vLLM's
-    recorded schemas (tests/polar/proxy/test_engine_contracts.py) and in tests/polar/engine."""
+    recorded schemas (tests/polar/proxy/test_engine_contracts.py) and in tests/polar/refengine."""
     tmp = tmp_path_factory.mktemp(f"{request.module.__name__.rpartition('.')[2]}-{request.param}")
     if request.param == "real-vllm":
         (route,) = [name for name, (module, _) in SCRIPTED.items() if module == request.module.__name__]

@@ -13,8 +13,9 @@ import anthropic
 import httpx
 import pytest
 
-from polar.storage.captured import chat_form
-from tests.support import HANG_GUARD_S, LiveProxy
+from polar.storage.calls.read import chat_form
+from tests.live_proxy import LiveProxy
+from tests.processes import HANG_GUARD_S
 
 TURNS = [
     {"reasoning": "I should check the weather.",

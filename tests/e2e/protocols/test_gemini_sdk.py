@@ -12,8 +12,9 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from polar.storage.captured import chat_form
-from tests.support import HANG_GUARD_S, LiveProxy
+from polar.storage.calls.read import chat_form
+from tests.live_proxy import LiveProxy
+from tests.processes import HANG_GUARD_S
 
 MODEL = "gemini-2.5-flash"
 TURNS = {

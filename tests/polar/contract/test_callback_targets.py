@@ -18,11 +18,12 @@ from polar.contract.callback_targets import CallbackRefused, internal, parse_all
 from polar.contract.task_request import parse_batch_request
 from polar.errors import ValidationError
 from polar.lifecycle.batches import request_hash, submit_batch
+from polar.local.launcher import free_port
 from polar.services import Services
 from polar.storage.models import Batch, CallbackEvent
 from polar.training.callbacks import deliver_due
 from tests.polar.training.test_feed import finish, queued_sessions
-from tests.support import command_task, domain_services, free_port
+from tests.stage_calls import command_task, domain_services
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from polar.contract.task_request import EvaluatorSpec, RuntimeSpec, task_from_js
 from polar.errors import ValidationError
 from polar.evaluators import EvaluationContext, check_evaluator
 from polar.runtimes import EVALUATOR_ROLE, Runtime, create_runtime
-from tests.support import command_task
+from tests.stage_calls import command_task
 
 
 @dataclass

@@ -15,7 +15,7 @@ from polar.contract.task_request import EvaluatorSpec
 from polar.errors import PluginNotAllowed
 from polar.evaluators import check_evaluator
 from polar.storage.models import Batch, Session
-from tests.support import command_task, deliver_all, domain_services, submit_tasks
+from tests.stage_calls import command_task, deliver_all, domain_services, submit_tasks
 
 
 def popen(mark: Path) -> EvaluatorSpec:

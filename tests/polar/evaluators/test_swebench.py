@@ -17,7 +17,7 @@ from polar.evaluators import Evaluation, load_evaluator
 from polar.evaluators.swebench import SWEBench
 from polar.runtimes.base import Runtime
 from tests.polar.evaluators.support import FinishedSession, refused_field
-from tests.support import command_task
+from tests.stage_calls import command_task
 from tests.swebench_repo import BREAKS_ADD, FIXED, PARTIAL, TEST_CMD, WRONG, SweRepo, build_swe_repo
 
 F2P = ["tests/test_calc.py::test_mul", "tests/test_table.py::test_table"]

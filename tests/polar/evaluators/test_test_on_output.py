@@ -20,7 +20,7 @@ from polar.evaluators.test_on_output import TestOnOutput, score_tests
 from polar.runtimes import create_runtime
 from tests.docker_engine import require_docker_image
 from tests.polar.evaluators.support import FinishedSession, refused_field
-from tests.support import command_task
+from tests.stage_calls import command_task
 
 PYTEST = f"{shlex.quote(sys.executable)} -m pytest -p no:cacheprovider"
 TINY_TESTS = """\

@@ -8,7 +8,7 @@ from collections import Counter
 
 from polar.fleet.control import ControlState, ControlView, set_state
 from polar.storage.database import Database
-from tests.support import wait_until
+from tests.processes import wait_until
 
 HANG_GUARD_S = 60  # a hang guard, not a speed claim
 

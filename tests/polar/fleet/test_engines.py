@@ -14,8 +14,7 @@ import pytest
 
 from polar.errors import ENGINE_TIMEOUT, GENERATION_TIMEOUT, UNREACHABLE, EngineError, EngineTimeout
 from polar.fleet.engines import EnginePool
-from polar.local.launcher import Stack, engine_spec
-from tests.support import free_port
+from polar.local.launcher import Stack, engine_spec, free_port
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
 HANG_GUARD_S = 60  # engine timeouts that must not fire: hang guards on a loaded machine (not the 504 test's bound)

@@ -13,7 +13,7 @@ from polar.gym.settlement import settled_samples
 from polar.services import Services
 from polar.storage.models import Session, Trajectory
 from tests.polar.storage.test_prompts import running_session
-from tests.support import domain_services
+from tests.stage_calls import domain_services
 
 
 @pytest.fixture

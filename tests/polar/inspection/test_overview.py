@@ -12,7 +12,7 @@ from polar.errors import NotFound
 from polar.inspection.overview import batch_overview, histogram, list_batches
 from polar.services import Services
 from polar.storage.models import Session
-from tests.support import command_task, domain_services, submit_tasks
+from tests.stage_calls import command_task, domain_services, submit_tasks
 
 
 def test_histograms_use_the_unit_interval_when_they_can() -> None:

@@ -35,16 +35,15 @@ from polar.stages.reconciler import reconcile
 from polar.storage.models import Session, SessionEvent, Trajectory
 from polar.training.exports import export_rows
 from polar.training.feed import read_feed
-from tests.support import (
+from tests.processes import session_dirs, wait_until
+from tests.stage_calls import (
     calls_before_postrun,
     command_task,
     deliver_all,
     domain_services,
     record_call,
-    session_dirs,
     stage_functions,
     submit_tasks,
-    wait_until,
 )
 from web.api import create_app
 
@@ -369,7 +368,10 @@ def test_an_attempt_without_an_answered_model_call_is_excluded(services: Service
     assert (task_mean, batch.mean_reward, batch.failed) == (1.0, 1.0, 0)  # the excluded 0.0 is in no view
     assert {row["session_id"] for row in export_rows(services, batch_id, "rl", None)} == {str(acted.id)}
     assert {row["session_id"] for row in export_rows(services, batch_id, "sft", None)} <= {str(acted.id)}
-    settled = settled_samples(services, [(batch_id, 0)])[(batch_id, 0)]
+    # A gym row is one task of one sample: the same silent exit as a batch of its own, so the row settles on it.
+    row_batch = submit_tasks(services, command_task("row", "exit 3"))
+    deliver_all(services)
+    settled = settled_samples(services, [(row_batch, 0)])[(row_batch, 0)]
     answer = gym_answer({"responses_create_params": {}}, settled, [], "m")
     assert answer.status == 422 and answer.body["failure_kind"] == "polar:no_model_calls"
     assert "reward" not in answer.body

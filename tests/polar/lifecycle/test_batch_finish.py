@@ -16,7 +16,7 @@ from polar.lifecycle.batches import batch_status
 from polar.services import Services
 from polar.stages.postrun import postrun_session
 from polar.storage.models import Batch
-from tests.support import command_task, deliver_all, domain_services, submit_tasks
+from tests.stage_calls import command_task, deliver_all, domain_services, submit_tasks
 
 
 def _to_postrun(services: Services, batch_id: uuid.UUID) -> list[uuid.UUID]:

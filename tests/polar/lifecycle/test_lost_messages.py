@@ -18,7 +18,7 @@ from polar.lifecycle.nodes import announce
 from polar.services import Services
 from polar.stages.reconciler import LeaseJudge
 from polar.storage.models import Session
-from tests.support import command_task, domain_services, submit_tasks
+from tests.stage_calls import command_task, domain_services, submit_tasks
 
 STALE_S = 30
 

@@ -18,7 +18,7 @@ from polar.services import Services
 from polar.stages.init import init_session
 from polar.stages.reconciler import reconcile
 from polar.storage.models import Node, Session, SessionEvent
-from tests.support import calls_before_postrun, command_task, deliver_all, domain_services, submit_tasks
+from tests.stage_calls import calls_before_postrun, command_task, deliver_all, domain_services, submit_tasks
 
 # A node is lost when none of its workers was seen for this long: far longer than any step here takes on a loaded
 # machine, so a node goes stale only when a test says so (``age``).

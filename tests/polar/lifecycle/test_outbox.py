@@ -15,7 +15,7 @@ from polar.errors import BrokerUnavailable
 from polar.lifecycle.outbox import send_due
 from polar.stages.reconciler import reconcile
 from polar.storage.models import Session
-from tests.support import RecordingDispatcher, command_task, deliver_all, domain_services, submit_tasks
+from tests.stage_calls import RecordingDispatcher, command_task, deliver_all, domain_services, submit_tasks
 
 
 @dataclass

@@ -23,8 +23,10 @@ from polar.proxy.pause_holds import stamp_held
 from polar.services import Services
 from polar.stages.reconciler import reconcile
 from polar.storage.models import AuditEvent, Session
+from tests.live_proxy import running_proxy_session
+from tests.processes import wait_until
 from tests.prometheus import Scrape, parse
-from tests.support import command_task, domain_services, running_proxy_session, wait_until
+from tests.stage_calls import command_task, domain_services
 
 HANG_GUARD_S = 120.0
 

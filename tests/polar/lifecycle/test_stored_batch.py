@@ -20,7 +20,7 @@ from polar.lifecycle.batches import request_hash, submit_batch
 from polar.stages.reconciler import reconcile
 from polar.storage.locks import ADMISSION
 from polar.storage.models import Batch, Session
-from tests.support import command_task, deliver_all, domain_services
+from tests.stage_calls import command_task, deliver_all, domain_services
 
 BODY = {"tasks": [command_task("t", "true", samples=2)]}
 

@@ -12,7 +12,7 @@ from polar.config import load_config
 from polar.contract.task_request import parse_batch_request
 from polar.errors import ValidationError
 from polar.lifecycle.batches import _check_available
-from tests.support import command_task
+from tests.stage_calls import command_task
 
 
 def _docker_tasks(images: list[str]) -> dict:

@@ -20,7 +20,7 @@ from polar.services import Services
 from polar.storage.database import Database
 from polar.storage.models import Node, Session
 from tests.prometheus import Scrape, parse
-from tests.support import command_task, domain_services, submit_tasks
+from tests.stage_calls import command_task, domain_services, submit_tasks
 
 
 def queue_names(nodes: Sequence[str]) -> list[str]:

@@ -14,8 +14,8 @@ import pytest
 from polar.fleet.engines import EnginePool
 from polar.observability import ApiMetrics, ProxyMetrics, StageMetrics, exposition
 from polar.observability import metrics as metrics_module
+from tests.processes import wait_until
 from tests.prometheus import Scrape, parse
-from tests.support import wait_until
 
 
 def scraped(registry: object) -> Scrape:

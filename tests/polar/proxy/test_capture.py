@@ -12,12 +12,12 @@ import sqlalchemy as sa
 
 from polar.contract.task_request import parse_batch_request
 from polar.lifecycle.batches import request_hash, submit_batch
-from polar.proxy.capture import KeyOwner, session_state_for_key
+from polar.proxy.key_owner import KeyOwner, session_state_for_key
 from polar.proxy.keys import hash_key
 from polar.services import Services
 from polar.storage.migration import upgrade
 from polar.storage.models import Session
-from tests.support import command_task, domain_services
+from tests.stage_calls import command_task, domain_services
 
 
 @pytest.fixture(params=["postgres", "sqlite"])

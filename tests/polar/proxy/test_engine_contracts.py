@@ -19,9 +19,9 @@ import httpx
 import jsonschema
 import pytest
 
-from polar.engine.chat_template import ChatTemplate
-from polar.engine.conversation import normalise_messages
-from polar.engine.tokenizer import load_tokenizer
+from polar.chat.chat_template import ChatTemplate
+from polar.chat.conversation import normalise_messages
+from polar.chat.tokenizer import load_tokenizer
 from polar.fleet.backends import sglang
 from polar.fleet.backends import vllm as vllm_backend
 from polar.fleet.backends.base import capture_fields

@@ -18,7 +18,7 @@ from polar.proxy import EnginePool, ProxyService
 from polar.proxy.key_misses import BURST, KeyMisses
 from polar.proxy.limits import LocalLimiter
 from tests.polar.proxy.test_service_metrics import running_session
-from tests.support import domain_services
+from tests.stage_calls import domain_services
 
 MODELS = detect("GET", "/v1/models", {}, {})
 

@@ -15,9 +15,10 @@ import redis
 
 from polar.config import load_config
 from polar.errors import TooManyCalls
+from polar.local.launcher import free_port
 from polar.proxy.limits import CallLimiter, CallLimits, LocalLimiter, RedisLimiter, call_limiter
 from tests.conftest import redis_database
-from tests.support import free_port, wait_until
+from tests.processes import wait_until
 
 
 @pytest.fixture

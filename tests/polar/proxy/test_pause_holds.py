@@ -26,7 +26,9 @@ from polar.proxy.refusals import RefusalCounter
 from polar.storage.database import Database
 from polar.storage.models import Session
 from tests.conftest import redis_database
-from tests.support import command_task, running_proxy_session, wait_until
+from tests.live_proxy import running_proxy_session
+from tests.processes import wait_until
+from tests.stage_calls import command_task
 
 CHAT = detect("POST", "/v1/chat/completions", {}, {})
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()

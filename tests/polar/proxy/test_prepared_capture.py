@@ -13,12 +13,13 @@ import pytest
 import sqlalchemy as sa
 
 from polar.fleet.control import read_state
-from polar.fleet.overview import pinned_engine
-from polar.proxy.capture import CallRecord, record_call, session_state_for_key
+from polar.proxy.key_owner import session_state_for_key
 from polar.services import Services
+from polar.storage.calls.read import pinned_engine
+from polar.storage.calls.write import CallRecord, record_call
 from polar.storage.database import Database
 from tests.polar.storage.test_prompts import running_session, tokens
-from tests.support import domain_services
+from tests.stage_calls import domain_services
 
 
 @pytest.fixture

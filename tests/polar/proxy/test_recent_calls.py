@@ -1,4 +1,4 @@
-"""A call's parents from the proxy process's memory (``polar.proxy.recent_calls``) instead of a SELECT: stored
+"""A call's parents from the proxy process's memory (``polar.storage.calls.recent``) instead of a SELECT: stored
 exactly as the database read stores them, stale (and read again) once another process recorded a call in between,
 forgotten when the session stops; every call reads back exactly whatever its parents were."""
 
@@ -13,10 +13,10 @@ import sqlalchemy as sa
 
 from polar.errors import SessionNotRunning
 from polar.lifecycle.sessions import session_calls
-from polar.proxy import capture
-from polar.proxy.capture import CallRecord, read_parents, record_call
-from polar.proxy.recent_calls import MAX_CHAINS, Latest, RecentCalls
 from polar.services import Services
+from polar.storage.calls import write as capture
+from polar.storage.calls.recent import MAX_CHAINS, Latest, RecentCalls
+from polar.storage.calls.write import CallRecord, read_parents, record_call
 from polar.storage.models import ModelCall, Session
 from polar.storage.prompts import Chain
 from tests.polar.storage.test_payloads import _agent_call, _stored_payloads

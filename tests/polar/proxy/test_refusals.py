@@ -16,16 +16,17 @@ import sqlalchemy as sa
 
 from polar.config import load_config
 from polar.fleet.control import REFRESH_S, set_state
-from polar.fleet.overview import pinned_engine
 from polar.protocols import detect
 from polar.proxy import EnginePool, ProxyService
 from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimits, LocalLimiter
 from polar.proxy.refusals import RefusalCounter, add_counts, fold_in, refusal_counts
+from polar.storage.calls.read import pinned_engine
 from polar.storage.database import Database
 from polar.storage.models import CallRefusal
 from tests.conftest import redis_database
-from tests.support import command_task, running_proxy_session
+from tests.live_proxy import running_proxy_session
+from tests.stage_calls import command_task
 
 CHAT = detect("POST", "/v1/chat/completions", {}, {})
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()

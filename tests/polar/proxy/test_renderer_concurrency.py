@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from polar.engine.hf_export import export_tokenizer
+from polar.chat.hf_export import export_tokenizer
 from polar.fleet.renderers import ChatRenderer
 
 MEET_S = 10  # how long a thread waits for the other inside (a wait only: a pass never takes it)

@@ -14,11 +14,11 @@ import pytest
 
 from polar.lifecycle.sessions import session_calls, session_trajectories
 from polar.protocols import EngineAnswer, RequestContext, openai_chat, without_routed_experts
-from polar.proxy.capture import CallRecord, record_call
 from polar.services import Services
+from polar.storage.calls.write import CallRecord, record_call
 from polar.storage.models import Trajectory
 from tests.polar.storage.test_prompts import running_session
-from tests.support import domain_services
+from tests.stage_calls import domain_services
 
 PROMPT, COMPLETION = [11, 12, 13, 14], [21, 22, 23]
 # (prompt + completion - 1 tokens, 2 layers, 4 experts per token): the shape vLLM 0.32 documents.

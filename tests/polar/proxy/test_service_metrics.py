@@ -18,8 +18,9 @@ from polar.observability import ProxyMetrics, exposition
 from polar.protocols import detect
 from polar.proxy import EnginePool, ProxyService
 from polar.proxy.limits import CallLimits, LocalLimiter
+from tests.live_proxy import running_proxy_session
 from tests.prometheus import Scrape, parse
-from tests.support import command_task, domain_services, running_proxy_session
+from tests.stage_calls import command_task, domain_services
 
 CHAT = detect("POST", "/v1/chat/completions", {}, {})
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from polar.fleet.engines import EnginePool, EngineReply
-from polar.local.launcher import Stack, engine_spec
+from polar.local.launcher import Stack, engine_spec, free_port
 from polar.proxy.tito import ChainLink
 from polar.proxy.tito_tails import (
     SENTINEL,
@@ -27,7 +27,6 @@ from polar.proxy.tito_tails import (
     _tail,
     prompt_ids,
 )
-from tests.support import free_port
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": CITY}}]

@@ -24,7 +24,9 @@ from polar.proxy.limits import LocalLimiter
 from polar.proxy.tito_tips import LocalTips, RedisTips, Tip
 from polar.storage.database import Database
 from tests.conftest import redis_database
-from tests.support import _live, command_task, running_proxy_session
+from tests.live_proxy import running_proxy_session
+from tests.stacks import _live
+from tests.stage_calls import command_task
 
 CHAT = detect("POST", "/v1/chat/completions", {}, {})
 CALLS = 12

@@ -16,7 +16,7 @@ from polar.lifecycle.batches import request_hash, submit_batch
 from polar.records.audit import Caller, actor, record, record_now
 from polar.services import Services
 from polar.storage.models import AuditEvent, Batch
-from tests.support import command_task, domain_services
+from tests.stage_calls import command_task, domain_services
 
 
 @pytest.fixture

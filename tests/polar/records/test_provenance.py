@@ -21,7 +21,7 @@ from polar.config import Config, load_config
 from polar.local.launcher import Stack, engine_spec, free_port
 from polar.records.provenance import EngineProbe, config_digest, polar_version, public_config
 from polar.storage.models import Batch
-from tests.support import command_task, domain_services, submit_tasks
+from tests.stage_calls import command_task, domain_services, submit_tasks
 
 HANG_GUARD_S = 60  # a hang guard (a loaded machine's engine may take seconds to answer), not a speed claim
 SECRETS = ("pg-pass-9d1f", "redis-pass-77ab", "engine-pass-c0de", "admin-token-5e5e", "read-token-4f4f")

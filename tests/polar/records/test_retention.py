@@ -28,6 +28,7 @@ from polar.clock import utcnow
 from polar.errors import ValidationError
 from polar.lifecycle.sessions import session_calls, session_trajectories
 from polar.local.cli import main
+from polar.local.launcher import free_port
 from polar.records.retention import GcCounts, RetentionPolicy, collect_garbage, parse_age
 from polar.services import Services
 from polar.storage.migration import upgrade
@@ -35,7 +36,8 @@ from polar.storage.models import Batch, CallbackEvent
 from polar.storage.scratch import create_database, drop_database
 from polar.training.exports import export_rows, export_summary
 from polar.training.feed import read_feed
-from tests.support import deliver_all, domain_services, free_port, live_proxy, submit_tasks
+from tests.live_proxy import live_proxy
+from tests.stage_calls import deliver_all, domain_services, submit_tasks
 
 TABLES = ("batches", "tasks", "sessions", "model_calls", "trajectories", "session_events", "callback_events")
 BY_BATCH = {

@@ -15,7 +15,7 @@ import pytest
 from polar.config import load_config
 from polar.contract.task_request import RuntimeSpec
 from polar.runtimes import attach_runtime, create_runtime
-from tests.support import processes_with, wait_until
+from tests.processes import processes_with, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="NO BWRAP: bubblewrap is not installed")
 

@@ -17,7 +17,7 @@ from polar.errors import ValidationError
 from polar.services import Services
 from polar.storage.models import Session
 from tests.outside import Outside
-from tests.support import command_task, deliver_all, domain_services, submit_tasks
+from tests.stage_calls import command_task, deliver_all, domain_services, submit_tasks
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from polar.config import load_config
 from polar.contract.task_request import RuntimeSpec
 from polar.errors import RuntimeFailure
 from polar.runtimes import attach_runtime, create_runtime
-from tests.support import process_alive, processes_with, wait_until
+from tests.processes import process_alive, processes_with, wait_until
 
 HANG_GUARD_S = 60  # command timeouts that must not fire, and waits: hang guards on a loaded machine
 

@@ -21,8 +21,8 @@ from polar.runtimes import check_confinement
 from polar.runtimes.bounds import SandboxBounds
 from polar.runtimes.egress import EgressGate, Refused
 from polar.runtimes.relay import ProxyRelay, ProxyTarget
+from tests.processes import wait_until
 from tests.scripted_http import ScriptedServer
-from tests.support import wait_until
 
 HANG_GUARD_S = 30  # socket timeouts of reads that must not time out: hang guards on a loaded machine
 

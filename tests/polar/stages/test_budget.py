@@ -23,7 +23,8 @@ from polar.local.launcher import free_port
 from polar.services import Services
 from polar.stages.run import run_session
 from polar.storage.models import EngineControl, Session
-from tests.support import command_task, deliver_all, domain_services, live_proxy, submit_tasks
+from tests.live_proxy import live_proxy
+from tests.stage_calls import command_task, deliver_all, domain_services, submit_tasks
 
 
 def _only(services: Services) -> Session:

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 
 from polar.batches.cancel import cancel_batch
 from polar.storage.models import Batch, Session, SessionEvent
-from tests.support import command_task, domain_services, stage_functions, submit_tasks
+from tests.stage_calls import command_task, domain_services, stage_functions, submit_tasks
 
 
 def test_cancel_ends_every_session(database_url: str, tmp_path: Path) -> None:

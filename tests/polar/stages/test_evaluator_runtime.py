@@ -17,7 +17,8 @@ from polar.services import Services
 from polar.stages.reconciler import reconcile
 from polar.storage.models import Session
 from tests.polar.stages.test_stages import STAGE_FUNCTIONS, drain, sessions
-from tests.support import command_task, domain_services, session_dirs, submit_tasks
+from tests.processes import session_dirs
+from tests.stage_calls import command_task, domain_services, submit_tasks
 
 CLEAN_ROOM = f"{__name__}:CleanRoom"
 PREPARE = {"prepare": [{"run": "echo pristine > state.txt"}]}

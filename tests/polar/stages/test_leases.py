@@ -28,7 +28,8 @@ from polar.stages.postrun import postrun_session
 from polar.stages.reconciler import reconcile
 from polar.stages.run import _start, run_session
 from polar.storage.models import Session, SessionEvent
-from tests.support import command_task, deliver_all, domain_services, process_alive, session_dirs, submit_tasks
+from tests.processes import process_alive, session_dirs
+from tests.stage_calls import command_task, deliver_all, domain_services, submit_tasks
 
 HANG_GUARD_S = 60  # waits and joins below are hang guards for a loaded machine, not speed claims
 

@@ -13,7 +13,7 @@ from polar.runtimes.session_files import read_output
 from polar.stages.postrun import MAX_POSTRUN_CLAIMS
 from polar.stages.reconciler import reconcile
 from polar.storage.models import ModelCall, Session, Trajectory
-from tests.support import command_task, deliver_all, domain_services, submit_tasks
+from tests.stage_calls import command_task, deliver_all, domain_services, submit_tasks
 
 
 def test_a_postrun_that_dies_every_time_is_ended(database_url: str, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from polar.contract.task_request import RuntimeSpec
 from polar.runtimes import create_runtime
 from polar.stages.reconciler import reconcile
 from tests.docker_engine import containers_of, require_docker_image
-from tests.support import domain_services
+from tests.stage_calls import domain_services
 
 
 def test_reconciler_reaps_orphaned_containers(database_url: str, tmp_path: Path) -> None:

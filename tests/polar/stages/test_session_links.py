@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from polar.storage.models import Session
 from tests.outside import Outside
-from tests.support import calls_before_postrun, command_task, deliver_all, domain_services, submit_tasks
+from tests.stage_calls import calls_before_postrun, command_task, deliver_all, domain_services, submit_tasks
 
 
 def _only(database_url: str, tmp_path: Path, task: dict) -> Session:  # type: ignore[type-arg]

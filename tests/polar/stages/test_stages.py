@@ -13,14 +13,8 @@ from polar.contract.dispatch import Stage
 from polar.services import Services
 from polar.stages.reconciler import reconcile
 from polar.storage.models import Session, SessionEvent
-from tests.support import (
-    calls_before_postrun,
-    command_task,
-    domain_services,
-    session_dirs,
-    stage_functions,
-    submit_tasks,
-)
+from tests.processes import session_dirs
+from tests.stage_calls import calls_before_postrun, command_task, domain_services, stage_functions, submit_tasks
 
 STAGE_FUNCTIONS = stage_functions()
 

@@ -20,7 +20,7 @@ from polar.stages import postrun
 from polar.stages.handoff import send_to_postrun
 from polar.stages.lease import claim
 from polar.storage.models import ModelCall, Session, SessionEvent, Trajectory
-from tests.support import calls_before_postrun, command_task, deliver_all, domain_services, submit_tasks
+from tests.stage_calls import calls_before_postrun, command_task, deliver_all, domain_services, submit_tasks
 
 NUL_OUTPUT = "printf 'x\\000y'; exit 1"
 

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from polar.config import load_config
 from polar.storage import database
 from polar.storage.database import open_database
-from tests.support import live_proxy
+from tests.live_proxy import live_proxy
 
 POOL = {"POLAR_DB_POOL_SIZE": "2", "POLAR_DB_MAX_OVERFLOW": "1"}
 

@@ -15,9 +15,9 @@ from concurrent.futures import Future
 import pytest
 import sqlalchemy as sa
 
-from polar.proxy.capture import CallRecord, record_call
-from polar.proxy.service import _waking
+from polar.proxy.recorder import waking as _waking
 from polar.services import Services
+from polar.storage.calls.write import CallRecord, record_call
 from polar.storage.database import Database
 from polar.storage.early_connection import EarlyConnection
 from tests.polar.storage.test_prompts import running_session, tokens

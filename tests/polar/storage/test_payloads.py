@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 
 from polar.errors import PolarError
 from polar.lifecycle.sessions import call_page, calls_by_session, session_calls
-from polar.proxy.capture import CallRecord, read_parents, record_call
 from polar.services import Services
 from polar.stages.postrun import captured_calls, final_message
+from polar.storage.calls.write import CallRecord, read_parents, record_call
 from polar.storage.migration import downgrade, upgrade
 from polar.storage.payloads import PARTS, capture_payload, decode_payload, full_payloads
 from tests.polar.storage.test_prompts import running_session
-from tests.support import domain_services
+from tests.stage_calls import domain_services
 
 PROMPT = [5, 6, 7, 8]
 

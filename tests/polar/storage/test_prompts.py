@@ -17,13 +17,13 @@ from polar.contract.task_request import parse_batch_request
 from polar.errors import PolarError
 from polar.lifecycle.batches import request_hash, submit_batch
 from polar.lifecycle.sessions import session_calls
-from polar.proxy.capture import CallRecord, record_call
 from polar.services import Services
 from polar.stages.postrun import captured_calls
+from polar.storage.calls.write import CallRecord, record_call
 from polar.storage.migration import upgrade
 from polar.storage.models import ModelCall, Session
 from polar.storage.prompts import Chain, PromptView, TokenIds, chain_hash, encode_prompt, full_prompts
-from tests.support import command_task, domain_services
+from tests.stage_calls import command_task, domain_services
 
 TURN_TOKENS = 100  # new tokens per turn (tool results, user turns)
 COMPLETION_TOKENS = 20

@@ -24,7 +24,8 @@ from polar.storage.models import CallbackEvent
 from polar.training import callbacks
 from polar.training.callbacks import MAX_ATTEMPTS, deliver_due
 from tests.polar.training.test_feed import finish, queued_sessions
-from tests.support import command_task, domain_services, wait_until
+from tests.processes import wait_until
+from tests.stage_calls import command_task, domain_services
 
 
 class Receiver(ThreadingHTTPServer):

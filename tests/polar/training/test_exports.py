@@ -18,7 +18,7 @@ from polar.storage.migration import upgrade
 from polar.storage.models import Batch, ModelCall, Session, Task, Trajectory
 from polar.training.export_formats import write_jsonl, write_parquet
 from polar.training.exports import export_rows, export_summary, sft_messages
-from tests.support import domain_services
+from tests.stage_calls import domain_services
 
 RL_COLUMNS = ["trajectory_id", "session_id", "batch_id", "task_id", "sample_index", "group_id", "agent",
               "token_ids", "loss_mask", "logprobs", "reward", "policy_version", "num_calls",

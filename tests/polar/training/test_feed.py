@@ -16,12 +16,12 @@ import sqlalchemy as sa
 from polar.contract.dispatch import Stage
 from polar.lifecycle.sessions import session_trajectories
 from polar.services import Services
-from polar.storage.captured import routed_experts_of_sessions
+from polar.storage.calls.read import routed_experts_of_sessions
 from polar.storage.migration import upgrade
 from polar.storage.models import ModelCall, Trajectory
 from polar.storage.serialization import trajectory_json
 from polar.training.feed import FeedPage, read_feed, wait_for_feed
-from tests.support import command_task, domain_services, stage_functions, submit_tasks
+from tests.stage_calls import command_task, domain_services, stage_functions, submit_tasks
 
 
 @pytest.fixture

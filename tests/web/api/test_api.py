@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from flask.testing import FlaskClient
 
 from polar.config import load_config
-from tests.support import command_task
+from tests.stage_calls import command_task
 from web.api import create_app
 
 TABLES = ("batches", "tasks", "sessions", "session_events")

@@ -16,8 +16,8 @@ from flask import Flask
 
 from polar.config import load_config
 from polar.errors import ValidationError
-from polar.local.launcher import Stack, gunicorn_spec
-from tests.support import command_task, free_port
+from polar.local.launcher import Stack, free_port, gunicorn_spec
+from tests.stage_calls import command_task
 from web.api import create_app
 from web.api.auth import SELF_AUTHENTICATING
 

@@ -12,9 +12,8 @@ from flask.testing import FlaskClient
 
 from polar.config import load_config
 from polar.local.cli import main
-from polar.local.launcher import Stack, gunicorn_spec
+from polar.local.launcher import Stack, free_port, gunicorn_spec
 from tests.polar.training.test_exports import RL_COLUMNS, BatchFactory
-from tests.support import free_port
 from web.api import create_app
 
 SFT_COLUMNS = ["session_id", "task_id", "sample_index", "reward", "messages", "tools"]

@@ -11,7 +11,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from polar.config import load_config
-from tests.support import live_proxy
+from tests.live_proxy import live_proxy
 from web.api import create_app
 
 TOKEN = "test-admin-token-" + "0" * 24

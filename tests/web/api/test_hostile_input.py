@@ -13,7 +13,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from polar.config import load_config
-from tests.support import command_task
+from tests.stage_calls import command_task
 from web.api import create_app
 
 ADMIN = "hostile-admin-" + "a" * 30

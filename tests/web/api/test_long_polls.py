@@ -13,7 +13,7 @@ from flask import Flask
 
 from polar.config import load_config
 from polar.training import feed
-from tests.support import HANG_GUARD_S
+from tests.processes import HANG_GUARD_S
 from web.api import create_app
 
 TOKEN = "test-admin-token-" + "1" * 24

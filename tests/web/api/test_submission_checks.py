@@ -14,7 +14,7 @@ from flask.testing import FlaskClient
 
 from polar.config import load_config
 from polar.storage.database import Database
-from tests.support import command_task
+from tests.stage_calls import command_task
 from web.api import create_app
 
 TOKEN = "test-admin-token-" + "2" * 24

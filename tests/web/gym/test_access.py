@@ -18,7 +18,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from polar.errors import ValidationError
 from polar.loaders.template import compile_template
 from polar.services import Services
-from tests.support import domain_services, wait_until
+from tests.processes import wait_until
+from tests.stage_calls import domain_services
 from web.gym.access import Access, allow_list, is_allowed
 from web.gym.app import create_app
 

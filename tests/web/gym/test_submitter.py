@@ -14,7 +14,7 @@ from polar.errors import ValidationError
 from polar.loaders.template import compile_template
 from polar.records.audit import Caller
 from polar.storage.models import Session
-from tests.support import domain_services
+from tests.stage_calls import domain_services
 from web.gym.access import ACTOR
 from web.gym.submitter import Submitter
 

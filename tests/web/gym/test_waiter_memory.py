@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from polar.proxy.capture import record_call
 from polar.services import Services
+from polar.storage.calls.write import record_call
 from polar.storage.models import Session
 from tests.polar.storage.test_payloads import _agent_call
 from tests.polar.storage.test_prompts import running_session
-from tests.support import domain_services
+from tests.stage_calls import domain_services
 from web.gym.waiter import SettlementWaiter
 
 

@@ -22,7 +22,8 @@ from polar.proxy import ProxyService
 from polar.proxy.tito import ChainLink
 from polar.proxy.tito_tails import TailRenders, prompt_ids
 from polar.storage.database import Database
-from tests.support import HANG_GUARD_S, LiveProxy, live_proxy
+from tests.live_proxy import LiveProxy, live_proxy
+from tests.processes import HANG_GUARD_S
 from web.proxy import create_app
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}

@@ -20,8 +20,9 @@ from google.genai import errors, types
 
 from polar.observability.metrics import MAX_CALLS
 from tests.conftest import redis_database
+from tests.live_proxy import LiveProxy, live_proxy
+from tests.processes import HANG_GUARD_S, wait_until
 from tests.prometheus import scrape
-from tests.support import HANG_GUARD_S, LiveProxy, live_proxy, wait_until
 
 # Turn 0 answers at once; a conversation that already holds an answer gets a slow one (calls held in flight).
 TURNS = [{"content": "OK."}, {"content": "Slowly.", "delay_s": 2.0}]

@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 
 from polar.fleet.backends.sglang import fit_max_new_tokens
-from tests.support import HANG_GUARD_S, live_proxy
+from tests.live_proxy import live_proxy
+from tests.processes import HANG_GUARD_S
 
 CONTEXT = 32768  # the reference engine's max_model_len
 ANTHROPIC = {"anthropic-version": "2023-06-01", "content-type": "application/json"}

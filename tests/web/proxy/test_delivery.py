@@ -15,7 +15,8 @@ import pytest
 import sqlalchemy as sa
 
 from polar.storage.models import ModelCall
-from tests.support import HANG_GUARD_S, LiveProxy, live_proxy
+from tests.live_proxy import LiveProxy, live_proxy
+from tests.processes import HANG_GUARD_S
 
 SLOW = json.dumps({"turns": [{"content": "A slow answer.", "delay_s": 1.5}]})
 

@@ -14,7 +14,8 @@ import httpx
 import pytest
 import redis
 
-from tests.support import LiveProxy, live_proxy, wait_until
+from tests.live_proxy import LiveProxy, live_proxy
+from tests.processes import wait_until
 
 HANG_GUARD_S = 20  # the socket timeout a proxy reading bodies first would run into
 

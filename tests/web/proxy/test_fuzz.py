@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from polar.config import load_config
 from polar.protocols import PROTOCOLS
-from tests.support import live_proxy
+from tests.live_proxy import live_proxy
 from web.proxy import create_app
 
 KEYS = [

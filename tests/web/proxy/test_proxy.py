@@ -12,8 +12,10 @@ import openai
 import pytest
 import sqlalchemy as sa
 
+from polar.local.launcher import free_port
 from polar.storage.models import ModelCall, Session
-from tests.support import HANG_GUARD_S, LiveProxy, free_port, live_proxy
+from tests.live_proxy import LiveProxy, live_proxy
+from tests.processes import HANG_GUARD_S
 
 
 @pytest.fixture

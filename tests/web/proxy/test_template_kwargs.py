@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import HANG_GUARD_S, LiveProxy, live_proxy
+from tests.live_proxy import LiveProxy, live_proxy
+from tests.processes import HANG_GUARD_S
 
 
 def _ask(url: str, **extra: object) -> httpx.Response:

@@ -1,0 +1,215 @@
+"""The plan policy: a long agent session on whatever tools the harness offers, ending in the requested file.
+
+    policy_config = {
+        "steps": 20,              # tool calls before the final answer
+        "reasoning": true,        # a reasoning block on every turn (false: none)
+        "long_output_lines": 0,   # > 0: every "run" step prints this many lines (to trigger compaction)
+    }
+
+It reads the task like ``tool_user`` ("Create FILE containing CONTENT", in the last user message that has one) and
+runs a scripted plan of ``steps`` tool calls, one per turn: step 0 creates FILE; the rest cycle through reading
+FILE, listing the directory, running a command, writing a scratch file, editing it and reading it back. Each step
+uses the tool the harness offers for it (``Read``/``read_file``, ``LS``/``list_directory``/``glob``,
+``Edit``/``replace``, ``Write``/``write_file``, the shell tool, Codex's ``apply_patch``; arguments fitted to that
+tool's schema, ``polar.refengine.policies.tool_fitting``), falling back to the shell tool, then to a write or patch
+tool. The step is the number of tool results since the task message, so a harness that retries or re-sends a
+turn gets the same step again. After the last step it answers "Done: created FILE in N steps.". A request
+offering no tools (a title generator, a summariser, a next-speaker check) gets a short plain answer, unless its
+prompt asks for one fenced shell block per reply (mini-swe-agent, ``polar.refengine.policies.shell_blocks``): then
+each step is the same plan as a shell command in such a block, counted by the blocks already replied, and the
+harness's submit command ends it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from polar.chat.conversation import ToolCall
+from polar.refengine.policies.base import AssistantTurn, PolicyRequest
+from polar.refengine.policies.shell_blocks import BlockProtocol, block_protocol
+from polar.refengine.policies.tool_fitting import (
+    CONTENT_PROPERTIES,
+    EDIT_TOOLS,
+    LIST_TOOLS,
+    NEW_PROPERTIES,
+    OLD_PROPERTIES,
+    PATCH_TOOLS,
+    READ_TOOLS,
+    SHELL_TOOLS,
+    WRITE_TOOLS,
+    Function,
+    first,
+    functions,
+    named,
+    patch_call,
+    path_call,
+    properties,
+    shell_call,
+    write_script,
+)
+from polar.refengine.policies.tool_user import FileTask, choose_call, last_task, working_directory
+
+SCRATCH = "polar-plan-notes.txt"
+CYCLE = ("read", "list", "run", "write", "edit", "read_scratch")
+DRAFT, REVISED = "draft", "revised"  # the scratch line the edit step rewrites
+LIST_SCRIPT = "ls -la"
+
+
+class PlanPolicy:
+    """A scripted multi-step session mapped onto the offered tools."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self.steps = int(config.get("steps", 20))
+        self.reasoning = bool(config.get("reasoning", True))
+        self.long_output_lines = int(config.get("long_output_lines", 0))
+        if self.steps < 1 or self.long_output_lines < 0:
+            raise ValueError("plan policy: 'steps' must be >= 1 and 'long_output_lines' >= 0")
+
+    def respond(self, request: PolicyRequest) -> AssistantTurn:
+        """The next step's tool call, or the closing answer."""
+        found = last_task(request.messages)
+        if found is None:
+            return AssistantTurn(content="Nothing to do: no file was asked for.")
+        index, task = found
+        done = sum(1 for message in request.messages[index + 1 :] if message.role == "tool")
+        offered = functions(request.tools) if request.tool_names else []
+        if not request.tools and (protocol := block_protocol(request.messages)) is not None:
+            return self._block_turn(protocol, protocol.commands_since(request.messages, index), task)
+        if not offered:
+            return AssistantTurn(content=f"Working on {task.path}.")
+        if done >= self.steps:
+            return self._turn(
+                f"All {self.steps} steps are done.", content=f"Done: created {task.path} in {done} steps."
+            )
+        cwd = working_directory(request.messages)
+        call = self.step_call(done, offered, request.tools, task, cwd)
+        if call is None:
+            return AssistantTurn(content=f"Done: created {task.path}; no tool fits step {done + 1}.")
+        return self._turn(f"Step {done + 1} of {self.steps}: {call.name}.", tool_call=call)
+
+    def step_call(
+        self, step: int, offered: list[Function], tools: tuple[Mapping[str, Any], ...], task: FileTask, cwd: str | None
+    ) -> ToolCall | None:
+        """The tool call of plan step ``step`` (0-based) with the offered tools."""
+        if step == 0:
+            return choose_call(tools, task, cwd)
+        kind = CYCLE[(step - 1) % len(CYCLE)]
+        builders: dict[str, Callable[[], ToolCall | None]] = {
+            "read": lambda: _read(offered, task.path, cwd),
+            "list": lambda: _list(offered, cwd),
+            "run": lambda: _run(offered, task.path, step, self.long_output_lines),
+            "write": lambda: _write(offered, SCRATCH, f"{_draft(step)}\n", cwd),
+            "edit": lambda: _edit(offered, SCRATCH, *_revision(step), cwd),
+            "read_scratch": lambda: _read(offered, SCRATCH, cwd),
+        }
+        return builders[kind]() or _shell(offered, f"{LIST_SCRIPT} && {_cat(task.path)}", "Look around")
+
+    def _block_turn(self, protocol: BlockProtocol, step: int, task: FileTask) -> AssistantTurn:
+        """Step ``step`` as one fenced shell command; the submit command once every step ran."""
+        if step >= self.steps:
+            return AssistantTurn(content=protocol.reply(f"All {self.steps} steps are done.", protocol.submit))
+        return AssistantTurn(content=protocol.reply(f"Step {step + 1} of {self.steps}.", self.step_script(step, task)))
+
+    def step_script(self, step: int, task: FileTask) -> str:
+        """Plan step ``step`` (0-based) as a shell command: what the shell-tool fallback of each step runs."""
+        if step == 0:
+            return write_script(task.path, task.content)
+        kind = CYCLE[(step - 1) % len(CYCLE)]
+        scripts: dict[str, Callable[[], str]] = {
+            "read": lambda: _cat(task.path),
+            "list": lambda: LIST_SCRIPT,
+            "run": lambda: _run_script(task.path, step, self.long_output_lines),
+            "write": lambda: write_script(SCRATCH, _draft(step)),
+            "edit": lambda: _sed(SCRATCH, *_revision(step)),
+            "read_scratch": lambda: _cat(SCRATCH),
+        }
+        return scripts[kind]()
+
+    def _turn(self, thought: str, content: str = "", tool_call: ToolCall | None = None) -> AssistantTurn:
+        return AssistantTurn(
+            content=content,
+            reasoning=thought if self.reasoning else None,
+            tool_calls=(tool_call,) if tool_call is not None else (),
+        )
+
+
+def _draft(step: int) -> str:
+    """The scratch line the write step of ``step`` writes."""
+    return f"{DRAFT} note {step}"
+
+
+def _revision(step: int) -> tuple[str, str]:
+    """What the edit step of ``step`` replaces (the line the write step before it wrote) and with what."""
+    return _draft(step - 1), f"{REVISED} note {step - 1}"
+
+
+def _cat(path: str) -> str:
+    return f"cat {shlex.quote(path)}"
+
+
+def _sed(path: str, old: str, new: str) -> str:
+    return f"sed -i 's/{old}/{new}/' {shlex.quote(path)}"
+
+
+def _shell(offered: list[Function], script: str, purpose: str) -> ToolCall | None:
+    return next((c for f in named(offered, SHELL_TOOLS) if (c := shell_call(f, script, purpose)) is not None), None)
+
+
+def _read(offered: list[Function], path: str, cwd: str | None) -> ToolCall | None:
+    for function in named(offered, READ_TOOLS):
+        call = path_call(function, path, cwd, {}, f"Read {path}")
+        if call is not None:
+            return call
+    return _shell(offered, _cat(path), f"Read {path}")
+
+
+def _list(offered: list[Function], cwd: str | None) -> ToolCall | None:
+    for function in named(offered, LIST_TOOLS):
+        if "pattern" in properties(function):  # glob-style tools
+            return ToolCall(str(function["name"]), {"pattern": "*"})
+        call = path_call(function, cwd or ".", None, {}, "List the directory")
+        if call is not None:
+            return call
+    return _shell(offered, LIST_SCRIPT, "List the directory")
+
+
+def _run_script(path: str, step: int, long_output_lines: int) -> str:
+    if long_output_lines:
+        return f"seq 1 {long_output_lines} | sed 's/^/line of a long build log: /' && echo step {step}"
+    return f"wc -c {shlex.quote(path)} && echo step {step}"
+
+
+def _run(offered: list[Function], path: str, step: int, long_output_lines: int) -> ToolCall | None:
+    return _shell(offered, _run_script(path, step, long_output_lines), f"Run step {step}")
+
+
+def _write(offered: list[Function], path: str, content: str, cwd: str | None) -> ToolCall | None:
+    for function in named(offered, WRITE_TOOLS):
+        content_name = first(properties(function), CONTENT_PROPERTIES)
+        call = (
+            None if content_name is None else path_call(function, path, cwd, {content_name: content}, f"Write {path}")
+        )
+        if call is not None:
+            return call
+    call = _shell(offered, write_script(path, content), f"Write {path}")
+    if call is None:
+        for function in named(offered, PATCH_TOOLS):
+            return patch_call(function, f"*** Begin Patch\n*** Add File: {path}\n+{content.rstrip()}\n*** End Patch\n")
+    return call
+
+
+def _edit(offered: list[Function], path: str, old: str, new: str, cwd: str | None) -> ToolCall | None:
+    """Replace the line ``old`` (written by the step before) with ``new``."""
+    for function in named(offered, EDIT_TOOLS):
+        props = properties(function)
+        old_name, new_name = first(props, OLD_PROPERTIES), first(props, NEW_PROPERTIES)
+        if old_name is None or new_name is None:
+            continue
+        call = path_call(function, path, cwd, {old_name: old, new_name: new}, f"Edit {path}")
+        if call is not None:
+            return call
+    for function in named(offered, PATCH_TOOLS):
+        return patch_call(function, f"*** Begin Patch\n*** Update File: {path}\n@@\n-{old}\n+{new}\n*** End Patch\n")
+    return _shell(offered, _sed(path, old, new), f"Edit {path}")
