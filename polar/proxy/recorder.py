@@ -109,13 +109,9 @@ class CallRecorder:
         return call_id
 
     def record_failure(
-        self,
-        call: ProxyCall,
-        engine_body: dict[str, Any],
-        exc: EngineError,
-        sampling: dict[str, Any],
+        self, call: ProxyCall, engine_body: dict[str, Any], exc: EngineError, sampling: dict[str, Any],
         insert_on: EarlyConnection | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         """Record a call the engine failed, with the status the harness gets and why (``failure_kind``; best
         effort: the harness gets its error either way), on ``insert_on`` if it was checked out (a second checkout
         could wait on a full pool)."""

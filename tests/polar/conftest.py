@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -87,3 +88,11 @@ def stream_events(text: str) -> list[Any]:
             data = block[len("data: ") :]
             events.append(data if data == "[DONE]" else json.loads(data))
     return events
+
+
+def write_tree(root: Path, files: Mapping[str, str]) -> Path:
+    """``files`` (relative path: text) written under ``root``, their folders made; ``root``."""
+    for relative, text in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(text)
+    return root

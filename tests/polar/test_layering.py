@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import polar
+from tests.polar.conftest import write_tree
 
 # The layers, lowest first; a package may import from its own layer and the layers before it.
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -187,17 +188,13 @@ def test_polar_imports_no_framework() -> None:
 
 @pytest.fixture
 def scratch_package(tmp_path: Path) -> Path:
-    root = tmp_path / "polar"
-    for relative, text in {
+    return write_tree(tmp_path / "polar", {
         "__init__.py": "",
         "low/__init__.py": "",
         "low/a.py": "from polar.high import b\n",
         "high/__init__.py": "",
         "high/b.py": "from polar.low.a import thing\n",
-    }.items():
-        (root / relative).parent.mkdir(parents=True, exist_ok=True)
-        (root / relative).write_text(text)
-    return root
+    })  # fmt: skip
 
 
 def test_the_checks_see_a_cycle_and_an_upward_import(scratch_package: Path) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import polar
+from tests.polar.conftest import write_tree
 
 ROOT = Path(polar.__file__).parent
 OWNER = ROOT / "storage"
@@ -42,17 +43,14 @@ def test_only_storage_names_model_calls() -> None:
 
 
 def test_the_check_sees_each_kind_of_reference(tmp_path: Path) -> None:
-    root = tmp_path / "polar"
-    for relative, text in {
+    root = write_tree(tmp_path / "polar", {
         "storage/calls.py": "from polar.storage.models import ModelCall\nQ = 'SELECT * FROM model_calls'\n",
         "a.py": "from polar.storage.models import ModelCall\n",
         "b.py": "from polar.storage import models\nX = models.ModelCall.seq\n",
         "c.py": "def f(db):\n    return db.execute('select count(*) from  Model_Calls where seq > 1')\n",
         "d.py": "UPDATE = 'update model_calls set delivered = false'\nJOIN = 'x JOIN model_calls c ON'\n",
         "e.py": "# the rows of model_calls.failure_kind\nNO_CALLS = 'polar:no_model_calls'\nDOC = 'model_calls.seq'\n",
-    }.items():
-        (root / relative).parent.mkdir(parents=True, exist_ok=True)
-        (root / relative).write_text(text)
+    })  # fmt: skip
     assert offenders(root, root / "storage") == [
         "polar/a.py:1: imports ModelCall",
         "polar/b.py:2: .ModelCall",
