@@ -59,6 +59,8 @@ MOVED: dict[str, str] = {
 
 def moved_to(name: str) -> str | None:
     """Where the module once at ``name`` lives now, or None if it never moved."""
+    if not name.startswith("polar."):  # asked of every module a process imports
+        return None
     old = max((key for key in MOVED if name == key or name.startswith(key + ".")), key=len, default=None)
     return None if old is None else MOVED[old] + name[len(old) :]
 
