@@ -93,8 +93,12 @@ class Config:
     db_pool_size: int = 8
     db_max_overflow: int = 4
     max_body_bytes: int = 32 * 1024 * 1024
+    # The largest body a count-tokens call may have (polar.proxy.body_limits): it is tokenised whole by the engine.
+    max_count_tokens_bytes: int = 4 * 1024 * 1024
     # The most JSON values a proxied body may hold, so parsing one has a memory bound (polar.proxy.body_limits).
     max_json_values: int = 1_000_000
+    # The bytes of bodies one proxy process parses at once, across sessions (polar.proxy.parse_budget).
+    proxy_parse_bytes: int = 256 * 1024 * 1024
     # Module prefixes whose ``module:attr`` import paths tasks may name (polar.codec.import_path); none by default.
     plugin_modules: tuple[str, ...] = ()
     # The ``chat_template_kwargs`` keys clients may send the engine (polar.proxy.template_kwargs).
@@ -107,6 +111,8 @@ class Config:
     # Per-session proxy limits for tasks that set none (polar.proxy.limits).
     session_max_concurrent_calls: int = 16
     session_max_calls: int = 2000
+    # Count-tokens calls (Anthropic count_tokens, Gemini countTokens) a session may make in all, beside max_calls.
+    session_max_count_tokens: int = 2000
     # The runtime backend of tasks that name none (local | bwrap | docker); ``local`` does not isolate.
     default_runtime: str = "local"
     # Host directories copy steps may read (``{"copy": src, "to": dst}``; polar.runtimes.copy_steps): none by default,
@@ -119,10 +125,15 @@ class Config:
     # The size bound of a sandbox's private /tmp (a tmpfs, i.e. host memory): bwrap's, and Docker's with
     # read_only_root (0: unbounded).
     sandbox_tmp_mb: int = 1024
+    # The size bound of a bwrap / docker session's directory: a filesystem of its own, loop-mounted there (needs a
+    # root worker; polar.runtimes.session_disk). 0: unbounded.
+    sandbox_disk_mb: int = 10240
     # What a bwrap / docker sandbox may hold open through its sockets (polar.runtimes.bounds): connections at once
     # to each of its proxy and egress sockets, and seconds to send one request (head and body) to the proxy.
     sandbox_max_connections: int = 24
     sandbox_request_send_s: float = 30.0
+    # Seconds an egress tunnel may carry no byte either way before it is closed (polar.runtimes.egress).
+    sandbox_tunnel_idle_s: float = 300.0
     # Prometheus metrics (docs/metrics.md): where each process group keeps its values (default <state_dir>/metrics;
     # local to the machine), whether the API's /metrics answers without a token, and the port (0: none) and address
     # a Celery worker serves its own /metrics on.
@@ -195,13 +206,6 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
         raise ValidationError(f"{name} must be a number, got {raw!r}", field=name) from exc
 
 
-def _positive_number(env: Mapping[str, str], name: str, default: float) -> float:
-    value = _number(env, name, default)
-    if not value > 0 or value == float("inf"):
-        raise ValidationError(f"{name} must be a number of seconds above 0, got {env.get(name)!r}", field=name)
-    return value
-
-
 def _json_object(env: Mapping[str, str], name: str) -> dict[str, Any]:
     raw = env.get(name)
     if not raw:
@@ -226,6 +230,16 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     if value < 1:
         raise ValidationError(f"{name} must be at least 1, got {value}", field=name)
     return value
+
+
+def _whole_number(env: Mapping[str, str], name: str, default: int) -> int:
+    """A whole number of at least 0 (0 turning a bound off)."""
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    if not raw.strip().isdigit():
+        raise ValidationError(f"{name} must be a whole number of at least 0, got {raw!r}", field=name)
+    return int(raw)
 
 
 def _optional_positive_int(env: Mapping[str, str], name: str) -> int | None:
@@ -375,7 +389,9 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         db_pool_size=int(_number(env, "POLAR_DB_POOL_SIZE", base.db_pool_size)),
         db_max_overflow=int(_number(env, "POLAR_DB_MAX_OVERFLOW", base.db_max_overflow)),
         max_body_bytes=int(_number(env, "POLAR_MAX_BODY_BYTES", base.max_body_bytes)),
+        max_count_tokens_bytes=_positive_int(env, "POLAR_MAX_COUNT_TOKENS_BYTES", base.max_count_tokens_bytes),
         max_json_values=_positive_int(env, "POLAR_MAX_JSON_VALUES", base.max_json_values),
+        proxy_parse_bytes=_positive_int(env, "POLAR_PROXY_PARSE_BYTES", base.proxy_parse_bytes),
         plugin_modules=_names(env, "POLAR_PLUGIN_MODULES"),
         chat_template_kwargs=_names(env, "POLAR_CHAT_TEMPLATE_KWARGS", base.chat_template_kwargs),
         callback_allow=_callback_allow(env),
@@ -385,6 +401,7 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
             env, "POLAR_SESSION_MAX_CONCURRENT_CALLS", base.session_max_concurrent_calls
         ),
         session_max_calls=_positive_int(env, "POLAR_SESSION_MAX_CALLS", base.session_max_calls),
+        session_max_count_tokens=_positive_int(env, "POLAR_SESSION_MAX_COUNT_TOKENS", base.session_max_count_tokens),
         default_runtime=_runtime_backend(env.get("POLAR_DEFAULT_RUNTIME") or base.default_runtime),
         copy_roots=_copy_roots(env),
         sandbox_cpus=_number(env, "POLAR_SANDBOX_CPUS", base.sandbox_cpus),
@@ -393,6 +410,8 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         sandbox_request_send_s=_number(env, "POLAR_SANDBOX_REQUEST_SEND_S", base.sandbox_request_send_s),
         sandbox_pids=int(_number(env, "POLAR_SANDBOX_PIDS", base.sandbox_pids)),
         sandbox_tmp_mb=int(_number(env, "POLAR_SANDBOX_TMP_MB", base.sandbox_tmp_mb)),
+        sandbox_disk_mb=_whole_number(env, "POLAR_SANDBOX_DISK_MB", base.sandbox_disk_mb),
+        sandbox_tunnel_idle_s=_positive_number(env, "POLAR_SANDBOX_TUNNEL_IDLE_S", base.sandbox_tunnel_idle_s),
         metrics_dir=env.get("POLAR_METRICS_DIR") or "",
         metrics_public=_flag(env, "POLAR_METRICS_PUBLIC"),
         worker_metrics_port=_port(env, "POLAR_WORKER_METRICS_PORT"),

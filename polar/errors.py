@@ -9,7 +9,7 @@
     ├── Forbidden              a known token whose role may not do this (the read-only token starting work; 403)
     ├── SessionNotRunning      a proxy key whose session no longer accepts calls (401)
     ├── EnginePaused           model calls are held while a trainer syncs weights (429)
-    ├── TooManyCalls           a session went over its concurrent or total model-call limit (429)
+    ├── TooManyCalls           a session went over its concurrent, total or count-tokens call limit (429)
     ├── EngineError            the inference engine failed (502)
     │   └── EngineTimeout      the inference engine did not answer in time (504)
     ├── Busy                   too many long-polls wait, or unknown keys arrive, in this process (429, Retry-After)
@@ -83,12 +83,14 @@ class EnginePaused(PolarError):
 
 
 class TooManyCalls(PolarError):
-    """A session is over its call limits (``max_concurrent_calls`` / ``max_calls``): ``retry_after_s`` when a call
-    in flight will free a slot, None when the session has made all the calls it may."""
+    """A session is over its call limits (``max_concurrent_calls`` / ``max_calls`` / ``max_count_tokens``, named by
+    ``limit``): ``retry_after_s`` when a call in flight will free a slot, None when the session has made all the
+    calls of that kind it may."""
 
-    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
+    def __init__(self, message: str, retry_after_s: int | None = None, limit: str = "max_calls") -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.limit = limit
 
 
 # Why the engine failed a call, as ``model_calls.failure_kind`` records it: no engine reachable (refused, or the

@@ -26,6 +26,7 @@ CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 STAGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
 # Why the proxy refused a model call without sending it to the engine.
 PAUSED, MAX_CONCURRENT_CALLS, MAX_CALLS = "paused", "max_concurrent_calls", "max_calls"
+MAX_COUNT_TOKENS = "max_count_tokens"
 
 
 class ProxyMetrics:
@@ -63,7 +64,8 @@ class ProxyMetrics:
         )
         self.rejected = Counter(
             "polar_proxy_rejected_calls_total",
-            "Model calls refused with 429 and not sent to the engine: paused, max_concurrent_calls or max_calls.",
+            "Model calls refused with 429 and not sent to the engine: paused, max_concurrent_calls, max_calls or "
+            "max_count_tokens.",
             ["protocol", "reason"],
             registry=r,
         )

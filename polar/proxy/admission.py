@@ -1,6 +1,6 @@
 """Who may call, and when: a proxy key's running session with its call limits (cached briefly; unknown keys
-remembered and their lookups rate-limited, ``polar.proxy.key_misses``), and the weight-sync pause a new call
-waits behind or is refused by (a call the pause refuses or holds marks its session held, so its budget stands
+remembered and their lookups rate-limited per source, ``polar.proxy.key_misses``), and the weight-sync pause a new
+call waits behind or is refused by (a call the pause refuses or holds marks its session held, so its budget stands
 still: ``polar.proxy.pause_holds``)."""
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ class Admission:
         self.control = ControlView(db, config.pause_max_waiters)
         self.holds = PauseHolds(db)
 
-    def session_for_key(self, key: str | None) -> tuple[uuid.UUID, CallLimits, str]:
-        """The running session a key belongs to, with its call limits and sampling mode. Positive answers are
-        cached briefly: a key never changes session, and a session that stopped running is caught again when its
-        call is recorded."""
+    def session_for_key(self, key: str | None, source: str | None = None) -> tuple[uuid.UUID, CallLimits, str]:
+        """The running session a key belongs to, with its call limits and sampling mode, for a request from
+        ``source`` (its peer address: whose budget a lookup that finds nothing spends). Positive answers are cached
+        briefly: a key never changes session, and a session that stopped running is caught again when its call is
+        recorded."""
         if not key:
             raise Unauthorized("no proxy key: use the session base URL /s/<key>/… or send the key as the API key")
         key_hash = hash_key(key)
@@ -46,13 +47,13 @@ class Admission:
             return cached[0], cached[1], cached[2]
         if self._misses.known_unknown(key_hash):
             raise Unauthorized("unknown proxy key")
-        if not self._misses.may_look_up():  # a flood of made-up keys: no query for a key not known here
+        if not self._misses.may_look_up(source):  # a flood of made-up keys: no query for a key not known here
             if cached is not None and cached[3] + STALE_S > now:
                 return cached[0], cached[1], cached[2]
             raise Busy("this proxy is refusing a flood of unknown proxy keys; retry shortly", retry_after_s=1)
         found = ride_out_or_refuse(lambda: session_state_for_key(self.db, key_hash), self.config.db_outage_s)
         if found is None:
-            self._misses.missed(key_hash)
+            self._misses.missed(key_hash, source)
             raise Unauthorized("unknown proxy key")
         if found.state != State.RUNNING.value:
             raise SessionNotRunning(f"this session is {found.state}; its proxy key no longer accepts calls")
@@ -64,6 +65,12 @@ class Admission:
             self._keys.clear()
         self._keys[key_hash] = (found.session_id, limits, sampling_mode, time.monotonic() + KEY_CACHE_S)
         return found.session_id, limits, sampling_mode
+
+    def known_session(self, key_hash: str) -> uuid.UUID | None:
+        """The session this process last resolved ``key_hash`` to, however long ago (a key never changes
+        session), or None: who a call refused before its key was looked up belongs to."""
+        cached = self._keys.get(key_hash)
+        return cached[0] if cached is not None else None
 
     def admitted(self, session_id: uuid.UUID) -> ControlState:
         """The engine control state a new call runs under; raises while calls are held and the mode rejects."""

@@ -2,7 +2,10 @@
 
 Bytes: each protocol's cap is its provider's own documented request limit (a client written for that provider
 never sends more), never above ``POLAR_MAX_BODY_BYTES``. A larger ``Content-Length`` is refused (413, in the
-protocol's shape) before any of the body is read; a chunked body is read only up to the cap.
+protocol's shape) before any of the body is read; a chunked body is read only up to the cap. A count-tokens call
+(Anthropic's ``count_tokens``, Gemini's ``countTokens``, OpenAI's ``input_tokens``) is capped far lower, at
+``POLAR_MAX_COUNT_TOKENS_BYTES`` (4 MiB: a text conversation of about a million tokens): the engine tokenises its body
+whole in its API server, beside every other session's calls, for an answer of one number.
 
 Memory: Python's JSON parser grows memory up to about 24 times the body for bodies of tiny values
 (``[{},{},…]``: 3 bytes become a 64-byte dict and an 8-byte pointer). So a body is also refused (413) when it
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from polar.config import Config
 from polar.errors import PolarError
 
 MIB = 1024 * 1024
@@ -26,6 +30,8 @@ MIB = 1024 * 1024
 # OpenAI's 32 MiB here too (its API states no lower one for text).
 PROTOCOL_BYTES = {"anthropic": 32 * MIB, "gemini": 20 * MIB, "openai_chat": 32 * MIB, "openai_responses": 32 * MIB}
 VALUE_BYTES = b"{[,"
+FOR_THIS_API = "for this API"
+FOR_COUNT_TOKENS = "for counting tokens (POLAR_MAX_COUNT_TOKENS_BYTES)"
 
 
 class BodyTooLarge(PolarError):
@@ -39,9 +45,17 @@ def body_cap(protocol: ModuleType, deployment_cap: int) -> int:
     return min(PROTOCOL_BYTES.get(protocol.PROVIDER, deployment_cap), deployment_cap)
 
 
-def check_length(length: int | None, cap: int) -> None:
+def request_cap(protocol: ModuleType, operation: str, config: Config) -> tuple[int, str]:
+    """The most bytes a body of ``operation`` in ``protocol`` may have, and which limit that is (for the 413)."""
+    cap = body_cap(protocol, config.max_body_bytes)
+    if operation == "count_tokens" and config.max_count_tokens_bytes < cap:
+        return config.max_count_tokens_bytes, FOR_COUNT_TOKENS
+    return cap, FOR_THIS_API
+
+
+def check_length(length: int | None, cap: int, what: str = FOR_THIS_API) -> None:
     if length is not None and length > cap:
-        raise BodyTooLarge(f"request body of {length} bytes is over this proxy's {cap}-byte limit for this API")
+        raise BodyTooLarge(f"request body of {length} bytes is over this proxy's {cap}-byte limit {what}")
 
 
 def check_values(raw: bytes, max_values: int) -> None:

@@ -1,13 +1,16 @@
 """Per-session call limits at the proxy, so a runaway harness cannot flood the engine: at most
 ``max_concurrent_calls`` of a session's calls in flight and ``max_calls`` in all (task fields; deployment
-defaults ``POLAR_SESSION_MAX_CONCURRENT_CALLS`` / ``POLAR_SESSION_MAX_CALLS``). A call over either limit raises
-``TooManyCalls`` before anything is sent to the engine.
+defaults ``POLAR_SESSION_MAX_CONCURRENT_CALLS`` / ``POLAR_SESSION_MAX_CALLS``). Counting tokens (Anthropic's
+``count_tokens``, Gemini's ``countTokens``) is no model call but has the engine tokenise the whole conversation, so
+those calls share the concurrency slots and count toward a total of their own, ``max_count_tokens``
+(``POLAR_SESSION_MAX_COUNT_TOKENS``). A call over a limit raises ``TooManyCalls`` before anything is sent to the
+engine.
 
 The proxy runs as several gunicorn workers, maybe on several machines, so with Redis the counts are shared
 (``RedisLimiter``): per session a sorted set of the calls in flight, scored by when they started on Redis's
-clock, and a counter of admitted calls, both expiring ``keep_s`` after the session's last call. A script
-admits a call in one round trip (drop in-flight entries older than ``hold_s``: a proxy that died mid-call never
-released them; check both limits; add the call); ending it is a second. Without Redis (embedded mode) the
+clock, and counters of admitted model calls and count-tokens calls, all expiring ``keep_s`` after the session's
+last call. A script admits a call in one round trip (drop in-flight entries older than ``hold_s``: a proxy that died
+mid-call never released them; check both limits; add the call); ending it is a second. Without Redis (embedded mode) the
 counts are this process's own (``LocalLimiter``); so is what a Redis limiter falls back to while Redis is
 unreachable, so a Redis outage neither fails calls nor lifts the limits.
 """
@@ -22,7 +25,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Literal, Protocol
 
 import redis
 from redis.exceptions import RedisError
@@ -46,6 +49,7 @@ class CallLimits:
     max_calls: int
     keep_s: int
     over_budget: str = "refuse"  # a call over max_calls: refused (429), or answered with a final stop (budget.py)
+    max_count_tokens: int = 2000  # POLAR_SESSION_MAX_COUNT_TOKENS's default
 
     @classmethod
     def of_task(
@@ -63,6 +67,7 @@ class CallLimits:
             max_calls=max_calls or config.session_max_calls,
             keep_s=math.ceil((timeout_s or DEFAULT_TIMEOUT_S) + hold_s(config)),
             over_budget=over_budget or "refuse",
+            max_count_tokens=config.session_max_count_tokens,
         )
 
 
@@ -72,10 +77,19 @@ def hold_s(config: Config) -> float:
     return 2 * config.engine_timeout_s + config.db_outage_s
 
 
+# The totals a call may count toward (``CallLimiter.slot``'s ``toward``).
+Toward = Literal["max_calls", "max_count_tokens"]
+MAX_CALLS: Final = "max_calls"
+MAX_COUNT_TOKENS: Final = "max_count_tokens"
+
+
 class CallLimiter(Protocol):
-    def slot(self, session_id: uuid.UUID, limits: CallLimits, counted: bool = True) -> AbstractContextManager[None]:
-        """Hold one of the session's call slots for the ``with`` block (``counted``: the call also counts
-        toward ``max_calls``); raises ``TooManyCalls`` instead when the session is over a limit."""
+    def slot(
+        self, session_id: uuid.UUID, limits: CallLimits, counted: bool = True, toward: Toward = MAX_CALLS
+    ) -> AbstractContextManager[None]:
+        """Hold one of the session's call slots for the ``with`` block (``counted``: the call also counts toward
+        the total ``toward`` names, ``max_calls`` or ``max_count_tokens``); raises ``TooManyCalls`` instead when
+        the session is over a limit."""
         ...
 
     def close(self) -> None: ...
@@ -86,11 +100,22 @@ def _over_concurrency(limits: CallLimits) -> TooManyCalls:
         f"this session already has max_concurrent_calls ({limits.max_concurrent}) model calls in flight; "
         f"try again in {RETRY_AFTER_S}s",
         retry_after_s=RETRY_AFTER_S,
+        limit="max_concurrent_calls",
     )
 
 
-def _over_total(limits: CallLimits) -> TooManyCalls:
+def _over_total(limits: CallLimits, toward: Toward) -> TooManyCalls:
+    if toward == MAX_COUNT_TOKENS:
+        return TooManyCalls(
+            f"this session has made its max_count_tokens ({limits.max_count_tokens}) token-counting calls; no more "
+            "are allowed (model calls still are)",
+            limit=MAX_COUNT_TOKENS,
+        )
     return TooManyCalls(f"this session has made its max_calls ({limits.max_calls}) model calls; no more are allowed")
+
+
+def _cap(limits: CallLimits, toward: Toward) -> int:
+    return limits.max_count_tokens if toward == MAX_COUNT_TOKENS else limits.max_calls
 
 
 class _RefusalLog:
@@ -98,12 +123,12 @@ class _RefusalLog:
     would flood the log otherwise. Names the session, never its key."""
 
     def __init__(self, size: int = 10_000) -> None:
-        self._seen: set[tuple[uuid.UUID, bool]] = set()
+        self._seen: set[tuple[uuid.UUID, str]] = set()
         self._size = size
         self._lock = threading.Lock()
 
     def refused(self, session_id: uuid.UUID, exc: TooManyCalls) -> TooManyCalls:
-        seen = (session_id, exc.retry_after_s is None)
+        seen = (session_id, exc.limit)
         with self._lock:
             first = seen not in self._seen
             if first:
@@ -118,6 +143,7 @@ class _RefusalLog:
 class _Counts:
     in_flight: int = 0
     total: int = 0
+    count_tokens: int = 0
     last_used: float = 0.0
     keep_s: float = 0.0
 
@@ -134,8 +160,10 @@ class LocalLimiter:
     _refusals: _RefusalLog = field(default_factory=_RefusalLog)
 
     @contextmanager
-    def slot(self, session_id: uuid.UUID, limits: CallLimits, counted: bool = True) -> Iterator[None]:
-        self._acquire(session_id, limits, counted)
+    def slot(
+        self, session_id: uuid.UUID, limits: CallLimits, counted: bool = True, toward: Toward = MAX_CALLS
+    ) -> Iterator[None]:
+        self._acquire(session_id, limits, counted, toward)
         try:
             yield
         finally:
@@ -145,18 +173,22 @@ class LocalLimiter:
                     counts.in_flight -= 1
                     counts.last_used = self.clock()
 
-    def _acquire(self, session_id: uuid.UUID, limits: CallLimits, counted: bool) -> None:
+    def _acquire(self, session_id: uuid.UUID, limits: CallLimits, counted: bool, toward: Toward) -> None:
         with self._lock:
             now = self.clock()
             if now >= self._next_sweep:
                 self._sweep(now)
             counts = self._sessions.setdefault(session_id, _Counts())
-            if counted and counts.total >= limits.max_calls:
-                raise self._refusals.refused(session_id, _over_total(limits))
+            made = counts.count_tokens if toward == MAX_COUNT_TOKENS else counts.total
+            if counted and made >= _cap(limits, toward):
+                raise self._refusals.refused(session_id, _over_total(limits, toward))
             if counts.in_flight >= limits.max_concurrent:
                 raise self._refusals.refused(session_id, _over_concurrency(limits))
             counts.in_flight += 1
-            counts.total += counted
+            if toward == MAX_COUNT_TOKENS:
+                counts.count_tokens += counted
+            else:
+                counts.total += counted
             counts.last_used, counts.keep_s = now, limits.keep_s
 
     def _sweep(self, now: float) -> None:
@@ -175,8 +207,8 @@ class LocalLimiter:
         pass
 
 
-# KEYS: in-flight set, total counter. ARGV: call id, max_concurrent, max_calls (0: not counted), hold_s, keep_s.
-# Returns 1 admitted, -1 over max_concurrent, -2 over max_calls.
+# KEYS: in-flight set, total counter (model calls', or count-tokens calls'). ARGV: call id, max_concurrent, that
+# total's cap (0: not counted), hold_s, keep_s. Returns 1 admitted, -1 over max_concurrent, -2 over the total's cap.
 _ACQUIRE = """
 local now = redis.call('TIME')
 local now_s = tonumber(now[1]) + tonumber(now[2]) / 1000000
@@ -208,15 +240,18 @@ class RedisLimiter:
         self._refusals = _RefusalLog()
 
     @staticmethod
-    def _keys(session_id: uuid.UUID) -> tuple[str, str]:
-        # One hash tag per session: both keys land on the same node of a Redis Cluster.
-        return f"polar:calls:{{{session_id}}}:inflight", f"polar:calls:{{{session_id}}}:total"
+    def _keys(session_id: uuid.UUID, toward: Toward = MAX_CALLS) -> tuple[str, str]:
+        # One hash tag per session: the keys land on the same node of a Redis Cluster.
+        total = "count_tokens" if toward == MAX_COUNT_TOKENS else "total"
+        return f"polar:calls:{{{session_id}}}:inflight", f"polar:calls:{{{session_id}}}:{total}"
 
     @contextmanager
-    def slot(self, session_id: uuid.UUID, limits: CallLimits, counted: bool = True) -> Iterator[None]:
-        call_id = self._acquire(session_id, limits, counted)
+    def slot(
+        self, session_id: uuid.UUID, limits: CallLimits, counted: bool = True, toward: Toward = MAX_CALLS
+    ) -> Iterator[None]:
+        call_id = self._acquire(session_id, limits, counted, toward)
         if call_id is None:  # Redis unreachable: this process's own counts
-            with self._fallback.slot(session_id, limits, counted):
+            with self._fallback.slot(session_id, limits, counted, toward):
                 yield
             return
         try:
@@ -224,21 +259,21 @@ class RedisLimiter:
         finally:
             self._release(session_id, call_id)
 
-    def _acquire(self, session_id: uuid.UUID, limits: CallLimits, counted: bool) -> str | None:
+    def _acquire(self, session_id: uuid.UUID, limits: CallLimits, counted: bool, toward: Toward) -> str | None:
         if time.monotonic() < self._down_until:
             return None
         call_id = uuid.uuid4().hex
         args: list[str | int | float] = [
-            call_id, limits.max_concurrent, limits.max_calls if counted else 0, self.hold_s, limits.keep_s
+            call_id, limits.max_concurrent, _cap(limits, toward) if counted else 0, self.hold_s, limits.keep_s
         ]  # fmt: skip
         try:
-            admitted = int(self._acquire_script(keys=self._keys(session_id), args=args))
+            admitted = int(self._acquire_script(keys=self._keys(session_id, toward), args=args))
         except RedisError as exc:
             self._down_until = time.monotonic() + REDIS_COOLDOWN_S
             log.warning("call limits: Redis unreachable (%s); this process counts on its own meanwhile", exc)
             return None
         if admitted == -2:
-            raise self._refusals.refused(session_id, _over_total(limits))
+            raise self._refusals.refused(session_id, _over_total(limits, toward))
         if admitted == -1:
             raise self._refusals.refused(session_id, _over_concurrency(limits))
         return call_id

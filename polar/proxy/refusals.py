@@ -1,17 +1,26 @@
 """Refused calls, on record: a model call the proxy answers with an error before the engine ever saw it is still
 something that happened to the harness, and postrun must know of it to judge how the attempt ended.
 
+    declare_key(redis_url, key_hash)                       # run stage, as it mints the key
     counter = RefusalCounter(db, redis_url)
     counter.refused(key_hash, session_id, PAUSED)          # table call_refusals, +1
     counter.refused(key_hash, None, DATABASE_OUTAGE)       # Postgres away: Redis, per proxy key, +1 (and when)
     fold_in(db, redis_url, session_id, key_hash)           # postrun: Redis's counts and times into the table
     refusal_counts(db, session_id)                         # {"paused": 14, "database_outage": 3}
 
-Reasons: ``paused`` (a weight-sync pause in ``reject`` mode, or ``wait`` mode out of waiters or time) and
-``database_outage`` (Polar could not reach its database) are the infrastructure's; ``max_calls`` and
-``max_concurrent_calls`` are the task's own limits. A refusal for a database outage cannot be written to the
-database, so it is counted in Redis under the session's proxy key hash (the proxy may not even know the session
-yet: the key is resolved in the database), and postrun, which knows the key hash, folds the count in.
+Reasons: ``paused`` (a weight-sync pause in ``reject`` mode, or ``wait`` mode out of waiters or time),
+``database_outage`` (Polar could not reach its database) and ``busy`` (the proxy held key lookups during a flood of
+unknown keys from the call's source, ``polar.proxy.key_misses``) are the infrastructure's; ``max_calls``,
+``max_concurrent_calls`` and ``max_count_tokens`` (count-tokens calls) are the task's own limits, which the
+harness's own calls ran into. A refusal made before the proxy knew the call's session (an
+outage: the key is resolved in the database; a held lookup) is counted in Redis under the session's proxy key hash,
+and postrun, which knows the key hash, folds the count in.
+
+Redis keeps such counts only for a key that is a session's: one the run stage declared as it minted it
+(``declare_key``), or one this proxy process resolved to its session before. A key the proxy cannot place is
+counted only if declared, so made-up keys, which a sandbox can send by the thousand while Postgres is away or
+lookups are held, leave nothing in Redis; a real key is found declared (its hash lives until its postrun folds it
+in, at most ``REDIS_KEEP_S``).
 
 Each reason's row keeps when its first and last refusal were (``first_at``, ``last_at``), so postrun can order them
 against the harness's answers (``polar.lifecycle.attempts``). Rows written directly take the database's clock. A
@@ -33,19 +42,34 @@ import sqlalchemy as sa
 from redis.exceptions import RedisError
 from sqlalchemy.dialects import postgresql, sqlite
 
-from polar.observability.metrics import MAX_CALLS, MAX_CONCURRENT_CALLS, PAUSED
+from polar.observability.metrics import MAX_CALLS, MAX_CONCURRENT_CALLS, MAX_COUNT_TOKENS, PAUSED
 from polar.storage.database import Database
 from polar.storage.models import CallRefusal
 
 log = logging.getLogger(__name__)
 
 DATABASE_OUTAGE = "database_outage"
-REASONS = (PAUSED, DATABASE_OUTAGE, MAX_CALLS, MAX_CONCURRENT_CALLS)
+BUSY = "busy"  # a key lookup held while a flood of unknown keys from the call's source lasts (Busy, 429)
+REASONS = (PAUSED, DATABASE_OUTAGE, BUSY, MAX_CALLS, MAX_CONCURRENT_CALLS, MAX_COUNT_TOKENS)
 # Refusals caused by the infrastructure: a harness that gave up after one of these is not the policy's failure.
-INFRASTRUCTURE_REASONS = (PAUSED, DATABASE_OUTAGE)
+INFRASTRUCTURE_REASONS = (PAUSED, DATABASE_OUTAGE, BUSY)
 REDIS_TIMEOUT_S = 2.0
 # Kept in Redis at most this long unfolded (a session's postrun folds them in within its budget).
 REDIS_KEEP_S = 7 * 24 * 3600
+# The field a declared key's hash is made with (``declare_key``); its ``:`` keeps it out of the counts (``_folded``).
+_DECLARED = "key:declared_at"
+# One refusal counted in Redis in one round trip. KEYS[1]: the key's hash; ARGV: the reason, its first and last time
+# fields, the time, how long to keep the hash, and "1" to count only under a hash already there (a declared key's).
+_COUNT = """
+if ARGV[6] == "1" and redis.call("exists", KEYS[1]) == 0 then
+    return 0
+end
+redis.call("hincrby", KEYS[1], ARGV[1], 1)
+redis.call("hsetnx", KEYS[1], ARGV[2], ARGV[4])
+redis.call("hset", KEYS[1], ARGV[3], ARGV[4])
+redis.call("expire", KEYS[1], ARGV[5])
+return 1
+"""
 
 
 def _redis_key(key_hash: str) -> str:
@@ -92,14 +116,35 @@ def add_counts(
             session.execute(statement)
 
 
+def declare_key(redis_url: str | None, key_hash: str) -> None:
+    """Declare ``key_hash`` a session's proxy key to Redis (the run stage, as it mints the key, before the harness
+    can use it), so refusals counted there before any proxy knows the key's session are kept for it. Best effort:
+    with Redis away, only the refusals no proxy process could place are lost."""
+    if not redis_url:
+        return
+    client = _connect(redis_url)
+    try:
+        pipe = client.pipeline()
+        pipe.hsetnx(_redis_key(key_hash), _DECLARED, repr(time.time()))
+        pipe.expire(_redis_key(key_hash), REDIS_KEEP_S)
+        pipe.execute()
+    except RedisError as exc:
+        log.warning("could not declare a session's proxy key to Redis: %s", exc)
+    finally:
+        client.close()
+
+
 class RefusalCounter:
     """The proxy's record of the calls it refused (best effort: the harness gets its error either way)."""
 
     def __init__(self, db: Database, redis_url: str | None) -> None:
         self.db = db
         self._redis = _connect(redis_url) if redis_url else None
+        self._count = self._redis.register_script(_COUNT) if self._redis is not None else None
 
     def refused(self, key_hash: str | None, session_id: uuid.UUID | None, reason: str) -> None:
+        """Count one refused call of ``session_id`` (None: the proxy could not place the key) for ``reason``: in
+        the database, or in Redis under ``key_hash`` when the database is away or the session unknown."""
         if reason != DATABASE_OUTAGE and session_id is not None:
             try:
                 add_counts(self.db, session_id, {reason: 1})
@@ -107,17 +152,14 @@ class RefusalCounter:
             except (sa.exc.DBAPIError, sa.exc.TimeoutError) as exc:  # away, or every connection busy: Redis keeps it
                 why = type(exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc).__name__
                 log.warning("could not record a refused call in the database (%s)", why)
-        if key_hash is None or self._redis is None:
+        if key_hash is None or self._count is None:
             log.warning("a refused call (%s) could not be recorded: no session key or no Redis", reason)
             return
+        at = repr(time.time())  # this machine's clock: Postgres, and its clock, may be away
+        fields = (reason, _time_field("first", reason), _time_field("last", reason), at, REDIS_KEEP_S)
         try:
-            at = repr(time.time())  # this machine's clock: Postgres, and its clock, are away
-            pipe = self._redis.pipeline()
-            pipe.hincrby(_redis_key(key_hash), reason, 1)
-            pipe.hsetnx(_redis_key(key_hash), _time_field("first", reason), at)
-            pipe.hset(_redis_key(key_hash), _time_field("last", reason), at)
-            pipe.expire(_redis_key(key_hash), REDIS_KEEP_S)
-            pipe.execute()
+            # A key this process placed is a session's; any other is counted only if declared (made-up keys are not).
+            self._count(keys=[_redis_key(key_hash)], args=[*fields, "0" if session_id is not None else "1"])
         except RedisError as exc:
             log.warning("could not count a refused call (%s) in Redis: %s", reason, exc)
 

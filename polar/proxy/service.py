@@ -5,10 +5,13 @@ Errors come back in the client's own error shape with a truthful status; nothing
 
 A session's calls run under its call limits (``polar.proxy.limits``): a model call over ``max_concurrent_calls``
 or ``max_calls`` gets the protocol's 429 and is not sent to the engine; it is no model call, but it is counted on the
-session (``polar.proxy.refusals``), as are the 429s of a weight-sync pause and the 503s of a database outage (a
-call a pause refuses or holds also marks its session held, so its budget stands still: ``polar.proxy.pause_holds``);
-counting tokens takes a concurrency slot but does not count toward ``max_calls``. Under the task's ``over_budget:
-stop`` a call over ``max_calls`` is answered instead with a final stop, recorded as synthesized (``budget``).
+session (``polar.proxy.refusals``), as are the 429s of a weight-sync pause, the 503s of a database outage and the
+429s of a key lookup held during a flood of unknown keys from the call's source (``polar.proxy.key_misses``). A
+call a pause refuses or holds also marks its session held, so its budget stands still (``polar.proxy.pause_holds``);
+counting tokens takes a concurrency slot and counts toward a total of its own, ``max_count_tokens``, not
+``max_calls`` (over it: the protocol's 429, on record as ``max_count_tokens``; its body is capped at
+``POLAR_MAX_COUNT_TOKENS_BYTES``). Under the task's ``over_budget: stop`` a call over ``max_calls`` is answered
+instead with a final stop, recorded as synthesized (``budget``).
 
 Before the engine is asked, the task's ``sampling`` mode and ``POLAR_SAMPLING_OVERRIDES`` shape the sampling
 parameters and ``POLAR_MAX_NEW_TOKENS`` caps the new tokens asked, and both what was asked and what was sent are
@@ -52,17 +55,18 @@ from polar.errors import (
 )
 from polar.fleet.backends.base import capture_fields
 from polar.fleet.engines import EnginePool, EngineReply
-from polar.observability.metrics import MAX_CALLS, MAX_CONCURRENT_CALLS, PAUSED, ProxyMetrics
+from polar.observability.metrics import PAUSED, ProxyMetrics
 from polar.protocols import ClientRequest, Detected, EngineAnswer, RequestContext, continued_answer
 from polar.proxy import budget
 from polar.proxy.admission import Admission
 from polar.proxy.asker import EngineAsker
-from polar.proxy.body_limits import check_values
+from polar.proxy.body_limits import check_length, check_values, request_cap
 from polar.proxy.call import ProxyAnswer, ProxyCall
 from polar.proxy.keys import hash_key
-from polar.proxy.limits import CallLimiter, CallLimits, call_limiter
+from polar.proxy.limits import MAX_COUNT_TOKENS, CallLimiter, CallLimits, call_limiter
+from polar.proxy.parse_budget import ParseBudget
 from polar.proxy.recorder import PREFETCH_FROM_BYTES, CallRecorder, parents_read, waking
-from polar.proxy.refusals import DATABASE_OUTAGE, RefusalCounter
+from polar.proxy.refusals import BUSY, DATABASE_OUTAGE, RefusalCounter
 from polar.proxy.sampling import engine_sampling
 from polar.proxy.template_kwargs import check_setting, check_template_kwargs
 from polar.proxy.token_check import check_tokens
@@ -99,9 +103,11 @@ def _refusal(exc: PolarError) -> str | None:
     if isinstance(exc, EnginePaused):
         return PAUSED
     if isinstance(exc, TooManyCalls):
-        return MAX_CONCURRENT_CALLS if exc.retry_after_s is not None else MAX_CALLS
+        return exc.limit  # max_concurrent_calls, max_calls or max_count_tokens
     if isinstance(exc, CaptureFailed):
         return DATABASE_OUTAGE
+    if isinstance(exc, Busy):
+        return BUSY
     return None
 
 
@@ -125,6 +131,7 @@ class ProxyService:
         self.admission = Admission(config, db)
         self.asker = EngineAsker(config, db, engines)
         self.recorder = CallRecorder(config, db)
+        self.parse_budget = ParseBudget(config.proxy_parse_bytes)
 
     def error(self, protocol: ModuleType, exc: PolarError) -> ProxyAnswer:
         status = http_status(exc)
@@ -137,16 +144,27 @@ class ProxyService:
         return ProxyAnswer(status, protocol.render_error(status, str(exc)), headers=headers)
 
     def handle(
-        self, detected: Detected, key: str | None, agent: str | None, raw: bytes | Callable[[], bytes]
+        self,
+        detected: Detected,
+        key: str | None,
+        agent: str | None,
+        raw: bytes | Callable[[], bytes],
+        source: str | None = None,
     ) -> ProxyAnswer:
         """Answer one request; every answer is counted by protocol, operation and status. ``raw`` is the body, or
-        how to read it: it is read only once the key is known good and one of its session's slots is held."""
-        answer = self._handle(detected, key, agent, raw)
+        how to read it: it is read only once the key is known good and one of its session's slots is held.
+        ``source``: the peer address it came from (whose budget an unknown key's lookup spends)."""
+        answer = self._handle(detected, key, agent, raw, source)
         self.metrics.answered(detected.protocol.PROVIDER, detected.operation, answer.status)
         return answer
 
     def _handle(
-        self, detected: Detected, key: str | None, agent: str | None, raw: bytes | Callable[[], bytes]
+        self,
+        detected: Detected,
+        key: str | None,
+        agent: str | None,
+        raw: bytes | Callable[[], bytes],
+        source: str | None = None,
     ) -> ProxyAnswer:
         protocol, context = detected.protocol, detected.context
         session_id: uuid.UUID | None = None
@@ -154,16 +172,16 @@ class ProxyService:
             if detected.operation == "head":
                 return ProxyAnswer(200, {})
             _check_label(agent, "agent (the /a/<agent> base URL part or X-Polar-Agent)")
-            session_id, limits, sampling_mode = self.admission.session_for_key(key)
+            session_id, limits, sampling_mode = self.admission.session_for_key(key, source)
             if detected.operation == "models":
                 return ProxyAnswer(200, protocol.render_models(self.asker.model_names()))
+            if detected.operation == "count_tokens":
+                return self._count_tokens(protocol, context, session_id, limits, raw)
             # Read and parsed under one of the session's slots: a sandbox holds at most max_concurrent_calls bodies
             # in the proxy's memory however many it sends (polar.proxy.body_limits).
             with self.limiter.slot(session_id, limits, counted=False):
                 data = raw if isinstance(raw, bytes) else raw()
                 body = self.parsed(data)
-                if detected.operation == "count_tokens":
-                    return self._count_tokens(protocol, context, session_id, body)
                 request = protocol.normalize(body, context)
                 _check_label(request.model, "model")
                 check_template_kwargs(request.engine_body, self.config.chat_template_kwargs)
@@ -182,16 +200,22 @@ class ProxyService:
     ) -> ProxyAnswer:
         if (reason := _refusal(exc)) is not None:
             self.metrics.refused(protocol.PROVIDER, reason)
+            key_hash = hash_key(key) if key else None
+            if session_id is None and key_hash is not None:  # refused before its key was looked up: known here?
+                session_id = self.admission.known_session(key_hash)
             # On record, so postrun can tell a harness the infrastructure turned away from one that failed.
-            self.refusals.refused(hash_key(key) if key else None, session_id, reason)
+            self.refusals.refused(key_hash, session_id, reason)
         return self.error(protocol, exc)
 
-    def body_for_routing(self, key: str | None, read: Callable[[], bytes]) -> tuple[bytes, Any] | None:
+    def body_for_routing(
+        self, key: str | None, read: Callable[[], bytes], source: str | None = None
+    ) -> tuple[bytes, Any] | None:
         """A request no path routes: its body (raw and parsed, under one of the session's slots) for the protocol
-        detection to look at, when ``key`` is a running session's; None otherwise (it is no route, then). Raises
-        ``BodyTooLarge``, or ``TooManyCalls`` when the session has no slot free."""
+        detection to look at, when ``key`` is a running session's (a request from ``source``); None otherwise (it
+        is no route, then). Raises ``BodyTooLarge``, ``Busy`` while a flood from ``source`` holds key lookups, or
+        ``TooManyCalls`` when the session has no slot free."""
         try:
-            session_id, limits, _ = self.admission.session_for_key(key)
+            session_id, limits, _ = self.admission.session_for_key(key, source)
         except (Unauthorized, SessionNotRunning, CaptureFailed):
             return None
         with self.limiter.slot(session_id, limits, counted=False):
@@ -205,14 +229,26 @@ class ProxyService:
         """The body read (when it has yet to be) and parsed, refused first if its values are over the cap."""
         data = raw if isinstance(raw, bytes) else raw()
         check_values(data, self.config.max_json_values)
-        return parse_json(data)
+        with self.parse_budget.hold(len(data)):  # the process's bound across sessions (polar.proxy.parse_budget)
+            return parse_json(data)
 
     def _count_tokens(
-        self, protocol: ModuleType, context: RequestContext, session_id: uuid.UUID, body: Any
+        self,
+        protocol: ModuleType,
+        context: RequestContext,
+        session_id: uuid.UUID,
+        limits: CallLimits,
+        raw: bytes | Callable[[], bytes],
     ) -> ProxyAnswer:
-        tokenize = protocol.count_tokens_request(body, context)
-        check_template_kwargs(tokenize, self.config.chat_template_kwargs)
-        reply = self.asker.count_tokens(session_id, tokenize)
+        """Count a body's tokens with the engine. Each such call holds a concurrency slot and counts toward the
+        session's ``max_count_tokens`` (a refused body too: it was sent), and its body has its own, smaller cap: the
+        engine tokenises the whole conversation for one number (audit G10)."""
+        with self.limiter.slot(session_id, limits, toward=MAX_COUNT_TOKENS):
+            data = raw if isinstance(raw, bytes) else raw()
+            check_length(len(data), *request_cap(protocol, "count_tokens", self.config))  # a body given whole
+            tokenize = protocol.count_tokens_request(self.parsed(data), context)
+            check_template_kwargs(tokenize, self.config.chat_template_kwargs)
+            reply = self.asker.count_tokens(session_id, tokenize)
         if reply.status_code != 200:
             return ProxyAnswer(reply.status_code, protocol.render_error(reply.status_code, reply.error_message))
         return ProxyAnswer(200, protocol.render_count_tokens(int(reply.body["count"])))

@@ -238,7 +238,12 @@ def _settle(db: Any, services: Services, claimed: Claimed, ending: _Ending) -> b
     """After the terminal compare-and-set: start the sample's next attempt (True) when the infrastructure lost
     this one and attempts are left, else give the session its feed position (the sample is settled)."""
     session = claimed.session
-    cancelled = db.scalar(sa.select(Batch.cancel_requested_at).where(Batch.id == session.batch_id)) is not None
+    # Read under a lock on the batch's row that waits for a cancel's (``cancel_batch`` takes it FOR UPDATE): read
+    # after a cancel commits, the flag is seen; read first, the cancel waits, and its UPDATE of the pending
+    # sessions sees the attempt inserted here. FOR KEY SHARE is what inserting that attempt takes anyway (its
+    # foreign key): other postruns of the batch, and its ``finished_at``, are not held up.
+    flag = sa.select(Batch.cancel_requested_at).where(Batch.id == session.batch_id)
+    cancelled = db.scalar(flag.with_for_update(read=True, key_share=True)) is not None
     retry = (
         ending.outcome_class is OutcomeClass.INFRASTRUCTURE
         and retries_left(session.attempt, claimed.task.max_attempts)

@@ -110,18 +110,34 @@ def _finish(meta: Mapping[str, Any]) -> tuple[str, int | str | None]:
     raise EngineError(f"the SGLang engine answered an unknown finish_reason {reason!r}", status_code=502)
 
 
+def _malformed(entry: Any, what: str) -> EngineError:
+    return EngineError(f"the SGLang engine's answer has a malformed {what} entry: {entry!r:.80}", status_code=502)
+
+
+def _entry(entry: Any, what: str) -> tuple[float | None, int]:
+    """A ``[logprob, token_id, text]`` entry's logprob (None: none given) and id; EngineError for any other shape
+    (a 502 on record, like any engine fault, never an IndexError's 500). Whether a logprob is valid is
+    ``polar.proxy.token_check``'s to judge."""
+    if not isinstance(entry, list | tuple) or len(entry) < 2:
+        raise _malformed(entry, what)
+    logprob, token_id = entry[0], entry[1]
+    if type(token_id) is not int or token_id < 0 or not (logprob is None or type(logprob) in (int, float)):
+        raise _malformed(entry, what)
+    return (None if logprob is None else float(logprob)), token_id
+
+
 def sampled(body: Mapping[str, Any]) -> tuple[list[int], list[float]]:
-    """The sampled ids and their logprobs; EngineError unless the two agree id for id."""
+    """The sampled ids and their logprobs; EngineError unless each is a well-formed triple and the two agree id
+    for id."""
     meta = body.get("meta_info")
     if not isinstance(meta, Mapping) or not isinstance(meta.get("output_token_logprobs"), list):
         raise EngineError("the SGLang engine's answer has no meta_info.output_token_logprobs", status_code=502)
-    triples = meta["output_token_logprobs"]
-    ids = [int(entry[1]) for entry in triples]
-    if any(entry[0] is None for entry in triples):  # never read as 0.0 (p=1): see polar.proxy.token_check
+    pairs = [_entry(entry, "sampled token") for entry in meta["output_token_logprobs"]]
+    ids, logprobs = [token_id for _, token_id in pairs], [logprob for logprob, _ in pairs if logprob is not None]
+    if len(logprobs) != len(ids):  # never read as 0.0 (p=1): see polar.proxy.token_check
         raise EngineError("the SGLang engine's answer has a sampled token without a logprob", status_code=502)
-    logprobs = [float(entry[0]) for entry in triples]
     output_ids = body.get("output_ids")
-    if output_ids is not None and list(output_ids) != ids:
+    if output_ids is not None and (not isinstance(output_ids, list) or output_ids != ids):
         raise EngineError("the SGLang engine's output_ids and output_token_logprobs disagree", status_code=502)
     return ids, logprobs
 
@@ -133,14 +149,22 @@ def _token(text: Any, token_id: int) -> dict[str, Any]:
     return {"token": f"token_id:{token_id}", "bytes": None}
 
 
+def _alternative(alt: Any) -> dict[str, Any]:
+    """One of a token's ``top_logprobs``, from its triple (one without a logprob reads 0.0, as it always has: only
+    the sampled tokens' logprobs are trained on)."""
+    logprob, token_id = _entry(alt, "top_logprobs")
+    return {**_token(alt[2] if len(alt) > 2 else None, token_id), "logprob": logprob or 0.0}
+
+
 def _token_logprobs(meta: Mapping[str, Any], ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
     """``choices[0].logprobs.content``: each sampled token with its text and its alternatives (``top_logprobs``)."""
     triples = meta["output_token_logprobs"]
     tops = meta.get("output_top_logprobs") or [None] * len(ids)
+    if not isinstance(tops, list) or len(tops) != len(ids) or not all(isinstance(top, list | None) for top in tops):
+        raise EngineError("the SGLang engine's output_top_logprobs do not match its sampled tokens", status_code=502)
     return [
         {**_token(triple[2] if len(triple) > 2 else None, token_id), "logprob": logprob,
-         "top_logprobs": [{**_token(alt[2] if len(alt) > 2 else None, int(alt[1])),
-                           "logprob": float(alt[0]) if alt[0] is not None else 0.0} for alt in top or []]}
+         "top_logprobs": [_alternative(alt) for alt in top or []]}
         for triple, token_id, logprob, top in zip(triples, ids, logprobs, tops, strict=True)
     ]  # fmt: skip
 
@@ -148,14 +172,19 @@ def _token_logprobs(meta: Mapping[str, Any], ids: list[int], logprobs: list[floa
 def as_chat_answer(
     body: Mapping[str, Any], prompt_ids: list[int], parse_tools: bool, model: str = "default"
 ) -> dict[str, Any]:
-    """An SGLang ``/generate`` answer as the vLLM chat completion the protocol modules render."""
-    meta = body.get("meta_info") or {}
+    """An SGLang ``/generate`` answer as the vLLM chat completion the protocol modules render; EngineError (a 502
+    on record) for an answer of any other shape."""
+    meta = body.get("meta_info") if isinstance(body, Mapping) else None
+    if not isinstance(meta, Mapping):
+        raise EngineError("the SGLang engine's answer has no meta_info object", status_code=502)
     finish, stop_reason = _finish(meta)
     ids, logprobs = sampled(body)
     message = chat_message(str(body.get("text") or ""), parse_tools)
     token_logprobs = _token_logprobs(meta, ids, logprobs)
-    prompt_tokens = int(meta.get("prompt_tokens", len(prompt_ids)))
-    if prompt_tokens != len(prompt_ids):
+    prompt_tokens, cached = meta.get("prompt_tokens", len(prompt_ids)), meta.get("cached_tokens") or 0
+    if type(cached) is not int:
+        raise EngineError(f"the SGLang engine answered cached_tokens {cached!r:.40}, not a count", status_code=502)
+    if type(prompt_tokens) is not int or prompt_tokens != len(prompt_ids):
         raise EngineError(f"the SGLang engine read {prompt_tokens} prompt tokens, Polar sent {len(prompt_ids)}",
                           status_code=502)  # fmt: skip
     return {
@@ -177,7 +206,7 @@ def as_chat_answer(
             "prompt_tokens": prompt_tokens,
             "completion_tokens": len(ids),
             "total_tokens": prompt_tokens + len(ids),
-            "prompt_tokens_details": {"cached_tokens": int(meta.get("cached_tokens") or 0)},
+            "prompt_tokens_details": {"cached_tokens": cached},
         },
         "prompt_token_ids": list(prompt_ids),
         "weight_version": meta.get("weight_version"),

@@ -461,6 +461,19 @@ def test_a_harness_that_gave_up_on_refusals_of_the_infrastructure_is_retried(ser
     assert ended(second) == ("completed", "exited", "task") and second.reward == 1.0
 
 
+def test_a_harness_that_gave_up_on_held_key_lookups_is_retried(services: Services) -> None:
+    # Audit G4: another source's flood of made-up keys held its first call's lookup (429, Busy): not the policy's.
+    submit_tasks(services, command_task("t", 'test "$POLAR_ATTEMPT" = 2'))  # fails on attempt 1 only
+    deliver_all(services, until=lambda stage, _: stage is Stage.POSTRUN)
+    record_call(services, only(services).id)  # an answer, and then the 429s it gave up on
+    add_counts(services.db, only(services).id, {"busy": 4})
+    deliver_all(services, until=calls_before_postrun(services))
+    first, second = attempts(services)
+    assert ended(first) == ("failed", "engine_failed", "infrastructure") and first.reward is None
+    assert "the proxy refused 4 of its calls (busy)" in (first.error or "")
+    assert ended(second) == ("completed", "exited", "task") and second.reward == 1.0
+
+
 def test_a_harness_that_recovered_from_a_pause_then_failed_is_scored(services: Services) -> None:
     # Audit G1: a pause's 429, the SDK's retry answered, then the harness failed by itself: the policy's zero.
     submit_tasks(services, command_task("t", "exit 1"))

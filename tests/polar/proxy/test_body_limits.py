@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import tracemalloc
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from polar.codec.json_body import parse_json
+from polar.config import load_config
 from polar.protocols import anthropic, gemini, openai_chat
-from polar.proxy.body_limits import MIB, BodyTooLarge, body_cap, check_values
+from polar.proxy.body_limits import MIB, BodyTooLarge, body_cap, check_length, check_values, request_cap
 
 VALUES = 1_000_000  # the deployment default
 
@@ -70,3 +72,17 @@ def test_each_protocol_has_its_providers_cap_never_above_the_deployments() -> No
     assert body_cap(gemini, 32 * MIB) == 20 * MIB
     assert body_cap(anthropic, 32 * MIB) == body_cap(openai_chat, 32 * MIB) == 32 * MIB
     assert body_cap(anthropic, 1000) == 1000
+
+
+def test_counting_tokens_has_a_cap_of_its_own_far_below_the_generation_cap(tmp_path: Path) -> None:
+    """Audit G10: a count-tokens body is tokenised whole by the engine for one number; its cap is 4 MiB."""
+    config = load_config({}, cwd=tmp_path)
+    assert request_cap(anthropic, "generate", config) == (32 * MIB, "for this API")
+    cap, what = request_cap(anthropic, "count_tokens", config)
+    assert cap == request_cap(gemini, "count_tokens", config)[0] == 4 * MIB
+    with pytest.raises(BodyTooLarge) as refused:
+        check_length(cap + 1, cap, what)
+    assert refused.value.status_code == 413 and "POLAR_MAX_COUNT_TOKENS_BYTES" in str(refused.value)
+    # A deployment cap below it is the lower bound still, and named as such.
+    small = load_config({"POLAR_MAX_BODY_BYTES": str(MIB)}, cwd=tmp_path)
+    assert request_cap(anthropic, "count_tokens", small) == (MIB, "for this API")

@@ -261,3 +261,45 @@ def test_a_refusal_is_a_warning_once_per_session_and_limit(
     refusals = [r for r in caplog.records if "refused" in r.getMessage()]
     assert [r.levelname for r in refusals] == ["WARNING", "DEBUG", "DEBUG"] * 2
     assert all(str(session) in r.getMessage() for r in refusals)
+
+
+def test_count_tokens_calls_have_their_own_total_beside_max_calls(limiter: CallLimiter) -> None:
+    """Audit G10: counting tokens counted toward nothing. Now it counts toward ``max_count_tokens``, and neither
+    total uses up the other."""
+    session = uuid.uuid4()
+    tight = CallLimits(max_concurrent=4, max_calls=2, keep_s=600, max_count_tokens=3)
+    for _ in range(3):
+        with limiter.slot(session, tight, toward="max_count_tokens"):
+            pass
+    with pytest.raises(TooManyCalls) as refused, limiter.slot(session, tight, toward="max_count_tokens"):
+        pass
+    assert refused.value.retry_after_s is None and refused.value.limit == "max_count_tokens"
+    assert "max_count_tokens (3)" in str(refused.value)
+    for _ in range(2):  # the model calls' total is untouched...
+        with limiter.slot(session, tight):
+            pass
+    with pytest.raises(TooManyCalls) as spent, limiter.slot(session, tight):
+        pass
+    assert spent.value.limit == "max_calls"
+    with limiter.slot(uuid.uuid4(), tight, toward="max_count_tokens"):  # ...and other sessions count their own
+        pass
+
+
+def test_count_tokens_calls_share_the_concurrency_slots(limiter: CallLimiter) -> None:
+    session = uuid.uuid4()
+    tight = CallLimits(max_concurrent=1, max_calls=10, keep_s=600, max_count_tokens=10)
+    with (
+        limiter.slot(session, tight),
+        pytest.raises(TooManyCalls) as refused,
+        limiter.slot(session, tight, toward="max_count_tokens"),
+    ):
+        pass
+    assert refused.value.limit == "max_concurrent_calls" and refused.value.retry_after_s is not None
+
+
+def test_the_count_tokens_total_follows_the_deployment(tmp_path: Path) -> None:
+    config = load_config({"POLAR_SESSION_MAX_COUNT_TOKENS": "7", "POLAR_MAX_COUNT_TOKENS_BYTES": "1000"}, cwd=tmp_path)
+    assert CallLimits.of_task(config, None, None, None).max_count_tokens == 7
+    assert config.max_count_tokens_bytes == 1000
+    defaults = load_config({}, cwd=tmp_path)
+    assert (defaults.session_max_count_tokens, defaults.max_count_tokens_bytes) == (2000, 4 * 1024 * 1024)

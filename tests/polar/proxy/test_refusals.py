@@ -12,15 +12,24 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import redis
 import sqlalchemy as sa
 
 from polar.config import load_config
 from polar.fleet.control import REFRESH_S, set_state
 from polar.protocols import detect
 from polar.proxy import EnginePool, ProxyService
+from polar.proxy.key_misses import KeyMisses
 from polar.proxy.keys import hash_key
 from polar.proxy.limits import CallLimits, LocalLimiter
-from polar.proxy.refusals import RefusalCounter, add_counts, fold_in, refusal_counts
+from polar.proxy.refusals import (
+    INFRASTRUCTURE_REASONS,
+    RefusalCounter,
+    add_counts,
+    declare_key,
+    fold_in,
+    refusal_counts,
+)
 from polar.storage.calls.read import pinned_engine
 from polar.storage.database import Database
 from polar.storage.models import CallRefusal
@@ -53,8 +62,13 @@ def _proxy(
     return ProxyService(config, db, engines, LocalLimiter(), refusals=RefusalCounter(db, redis_url)), engines
 
 
-def _running_session(database_url: str, tmp_path: Path, **limits: int) -> tuple[uuid.UUID, str]:
-    return running_proxy_session(database_url, tmp_path, command_task("limited", "true", **limits))
+def _running_session(
+    database_url: str, tmp_path: Path, redis_url: str | None = None, **limits: int
+) -> tuple[uuid.UUID, str]:
+    """A running session; its key declared to ``redis_url`` as the run stage declares it when it mints it."""
+    session_id, key = running_proxy_session(database_url, tmp_path, command_task("limited", "true", **limits))
+    declare_key(redis_url, hash_key(key))
+    return session_id, key
 
 
 def test_refused_calls_are_recorded_by_reason(database_url: str, redis_url: str, tmp_path: Path) -> None:
@@ -81,7 +95,7 @@ def test_refusals_while_the_database_is_away_are_counted_in_redis_then_folded_in
     database_url: str, redis_url: str, tmp_path: Path
 ) -> None:
     assert CHAT is not None
-    session_id, key = _running_session(database_url, tmp_path)
+    session_id, key = _running_session(database_url, tmp_path, redis_url)
     # A proxy whose database cannot be reached: it resolves no key, and answers 503 after POLAR_DB_OUTAGE.
     away = "postgresql+psycopg://postgres@127.0.0.1:1/polar"
     proxy, engines = _proxy(away, redis_url, tmp_path, POLAR_DB_OUTAGE="0.2")
@@ -109,7 +123,7 @@ def test_the_database_away_while_a_call_finds_its_engine_is_a_refusal_on_record(
     restart landed between a call's key lookup and that read: the proxy answered an unhandled 500 with nothing on
     record, and the harness that gave up on it was scored as the policy's failure. It is a database outage."""
     assert CHAT is not None
-    session_id, key = _running_session(database_url, tmp_path)
+    session_id, key = _running_session(database_url, tmp_path, redis_url)
     away = Database("postgresql+psycopg://postgres@127.0.0.1:1/polar")  # where the pin lookup finds Postgres gone
     proxy, engines = _proxy(
         database_url, redis_url, tmp_path, lambda sid: pinned_engine(away, sid), POLAR_DB_OUTAGE="0.2"
@@ -132,7 +146,7 @@ def test_refusals_counted_in_redis_keep_when_they_happened(database_url: str, re
     the database was away is folded in with the time it happened (the refusing machine's clock), not the fold's;
     a row keeps its earliest first and latest last refusal."""
     assert CHAT is not None
-    session_id, key = _running_session(database_url, tmp_path)
+    session_id, key = _running_session(database_url, tmp_path, redis_url)
     away = "postgresql+psycopg://postgres@127.0.0.1:1/polar"
     proxy, engines = _proxy(away, redis_url, tmp_path, POLAR_DB_OUTAGE="0.2")
     try:
@@ -151,7 +165,8 @@ def test_refusals_counted_in_redis_keep_when_they_happened(database_url: str, re
         assert refusal_counts(db, session_id) == {"database_outage": 3}
         first, last = _times(db, session_id)
         assert before <= first <= after < recorded_at and last == recorded_at  # the fold took Redis's own times
-        RefusalCounter(db, redis_url).refused(hash_key(key), None, "database_outage")  # one more while away
+        # One more while away, from a proxy that had placed the key (its fold above took the declaration with it).
+        RefusalCounter(db, redis_url).refused(hash_key(key), session_id, "database_outage")
         fold_in(db, redis_url, session_id, hash_key(key))
         assert _times(db, session_id)[1] > recorded_at
     finally:
@@ -164,3 +179,73 @@ def _times(db: Database, session_id: uuid.UUID) -> tuple[datetime, datetime]:
             sa.select(CallRefusal.first_at, CallRefusal.last_at).where(CallRefusal.session_id == session_id)
         ).one()
     return row.first_at, row.last_at
+
+
+AWAY = "postgresql+psycopg://postgres@127.0.0.1:1/polar"
+
+
+def _counted_keys(redis_url: str) -> list[bytes]:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return sorted(client.keys("polar:refusals:*"))
+    finally:
+        client.close()
+
+
+def _placed(proxy: ProxyService, session_id: uuid.UUID, key: str, age_s: float) -> None:
+    """As if this proxy process had resolved ``key`` to its session ``age_s`` ago (its cache entry long stale)."""
+    limits = CallLimits(max_concurrent=4, max_calls=100, keep_s=60)
+    proxy.admission._keys[hash_key(key)] = (session_id, limits, "record", time.monotonic() - age_s)
+
+
+def test_while_the_database_is_away_made_up_keys_leave_nothing_in_redis(
+    database_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Audit G21: a refusal counted in Redis made a hash that lived 7 days for every key a request carried. Only a
+    session's key is counted now: one the run stage declared, or, undeclared (a session minted before keys were
+    declared), one this proxy process had placed before the outage. A flood of made-up keys leaves nothing."""
+    assert CHAT is not None
+    session_id, key = _running_session(database_url, tmp_path)  # not declared
+    proxy, engines = _proxy(AWAY, redis_url, tmp_path, POLAR_DB_OUTAGE="0")
+    try:
+        _placed(proxy, session_id, key, age_s=3600)
+        made_up = [proxy.handle(CHAT, f"pk-made-up-{n}", None, BODY).status for n in range(50)]
+        assert set(made_up) == {503}
+        assert proxy.handle(CHAT, key, None, BODY).status == 503
+    finally:
+        engines.close()
+        proxy.db.dispose()
+    assert _counted_keys(redis_url) == [f"polar:refusals:{{{hash_key(key)}}}".encode()]
+    db = Database(database_url)
+    try:
+        fold_in(db, redis_url, session_id, hash_key(key))
+        assert refusal_counts(db, session_id) == {"database_outage": 1}
+    finally:
+        db.dispose()
+
+
+def test_a_lookup_held_by_a_flood_is_a_refusal_on_record(database_url: str, redis_url: str, tmp_path: Path) -> None:
+    """Audit G4: past its source's budget of unknown keys, a call whose key the proxy does not know gets 429
+    (``Busy``). That 429 was on no record, so a harness that gave up on it was scored as the policy's failure. It is
+    counted now as ``busy`` (an infrastructure reason, ``polar.lifecycle.attempts``): under the key's hash when the
+    proxy cannot place the key (its declaration says it is a session's), directly when this process had placed it."""
+    assert CHAT is not None
+    session_id, key = _running_session(database_url, tmp_path, redis_url)
+    proxy, engines = _proxy(database_url, redis_url, tmp_path)
+    proxy.admission._misses = KeyMisses(rate_per_s=0.001, burst=20)  # refilled too slowly to matter here
+    flooding = "10.0.0.66"
+    try:
+        flood = [proxy.handle(CHAT, f"pk-made-up-{n}", None, BODY, flooding).status for n in range(100)]
+        assert flood.count(401) == 20 and flood.count(429) == 80
+        assert _counted_keys(redis_url) == [f"polar:refusals:{{{hash_key(key)}}}".encode()]  # the declaration alone
+        assert proxy.handle(CHAT, key, None, BODY, flooding).status == 429  # its first call, behind the flood
+        assert refusal_counts(proxy.db, session_id) == {}
+        fold_in(proxy.db, redis_url, session_id, hash_key(key))  # postrun's step
+        assert refusal_counts(proxy.db, session_id) == {"busy": 1}
+        _placed(proxy, session_id, key, age_s=3600)  # placed here once, stale past serving while lookups are held
+        assert proxy.handle(CHAT, key, None, BODY, flooding).status == 429
+        assert refusal_counts(proxy.db, session_id) == {"busy": 2}  # recorded at once: the session is known
+        assert "busy" in INFRASTRUCTURE_REASONS
+    finally:
+        engines.close()
+        proxy.db.dispose()

@@ -21,7 +21,7 @@ from polar.local.launcher import Stack, engine_spec, free_port
 from polar.protocols import detect
 from polar.proxy import EnginePool, ProxyService, asker, tito
 from polar.proxy.limits import LocalLimiter
-from polar.proxy.tito_tips import LocalTips, RedisTips, Tip
+from polar.proxy.tito_tips import MAX_AGENTS_PER_SESSION, MAX_BYTES_PER_SESSION, LocalTips, RedisTips, Tip
 from polar.storage.database import Database
 from tests.conftest import redis_database
 from tests.live_proxy import running_proxy_session
@@ -162,9 +162,79 @@ def test_redis_keeps_the_latest_tips_of_each_agent_until_they_expire(redis_url: 
         store.remember(session_id, "agent", one, 60)
     assert [t.call_id for t in store.recent(session_id, "agent")] == [third.call_id, second.call_id]
     assert store.recent(session_id, "agent")[0] == third and store.recent(session_id, None) == []
-    ttl = redis.Redis.from_url(redis_url).ttl(store._key(session_id, "agent"))
-    assert 0 < ttl <= 60
+    client = redis.Redis.from_url(redis_url)
+    for key in store._keys(session_id):
+        assert 0 < client.ttl(key) <= 60
     store.close()
+
+
+def _redis_bytes(redis_url: str, store: RedisTips, session_id: uuid.UUID) -> int:
+    """The bytes of tips Redis holds for the session."""
+    client, key = redis.Redis.from_url(redis_url), store._keys(session_id)[0]
+    return sum(int(client.hstrlen(key, name)) for name in client.hkeys(key))
+
+
+@pytest.mark.parametrize("backend", ["local", "redis"])
+def test_a_fresh_agent_label_a_call_keeps_only_the_latest_agents_tips(backend: str, redis_url: str) -> None:
+    """Audit G12: a harness that sends each call under a new agent label kept one tip per call for hours (160 KB
+    each at 40k tokens: 320 MB a session). Now a session keeps tips for at most ``MAX_AGENTS_PER_SESSION`` agents,
+    the latest, and other sessions' tips are untouched."""
+    store: LocalTips | RedisTips = LocalTips() if backend == "local" else RedisTips(redis_url)
+    session_id, other = uuid.uuid4(), uuid.uuid4()
+    store.remember(other, "main", _tip(10), 60)
+    tips = {f"agent-{n}": _tip(10) for n in range(3 * MAX_AGENTS_PER_SESSION)}
+    for agent, one in tips.items():
+        store.remember(session_id, agent, one, 60)
+    assert store.agents(session_id) == MAX_AGENTS_PER_SESSION
+    kept = [agent for agent in tips if store.recent(session_id, agent)]
+    assert kept == list(tips)[-MAX_AGENTS_PER_SESSION:]
+    assert store.recent(session_id, list(tips)[-1]) == [tips[list(tips)[-1]]]
+    assert [t.call_id for t in store.recent(other, "main")] and store.agents(other) == 1
+    if isinstance(store, RedisTips):
+        store.close()
+
+
+@pytest.mark.parametrize("backend", ["local", "redis"])
+def test_a_session_holds_at_most_its_bytes_of_tips(backend: str, redis_url: str) -> None:
+    """40k-token tips (160 KB) under fresh labels: the session's tips stay within ``MAX_BYTES_PER_SESSION``; the
+    agents remembered last keep theirs."""
+    store: LocalTips | RedisTips = LocalTips() if backend == "local" else RedisTips(redis_url)
+    session_id = uuid.uuid4()
+    tokens = 40_000
+    agents = [f"agent-{n}" for n in range(MAX_AGENTS_PER_SESSION)]
+    for agent in agents:  # two tips each: 320 KB an agent, 16 agents 5 MB
+        store.remember(session_id, agent, _tip(tokens), 60)
+        store.remember(session_id, agent, _tip(tokens), 60)
+    big = 3 * tokens  # 480 KB a tip, 960 KB an agent
+    for agent in agents[:8]:
+        store.remember(session_id, agent, _tip(big), 60)
+        store.remember(session_id, agent, _tip(big), 60)
+    # 8 agents of big tips (7.7 MB) and 8 of small ones (2.6 MB) are over 8 MiB: of the small ones, remembered
+    # longest ago, the 2 that still fit stay (the last two).
+    assert store.agents(session_id) == 10
+    assert all(len(store.recent(session_id, agent)) == 2 for agent in [*agents[:8], *agents[-2:]])
+    assert all(store.recent(session_id, agent) == [] for agent in agents[8:-2])
+    if isinstance(store, RedisTips):
+        assert _redis_bytes(redis_url, store, session_id) <= MAX_BYTES_PER_SESSION
+        store.close()
+    else:
+        held = sum(4 * len(t.tokens) for agent in agents for t in store.recent(session_id, agent))
+        assert held <= MAX_BYTES_PER_SESSION
+
+
+@pytest.mark.parametrize("backend", ["local", "redis"])
+def test_a_tip_over_the_session_bound_alone_is_not_kept(backend: str, redis_url: str) -> None:
+    """Two tips over the bytes keep only the newest; one over them alone is not kept (the slow path answers)."""
+    bound = 4 * 1_000 + 200  # one 1,000-id tip (with Redis's header) fits, two do not
+    store = LocalTips(max_bytes=bound) if backend == "local" else RedisTips(redis_url, max_bytes=bound)
+    session_id, first, second = uuid.uuid4(), _tip(1_000), _tip(1_000)
+    store.remember(session_id, "a", first, 60)
+    store.remember(session_id, "a", second, 60)
+    assert store.recent(session_id, "a") == [second]
+    store.remember(session_id, "a", _tip(2_000), 60)
+    assert store.recent(session_id, "a") == [] and store.agents(session_id) == 0
+    if isinstance(store, RedisTips):
+        store.close()
 
 
 def test_the_tito_switch_is_remembered_for_a_bounded_number_of_sessions(
@@ -180,3 +250,40 @@ def test_the_tito_switch_is_remembered_for_a_bounded_number_of_sessions(
     finally:
         proxy.engines.close()
         proxy.db.dispose()
+
+
+def test_an_evicted_tip_costs_the_slow_path_never_a_wrong_link(
+    database_url: str, engine_url: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two agents take turns in a session that keeps one agent's tips: each call finds its agent's tip evicted by
+    the other's, reads the session instead, and still continues its own agent's previous call."""
+    session_id, key = _tito_session(database_url, tmp_path)
+    proxy = _proxy(database_url, engine_url, tmp_path, redis_url)
+    proxy.asker.tips = RedisTips(redis_url, max_agents=1)
+    reads = _RowsRead(monkeypatch)
+    conversations: dict[str, list[dict[str, Any]]] = {a: [{"role": "system", "content": a}] for a in ("a", "b")}
+    per_call = []
+    try:
+        for turn in range(8):
+            agent = "ab"[turn % 2]
+            messages = conversations[agent]
+            messages.append({"role": "user", "content": f"question number {turn}"})
+            before = reads.rows
+            body = json.dumps({"model": "polar-reference", "messages": messages}).encode()
+            answer = proxy.handle(CHAT, key, agent, body)
+            assert answer.status == 200, answer.body
+            per_call.append(reads.rows - before)
+            messages.append({"role": "assistant", "content": answer.body["choices"][0]["message"]["content"]})
+    finally:
+        proxy.engines.close()
+        proxy.db.dispose()
+    assert all(n > 0 for n in per_call[2:])  # every tip it needed was evicted: the session was read
+    with Database(database_url).engine.connect() as connection:
+        rows = connection.execute(
+            sa.text("SELECT id, agent, normalized_request FROM model_calls_full WHERE session_id = :s ORDER BY seq"),
+            {"s": session_id},
+        ).all()
+    for agent in ("a", "b"):
+        own = [row for row in rows if row.agent == agent]
+        links = [((row.normalized_request or {}).get("polar_tito") or {}).get("chain_call_id") for row in own]
+        assert links == [None, *(str(row.id) for row in own[:-1])]

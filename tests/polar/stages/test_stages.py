@@ -7,12 +7,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 import sqlalchemy as sa
 
 from polar.contract.dispatch import Stage
+from polar.proxy.keys import hash_key
+from polar.proxy.refusals import DATABASE_OUTAGE, RefusalCounter, refusal_counts
 from polar.services import Services
 from polar.stages.reconciler import reconcile
 from polar.storage.models import Session, SessionEvent
+from tests.conftest import redis_database
 from tests.processes import session_dirs
 from tests.stage_calls import calls_before_postrun, command_task, domain_services, stage_functions, submit_tasks
 
@@ -152,3 +156,32 @@ def test_admission_follows_submission_order(database_url: str, tmp_path: Path) -
                 order.append((session.task_id, session.sample_index))
         STAGE_FUNCTIONS[stage](services, session_id)
     assert order == [(name, sample) for name in "qwer" for sample in (0, 1)]
+
+
+def test_the_run_declares_its_proxy_key_so_refusals_before_any_proxy_places_it_count(
+    database_url: str, tmp_path: Path
+) -> None:
+    """While Postgres is away (or a flood holds key lookups) a proxy cannot place a key, and Redis counts its refusals
+    only under a key the run stage declared as it minted it (``polar.proxy.refusals``); postrun folds them in."""
+    with redis_database() as redis_url:
+        services = domain_services(database_url, tmp_path, redis_url=redis_url)
+        counter = RefusalCounter(services.db, redis_url)
+
+        def refused_while_away(stage: Stage, session_id: uuid.UUID) -> None:
+            if stage is Stage.POSTRUN:  # the harness has run: the key was minted, and declared
+                (session,) = sessions(services)
+                assert session.proxy_key_hash is not None
+                counter.refused(session.proxy_key_hash, None, DATABASE_OUTAGE)
+                counter.refused(hash_key("pk-made-up"), None, DATABASE_OUTAGE)  # not a session's: not counted
+
+        submit(services, command_task("t", "true"))
+        try:
+            drain(services, before=refused_while_away)
+            (session,) = sessions(services)
+            assert session.state == "completed" and refusal_counts(services.db, session.id) == {"database_outage": 1}
+            client = redis.Redis.from_url(redis_url)
+            assert client.keys("polar:refusals:*") == []  # folded in, the declaration with it
+            client.close()
+        finally:
+            counter.close()
+            services.db.dispose()

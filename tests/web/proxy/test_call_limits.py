@@ -18,7 +18,8 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from polar.observability.metrics import MAX_CALLS
+from polar.observability.metrics import MAX_CALLS, MAX_COUNT_TOKENS
+from polar.proxy.refusals import refusal_counts
 from tests.conftest import redis_database
 from tests.live_proxy import LiveProxy, live_proxy
 from tests.processes import HANG_GUARD_S, wait_until
@@ -33,6 +34,7 @@ SLOW: Any = [
     {"role": "user", "content": "more"},
 ]
 DEFAULT_MAX_CALLS = 6
+COUNT_TOKENS_CAP = 3
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +45,7 @@ def proxy(module_database_url: str, tmp_path_factory: pytest.TempPathFactory) ->
             "POLAR_REDIS_URL": redis_url,
             "POLAR_SESSION_MAX_CALLS": str(DEFAULT_MAX_CALLS),
             "POLAR_SESSION_MAX_CONCURRENT_CALLS": "4",
+            "POLAR_SESSION_MAX_COUNT_TOKENS": str(COUNT_TOKENS_CAP),
         }
         with live_proxy(module_database_url, tmp, policy_config=json.dumps({"turns": TURNS}), env=env) as live:
             yield live
@@ -186,3 +189,36 @@ def test_calls_beyond_max_concurrent_get_429_while_those_in_flight_complete(prox
     # Once they ended, the session may call again (the refusals did not use up its total).
     retry = httpx.post(url, json={"model": "m", "messages": HI}, timeout=HANG_GUARD_S)
     assert retry.status_code == 200
+
+
+def test_count_tokens_calls_have_a_total_of_their_own_beside_max_calls(proxy: LiveProxy) -> None:
+    """Audit G10: counting tokens counted toward no limit, each one the whole conversation tokenised by the engine.
+    Now a session makes at most ``POLAR_SESSION_MAX_COUNT_TOKENS`` of them (Anthropic's and Gemini's alike); past it
+    the protocol's 429, told not to retry, on record as the task's own limit. Model calls are untouched."""
+    session, key = proxy.session(max_calls=2)
+    client = anthropic.Anthropic(base_url=proxy.base(key), api_key=key, max_retries=2)
+    for _ in range(COUNT_TOKENS_CAP):
+        assert client.messages.count_tokens(model="claude-x", messages=HI).input_tokens > 0
+    before = _refused(proxy, MAX_COUNT_TOKENS)
+    with pytest.raises(anthropic.RateLimitError) as refused:
+        client.messages.count_tokens(model="claude-x", messages=HI)
+    body = refused.value.body
+    assert isinstance(body, dict) and body["error"]["type"] == "rate_limit_error"
+    assert f"max_count_tokens ({COUNT_TOKENS_CAP})" in body["error"]["message"]
+    assert refused.value.response.headers["x-should-retry"] == "false"
+    assert _refused(proxy, MAX_COUNT_TOKENS) - before == 1  # the SDK's retries were skipped
+    assert refusal_counts(proxy.services.db, session) == {MAX_COUNT_TOKENS: 1}
+    for _ in range(2):  # the session's model calls are its own
+        client.messages.create(model="claude-x", max_tokens=32, messages=HI)
+    assert len(proxy.calls(session)) == 2
+
+    _gemini_session, gemini_key = proxy.session()
+    options = types.HttpOptions(base_url=proxy.base(gemini_key), api_version="v1beta")
+    gemini = genai.Client(api_key=gemini_key, http_options=options)
+    for _ in range(COUNT_TOKENS_CAP):
+        assert (gemini.models.count_tokens(model="gemini-x", contents="hi").total_tokens or 0) > 0
+    with pytest.raises(errors.ClientError) as spent:
+        gemini.models.count_tokens(model="gemini-x", contents="hi")
+    assert spent.value.code == 429 and spent.value.status == "RESOURCE_EXHAUSTED"
+    assert f"max_count_tokens ({COUNT_TOKENS_CAP})" in (spent.value.message or "")
+    assert gemini.models.generate_content(model="gemini-x", contents="hi").text

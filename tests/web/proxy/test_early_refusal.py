@@ -29,9 +29,10 @@ def proxy(database_url: str, broker_url: str, tmp_path: Path) -> Iterator[LivePr
 
 
 def test_the_proxy_refuses_early(proxy: LiveProxy) -> None:
-    """One proxy for the four cases (starting one is most of the cost)."""
+    """One proxy for the five cases (starting one is most of the cost)."""
     a_bad_key_is_refused_before_the_body_is_read(proxy)
     a_body_over_its_protocols_cap_is_refused_before_it_is_read(proxy)
+    a_count_tokens_body_over_its_own_cap_is_refused_before_it_is_read(proxy)
     the_sessions_slot_is_taken_before_the_body_is_read(proxy)
     a_body_of_too_many_values_is_refused_before_it_is_parsed(proxy)
 
@@ -83,6 +84,27 @@ def a_body_over_its_protocols_cap_is_refused_before_it_is_read(proxy: LiveProxy)
     conn.close()
     status, body = status_and_body(raw)
     assert status == 413 and body["error"]["code"] == 413  # Gemini's cap (20 MiB) and shape
+
+
+def a_count_tokens_body_over_its_own_cap_is_refused_before_it_is_read(proxy: LiveProxy) -> None:
+    """Audit G10: counting tokens took bodies up to the generation cap (32 MiB), each tokenised whole by the engine.
+    Its cap is ``POLAR_MAX_COUNT_TOKENS_BYTES`` (4 MiB): 5 MiB is refused, in the caller's protocol, naming it."""
+    _, key = proxy.session()
+    length = 5 * 1024 * 1024  # under every generation cap
+    for path, shape in ((f"/s/{key}/v1/messages/count_tokens", "anthropic"),
+                        (f"/s/{key}/v1beta/models/m:countTokens", "gemini")):  # fmt: skip
+        conn, raw = head_only(proxy, path, length)
+        conn.close()
+        status, body = status_and_body(raw)
+        assert status == 413, raw
+        message = body["error"]["message"]
+        assert f"over this proxy's {4 * 1024 * 1024}-byte limit for counting tokens" in message
+        assert "POLAR_MAX_COUNT_TOKENS_BYTES" in message
+        assert (body["type"] == "error") if shape == "anthropic" else (body["error"]["code"] == 413)
+    # A count-tokens body under the cap is still counted.
+    answer = httpx.post(f"{proxy.base(key)}/v1/messages/count_tokens", timeout=HANG_GUARD_S,
+                        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    assert answer.status_code == 200 and answer.json()["input_tokens"] > 0
 
 
 def the_sessions_slot_is_taken_before_the_body_is_read(proxy: LiveProxy) -> None:

@@ -12,10 +12,15 @@ import openai
 import pytest
 import sqlalchemy as sa
 
+from polar.config import load_config
 from polar.local.launcher import free_port
+from polar.proxy import ProxyService
+from polar.proxy.key_misses import KeyMisses
 from polar.storage.models import ModelCall, Session
-from tests.live_proxy import LiveProxy, live_proxy
+from tests.live_proxy import LiveProxy, live_proxy, running_proxy_session
 from tests.processes import HANG_GUARD_S
+from tests.stage_calls import command_task
+from web.proxy import create_app
 
 
 @pytest.fixture
@@ -189,3 +194,27 @@ def test_a_timed_out_call_is_stored_with_why_and_every_call_asks_at_most_the_cap
             assert call["normalized_request"]["max_tokens"] == 20 and call["sampling"]["used"]["max_tokens"] == 20
         assert "max_tokens" not in asked_none["sampling"]["requested"]
         assert asked_more["sampling"]["requested"]["max_tokens"] == 30_000
+
+
+def test_unknown_keys_spend_the_budget_of_the_address_they_come_from(database_url: str, tmp_path: Path) -> None:
+    """Audit G4: the proxy budgets lookups of unknown keys by the request's peer address (``REMOTE_ADDR``), so a
+    flood from one sandbox's address holds no other address's first calls. In-process (Flask's test client)."""
+    config = load_config({"POLAR_DATABASE_URL": database_url, "POLAR_ENGINE_URLS": "http://127.0.0.1:1",
+                          "POLAR_SERVED_MODEL": "m"}, cwd=tmp_path)  # fmt: skip
+    app = create_app(config)
+    service: ProxyService = app.extensions["polar_proxy"]
+    service.admission._misses = KeyMisses(rate_per_s=0.001, burst=5)  # refilled too slowly to matter here
+    client = app.test_client()
+
+    def models(key: str, address: str) -> int:
+        return client.get(f"/s/{key}/v1/models", environ_base={"REMOTE_ADDR": address}).status_code
+
+    try:
+        flood = [models(f"pk-made-up-{n}", "10.0.0.66") for n in range(20)]
+        assert flood.count(401) == 5 and flood.count(429) == 15
+        _, key = running_proxy_session(database_url, tmp_path, command_task("t", "true"))
+        assert models(key, "10.0.0.66") == 429
+        assert models(key, "10.0.0.7") == 200
+    finally:
+        service.engines.close()
+        service.db.dispose()
