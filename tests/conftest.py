@@ -19,6 +19,7 @@ from polar.storage.migration import upgrade
 from polar.storage.scratch import admin, scratch_database, sqlalchemy_url
 from tests.database_pool import DatabasePool
 from tests.module_costs import ModuleCosts
+from tests.processes import unmount_session_disks
 from tests.real_vllm import (
     CONTROLLER_ENV,
     RUN_DIR_ENV,
@@ -80,6 +81,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput") and os.environ.get(CONTROLLER_ENV) == str(os.getpid()):
         stop_shared_vllm()
         shutil.rmtree(os.environ.pop(RUN_DIR_ENV), ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_disks_unmounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A runtime a test never destroyed leaves its session filesystem mounted; not past this test process."""
+    yield
+    unmount_session_disks(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="session")

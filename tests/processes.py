@@ -60,6 +60,20 @@ def session_dirs(work_root: str | Path, session_id: object) -> list[Path]:
     return sorted(Path(work_root).glob(f"{session_id}*"))
 
 
+def unmount_session_disks(under: Path) -> list[str]:
+    """Unmount the session filesystems (``polar.runtimes.session_disk``) still mounted under ``under``: a bwrap or
+    docker runtime a test never destroyed keeps its mount and loop device past the run otherwise. Returns them."""
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields, _, source = line.partition(" - ")
+        point = fields.split()[4]
+        if source.split()[:1] == ["ext4"] and Path(point).is_relative_to(under):
+            points.append(point)
+    for point in sorted(points, reverse=True):  # the deepest first
+        subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)
+    return points
+
+
 def process_alive(pid: int) -> bool:
     """True while ``pid`` runs; a zombie (killed, not yet reaped by an init that may never reap) counts as gone."""
     fields = proc_stat(pid)

@@ -76,10 +76,14 @@ class Limits(_Strict):
     cpus: float | None = Field(default=None, gt=0)
     memory_mb: int | None = Field(default=None, gt=0)
     pids: int | None = Field(default=None, gt=0)
-    # The sandbox's sockets (polar.runtimes.bounds); None: the deployment's POLAR_SANDBOX_MAX_CONNECTIONS and
-    # POLAR_SANDBOX_REQUEST_SEND_S.
+    # The sandbox's sockets (polar.runtimes.bounds); None: the deployment's POLAR_SANDBOX_MAX_CONNECTIONS,
+    # POLAR_SANDBOX_REQUEST_SEND_S and POLAR_SANDBOX_TUNNEL_IDLE_S.
     connections: int | None = Field(default=None, gt=0, le=1024)
     request_send_s: float | None = Field(default=None, gt=0, le=3600)
+    tunnel_idle_s: float | None = Field(default=None, gt=0, le=86400)
+    # The session directory's size in MiB, bwrap and docker (polar.runtimes.session_disk); None: the deployment's
+    # POLAR_SANDBOX_DISK_MB.
+    disk_mb: int | None = Field(default=None, ge=16, le=1024 * 1024)
 
 
 class RuntimeSpec(_Strict):

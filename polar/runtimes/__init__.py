@@ -1,8 +1,8 @@
 """Runtimes: where sessions run. ``base`` is the interface; ``local`` a private directory on the host;
 ``bwrap`` the same directory with commands in a bubblewrap sandbox; ``docker`` a container per session. Every
 one of them keeps the session directory on the host; whatever the host writes or reads there goes through
-``session_files``, which never follows a link the session made; ``copy_steps`` bounds where copy steps read and
-write.
+``session_files``, which never follows a link the session made; ``session_disk`` makes a sandbox's directory a
+filesystem of its own, of bounded size; ``copy_steps`` bounds where copy steps read and write.
 
 The registry maps the ``runtime.backend`` names of a TaskRequest to their classes (``docker`` only when the
 ``docker`` package is installed), each imported when first used; ``check_runtime`` also rejects a backend whose tool
@@ -72,12 +72,20 @@ def check_runtime(spec: RuntimeSpec, field: str, seen: Availability | None = Non
 
 
 def check_confinement(spec: RuntimeSpec, field: str) -> None:
-    """Refuse what a backend would silently ignore: limits and a read-only root are Docker's alone, and the
-    sandbox sockets' bounds (``connections``, ``request_send_s``) a sandbox's (``local`` has no sockets)."""
-    if spec.backend == "local" and (spec.limits.connections or spec.limits.request_send_s):
+    """Refuse what a backend would silently ignore: limits and a read-only root are Docker's alone, the
+    sandbox sockets' bounds (``connections``, ``request_send_s``, ``tunnel_idle_s``) and the session directory's
+    (``disk_mb``) a sandbox's (``local`` has no sockets and no disk of its own)."""
+    limits = spec.limits
+    if spec.backend == "local" and (limits.connections or limits.request_send_s or limits.tunnel_idle_s):
         raise ValidationError(
-            f"{field}.limits: connections / request_send_s bound a sandbox's sockets; the local runtime has none "
-            "(use backend 'bwrap' or 'docker', or drop them)",
+            f"{field}.limits: connections / request_send_s / tunnel_idle_s bound a sandbox's sockets; the local "
+            "runtime has none (use backend 'bwrap' or 'docker', or drop them)",
+            field=f"{field}.limits",
+        )
+    if spec.backend == "local" and limits.disk_mb:
+        raise ValidationError(
+            f"{field}.limits: disk_mb bounds a sandbox's session directory; the local runtime does not "
+            "(use backend 'bwrap' or 'docker', or drop it)",
             field=f"{field}.limits",
         )
     if spec.backend == "docker":

@@ -7,12 +7,14 @@ no thread and no upstream connection. A served connection costs at most two thre
 carrying answers back), so a sandbox costs the run worker at most ``2 + 4 * connections`` threads (both sockets'
 accept loops and connections) however many it opens. Every request to the proxy must be sent whole (head and
 body) within ``request_send_s`` of its first byte (of the connection, for the first), and at most
-``request_bytes`` long (``polar.runtimes.relay``); an egress CONNECT's head within ``request_send_s`` too.
+``request_bytes`` long (``polar.runtimes.relay``); an egress CONNECT's head within ``request_send_s`` too, and an
+egress tunnel that carries no byte either way for ``tunnel_idle_s`` is closed (``polar.runtimes.egress``).
 No thread a sandbox's socket started outlives the socket: it keeps its connections (both ends) in ``Served``, and
 its end shuts every one of them down, which wakes each thread from its read or write, and joins them, bounded.
 
-Deployment defaults: ``POLAR_SANDBOX_MAX_CONNECTIONS`` (24), ``POLAR_SANDBOX_REQUEST_SEND_S`` (30) and
-``POLAR_MAX_BODY_BYTES`` (32 MiB); per task, ``runtime.limits.connections`` and ``runtime.limits.request_send_s``.
+Deployment defaults: ``POLAR_SANDBOX_MAX_CONNECTIONS`` (24), ``POLAR_SANDBOX_REQUEST_SEND_S`` (30),
+``POLAR_SANDBOX_TUNNEL_IDLE_S`` (300) and ``POLAR_MAX_BODY_BYTES`` (32 MiB); per task, ``runtime.limits``'
+``connections``, ``request_send_s`` and ``tunnel_idle_s``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from polar.contract.task_request import Limits
 log = logging.getLogger(__name__)
 
 HEAD_BYTES = 64 * 1024  # a request head (its line and headers) past this is refused
+# Seconds an egress tunnel may carry no byte either way before both its ends are closed: long enough for a slow
+# server's pause, short enough that a tunnel left open does not hold its two threads and slot for the session.
+TUNNEL_IDLE_S = 300.0
 BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
     b"Retry-After: 1\r\nContent-Length: %d\r\n\r\n%s"
@@ -45,6 +50,7 @@ class SandboxBounds:
     request_send_s: float = 30.0
     request_bytes: int = 32 * 1024 * 1024
     head_bytes: int = HEAD_BYTES
+    tunnel_idle_s: float = TUNNEL_IDLE_S
 
     @classmethod
     def of_task(cls, config: Config, limits: Limits | None = None) -> SandboxBounds:
@@ -53,6 +59,7 @@ class SandboxBounds:
             connections=(limits.connections if limits else None) or config.sandbox_max_connections,
             request_send_s=(limits.request_send_s if limits else None) or config.sandbox_request_send_s,
             request_bytes=config.max_body_bytes,
+            tunnel_idle_s=(limits.tunnel_idle_s if limits else None) or config.sandbox_tunnel_idle_s,
         )
 
     def threads(self) -> int:

@@ -10,8 +10,10 @@ that is not global (private ranges, CGNAT ``100.64.0.0/10`` where one cloud's me
 and documentation ranges; IPv4-mapped and NAT64 forms are judged by the IPv4 address they carry) unless the entry
 is that literal IP, so a name cannot be pointed at the host's own services or its network's. Plain-HTTP
 proxying (``GET http://…``) is refused: ``CONNECT`` carries TLS, and a tunnel is all it grants. The gate holds
-the sandbox to its bounds (``polar.runtimes.bounds``): connections at once, and ``request_send_s`` to send the
-whole CONNECT head. Its tunnels (both ends) are held in ``served``, so the end of the harness's run ends them.
+the sandbox to its bounds (``polar.runtimes.bounds``): connections at once, ``request_send_s`` to send the whole
+CONNECT head (one deadline for all of it, however it trickles in), and ``tunnel_idle_s``: a tunnel that carries
+no byte either way for that long is closed, both ends. Its tunnels (both ends) are held in ``served``, so the end
+of the harness's run ends them, and their threads, whatever the remote host does.
 """
 
 from __future__ import annotations
@@ -129,7 +131,6 @@ class EgressGate:
         try:
             # The whole head within request_send_s: an idle or trickling CONNECT does not hold its thread for long.
             head = _read_head(client, time.monotonic() + self.bounds.request_send_s)
-            client.settimeout(None)
             method, target, _ = (head.split(b"\r\n", 1)[0].decode("latin-1") + "  ").split(" ", 2)
             if method != "CONNECT":
                 raise Refused("only CONNECT tunnels are allowed (use https:// URLs)")
@@ -144,12 +145,15 @@ class EgressGate:
                                b"Connection: close\r\n\r\n%s" % (len(reason), reason))  # fmt: skip
             client.close()
             return
+        idle_s = self.bounds.tunnel_idle_s
         try:
+            for sock in (client, upstream):
+                sock.settimeout(idle_s)  # no write here waits on a peer that does not read for longer than that
             client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
             early = head.split(b"\r\n\r\n", 1)[1]  # what a client sent before waiting for the 200
             if early:
                 upstream.sendall(early)
-            forwarder.splice(client, upstream)
+            forwarder.splice(client, upstream, idle_s)
         except OSError:
             client.close()
         finally:

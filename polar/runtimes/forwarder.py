@@ -18,27 +18,70 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 CHUNK = 64 * 1024
 
 
-def pump(source: socket.socket, sink: socket.socket) -> None:
+class Idle:
+    """When a spliced connection last carried a byte, either way, and how long it may go without one."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self.last = time.monotonic()
+
+    def carried(self) -> None:
+        self.last = time.monotonic()
+
+    def left(self) -> float:
+        return self.last + self.limit_s - time.monotonic()
+
+
+def _readable(source: socket.socket, idle: Idle) -> bool:
+    """Wait until ``source`` has bytes (or its end) to read: False once the connection has been idle too long,
+    either way (the other direction's bytes push the limit on while this one waits)."""
+    poller = select.poll()
+    poller.register(source, select.POLLIN)
+    while (left := idle.left()) > 0:
+        if poller.poll(math.ceil(left * 1000)):
+            return True
+    return False
+
+
+def _end_both(source: socket.socket, sink: socket.socket) -> None:
+    """Shut both sides down, which wakes the other direction's thread from its read or write."""
+    for sock in (source, sink):
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def pump(source: socket.socket, sink: socket.socket, idle: Idle | None = None) -> None:
     """Copy ``source`` to ``sink`` until ``source`` ends, then end ``sink``'s sending side (half-close, so
-    a request body's end reaches the other side while the answer still flows back)."""
+    a request body's end reaches the other side while the answer still flows back). With ``idle``, both sides
+    end once no byte has moved either way for ``idle.limit_s``, or a write stalls that long."""
     buffer = bytearray(CHUNK)
     view = memoryview(buffer)
     try:
         while True:
+            if idle is not None and not _readable(source, idle):
+                _end_both(source, sink)
+                break
             received = source.recv_into(buffer)
             if not received:
                 break
+            if idle is not None:
+                idle.carried()
             sink.sendall(view[:received])
+    except TimeoutError:  # a write stalled for the idle limit (the sockets' timeout): the tunnel is stuck
+        _end_both(source, sink)
     except OSError:
         pass
     finally:
@@ -46,11 +89,17 @@ def pump(source: socket.socket, sink: socket.socket) -> None:
             sink.shutdown(socket.SHUT_WR)
 
 
-def splice(client: socket.socket, upstream: socket.socket) -> None:
-    """Carry one connection both ways until both sides have ended; close both."""
-    back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
+def splice(client: socket.socket, upstream: socket.socket, idle_s: float | None = None) -> None:
+    """Carry one connection both ways until both sides have ended; close both. With ``idle_s``, both end once
+    no byte has moved either way for that long."""
+    idle = None
+    if idle_s is not None:
+        idle = Idle(idle_s)
+        for sock in (client, upstream):
+            sock.settimeout(idle_s)  # bounds a write to a peer that stopped reading; reads wait in ``_readable``
+    back = threading.Thread(target=pump, args=(upstream, client, idle), daemon=True)
     back.start()
-    pump(client, upstream)
+    pump(client, upstream, idle)
     back.join()
     client.close()
     upstream.close()

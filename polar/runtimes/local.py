@@ -25,7 +25,7 @@ from typing import Any
 from polar.config import Config
 from polar.contract.task_request import RuntimeSpec
 from polar.errors import RuntimeFailure
-from polar.runtimes import reaper
+from polar.runtimes import reaper, session_disk
 from polar.runtimes.base import (
     SESSION_ROLE,
     ExecResult,
@@ -85,10 +85,15 @@ class LocalRuntime(Runtime):
     ) -> LocalRuntime:
         root = Path(config.work_root) / runtime_name(session_id, role, instance)
         try:
-            fresh_session_dir(root)
+            fresh_session_dir(root, disk_mb=cls._disk_mb(spec, config))
         except OSError as exc:
             raise RuntimeFailure(f"cannot create session directory {root}: {exc}") from exc
         return cls(root, [])
+
+    @classmethod
+    def _disk_mb(cls, spec: RuntimeSpec, config: Config) -> int:
+        """The session directory's bound in MiB (0: none). Here none: ``local`` does not confine its commands."""
+        return 0
 
     @classmethod
     def attach(cls, handle: Mapping[str, Any], config: Config) -> LocalRuntime:
@@ -169,4 +174,4 @@ class LocalRuntime(Runtime):
 
     def destroy(self) -> None:
         self.kill_processes()
-        shutil.rmtree(self._root, ignore_errors=True)
+        session_disk.remove(self._root)

@@ -31,6 +31,7 @@ from pathlib import Path, PurePath, PurePosixPath
 from typing import BinaryIO
 
 from polar.errors import UnsafePath
+from polar.runtimes import session_disk
 from polar.runtimes.work_root import ensure_work_root
 
 OUTPUT_TAIL_BYTES = 4096
@@ -152,17 +153,20 @@ def _open_file(root: Path, path: SessionPath, flags: int, mode: int = 0o666) -> 
         return _open_at(parent, parts[-1], flags, shown, mode)
 
 
-def fresh_session_dir(root: Path, owner: tuple[int, int] | None = None) -> None:
+def fresh_session_dir(root: Path, owner: tuple[int, int] | None = None, disk_mb: int = 0) -> None:
     """Make the session directory ``root`` anew, mode 0700, with ``work/``, ``home/`` and ``logs/`` (all given to
-    ``owner`` when set): whatever was there, an earlier partial one or a link in its place, is removed, never
-    entered. ``OSError`` when it cannot be made (or something took its place meanwhile), PermissionError when
-    another user could swap it (``polar.runtimes.work_root.ensure_work_root``)."""
+    ``owner`` when set), with ``disk_mb``, a filesystem of that many MiB of its own (``polar.runtimes.session_disk``):
+    whatever was there, an earlier partial one or a link in its place, is removed, never entered. ``OSError`` when
+    it cannot be made (or something took its place meanwhile), PermissionError when another user could swap it
+    (``polar.runtimes.work_root.ensure_work_root``), ``RuntimeFailure`` when its filesystem cannot be mounted."""
     ensure_work_root(root.parent)  # before anything is removed or made in it
     if root.is_symlink() or (root.exists() and not root.is_dir()):
         root.unlink()
     else:
-        shutil.rmtree(root, ignore_errors=True)
+        session_disk.remove(root)
     os.mkdir(root, 0o700)
+    if disk_mb > 0:
+        session_disk.bound(root, disk_mb)
     for sub in ((), ("work",), ("home",), ("logs",)):
         with _directory(root.parent, (root.name, *sub), create=True) as fd:
             if not sub:

@@ -31,7 +31,6 @@ One reconciler pass runs at a time (an advisory lock), from any worker process.
 
 from __future__ import annotations
 
-import shutil
 import time
 import uuid
 from collections import Counter
@@ -49,7 +48,7 @@ from polar.lifecycle.admission import admit
 from polar.lifecycle.lost_messages import lost_messages
 from polar.lifecycle.nodes import announce, lost_nodes
 from polar.lifecycle.outbox import dispatch, due, send_due, unsent
-from polar.runtimes import RUNTIMES, attach_runtime
+from polar.runtimes import RUNTIMES, attach_runtime, session_disk
 from polar.services import Services
 from polar.stages.handoff import send_to_postrun
 from polar.storage import db_clock
@@ -253,7 +252,7 @@ def _reap_directories(services: Services) -> int:
     removed = 0
     for entry, session in candidates.items():
         if session not in live:
-            shutil.rmtree(entry, ignore_errors=True)
+            session_disk.remove(entry)  # a sandbox's directory is a mounted filesystem: unmounted first
             removed += not entry.exists()
     return removed
 

@@ -5,6 +5,7 @@ each with its own node name and work root)."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -13,7 +14,9 @@ import pytest
 import sqlalchemy as sa
 
 from polar.contract.dispatch import Stage
+from polar.contract.task_request import Limits, RuntimeSpec
 from polar.lifecycle.nodes import announce, lost_nodes, nodes, ready_capacity
+from polar.runtimes import create_runtime
 from polar.services import Services
 from polar.stages.init import init_session
 from polar.stages.reconciler import reconcile
@@ -162,6 +165,19 @@ def test_the_directory_reaper_keeps_what_is_live(node_a: Services) -> None:
         os.utime(directory, (an_hour_ago, an_hour_ago))
     assert reconcile(node_a)["directories_reaped"] == 2
     assert sorted(p.name[:36] for p in root.iterdir()) == sorted([str(live.id), "not-a-session"])
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None or os.getuid() != 0, reason="needs bwrap and a root worker")
+def test_the_directory_reaper_unmounts_a_sandboxs_filesystem(node_a: Services) -> None:
+    """A lost worker's bwrap session: its directory is a filesystem of its own (polar.runtimes.session_disk),
+    which the reaper unmounts before it removes the directory, image and all."""
+    orphan = create_runtime(uuid.uuid4(), RuntimeSpec(backend="bwrap", limits=Limits(disk_mb=16)), node_a.config)
+    root = orphan.session_dir
+    assert os.path.ismount(root)
+    an_hour_ago = time.time() - 3600
+    os.utime(root, (an_hour_ago, an_hour_ago))
+    assert reconcile(node_a)["directories_reaped"] == 1
+    assert not os.path.ismount(root) and not root.exists()
 
 
 def test_a_nodes_processes_share_one_reconciler_pass_per_interval(

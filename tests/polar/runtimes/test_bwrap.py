@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -13,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from polar.config import load_config
-from polar.contract.task_request import RuntimeSpec
-from polar.runtimes import attach_runtime, create_runtime
+from polar.contract.task_request import Limits, RuntimeSpec
+from polar.errors import RuntimeFailure
+from polar.runtimes import attach_runtime, create_runtime, session_disk
 from tests.processes import processes_with, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="NO BWRAP: bubblewrap is not installed")
@@ -120,3 +122,69 @@ def test_the_private_tmp_is_bounded(tmp_path: Path) -> None:
     runtime = create_runtime(uuid.uuid4(), BWRAP, config)
     result = runtime.exec(["/bin/sh", "-c", "head -c 2000000 /dev/zero > /tmp/big"], {}, HANG_GUARD_S, "t")
     assert result.exit_code != 0 and "No space left" in result.output_tail
+
+
+# Writes MiB after MiB (each synced, so the filesystem counts it) until a write fails or argv[1] MiB are written;
+# prints what it wrote and the errno name of the failure.
+FILL = """
+import errno, os, sys
+written = 0
+try:
+    with open('fill', 'wb') as out:
+        while written < int(sys.argv[1]):
+            out.write(b'x' * 1048576); out.flush(); os.fsync(out.fileno()); written += 1
+    print(written, 'OK')
+except OSError as exc:
+    print(written, errno.errorcode[exc.errno])
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="the worker is not root here: it cannot mount a session's filesystem")
+def test_writing_past_the_disk_bound_fails_with_enospc_and_nothing_outside_grows(tmp_path: Path) -> None:
+    """POLAR_SANDBOX_DISK_MB=32: the session directory is a 32 MiB filesystem of its own. Writing 64 MiB inside
+    stops with ENOSPC at its size (less ext4's own few MiB), and the work root's filesystem gives it no more."""
+    config = load_config({"POLAR_WORK_ROOT": str(tmp_path / "sessions"), "POLAR_SANDBOX_DISK_MB": "32"}, cwd=tmp_path)
+    runtime = create_runtime(uuid.uuid4(), BWRAP, config)
+    root = runtime.session_dir
+    try:
+        assert os.path.ismount(root) and sorted(os.listdir(root)) == ["home", "logs", "work"]
+        size = os.statvfs(root)
+        assert 24 * 2**20 <= size.f_blocks * size.f_frsize <= 32 * 2**20
+        result = runtime.exec([sys.executable, "-c", FILL, "64"], {}, HANG_GUARD_S, "fill")
+        written, outcome = result.output_tail.split()
+        assert outcome == "ENOSPC" and 24 <= int(written) < 32, result.output_tail
+        beside = tmp_path / "sessions" / "beside"
+        beside.write_bytes(b"x" * 2**20)  # the host's own filesystem is not full
+        assert os.statvfs(root).f_bavail * os.statvfs(root).f_frsize < 2**20 and beside.stat().st_size == 2**20
+        again = attach_runtime(runtime.handle, config)  # another worker of this mount namespace
+        assert again.exec(["/bin/sh", "-c", "rm fill && echo freed"], {}, HANG_GUARD_S, "rm").output_tail == "freed\n"
+    finally:
+        runtime.destroy()
+    assert not root.exists() and not os.path.ismount(root)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="the worker is not root here: it cannot mount a session's filesystem")
+def test_a_worker_that_does_not_see_the_sessions_filesystem_refuses_it(tmp_path: Path) -> None:
+    """As a worker in another mount namespace: the directory beneath the mount is not the session's."""
+    config = load_config({"POLAR_WORK_ROOT": str(tmp_path / "sessions")}, cwd=tmp_path)
+    runtime = create_runtime(uuid.uuid4(), RuntimeSpec(backend="bwrap", limits=Limits(disk_mb=16)), config)
+    root = runtime.session_dir
+    try:
+        assert os.path.ismount(root) and os.statvfs(root).f_blocks * os.statvfs(root).f_frsize <= 16 * 2**20
+        subprocess.run(["umount", "--lazy", str(root)], check=True)  # the mount gone from this namespace
+        with pytest.raises(RuntimeFailure, match="not mounted here"):
+            attach_runtime(runtime.handle, config)
+    finally:
+        runtime.destroy()
+    assert not root.exists()
+
+
+def test_without_a_disk_bound_the_session_directory_is_the_work_roots(tmp_path: Path) -> None:
+    config = load_config({"POLAR_WORK_ROOT": str(tmp_path / "sessions"), "POLAR_SANDBOX_DISK_MB": "0"}, cwd=tmp_path)
+    assert load_config({}, cwd=tmp_path).sandbox_disk_mb == 10240
+    runtime = create_runtime(uuid.uuid4(), BWRAP, config)
+    try:
+        assert not os.path.ismount(runtime.session_dir)
+        assert session_disk.disk_mb(RuntimeSpec(limits=Limits(disk_mb=64)), config) == 64  # a task's own wins
+    finally:
+        runtime.destroy()

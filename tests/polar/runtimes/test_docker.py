@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -16,7 +17,7 @@ from polar.config import load_config
 from polar.contract.task_request import Limits, RuntimeSpec
 from polar.errors import RuntimeFailure, ValidationError
 from polar.runtimes import attach_runtime, check_runtime, create_runtime
-from polar.runtimes.docker import reap_orphans
+from polar.runtimes.docker import _sees_the_mount, reap_orphans
 from tests.docker_engine import labelled_containers, require_docker_image
 
 DOCKER = RuntimeSpec(backend="docker")
@@ -107,8 +108,6 @@ def test_timeout_kills_everything_the_command_started(config) -> None:  # type: 
 
 
 def test_python_runs_inside(config) -> None:  # type: ignore[no-untyped-def]
-    import sys
-
     runtime = create_runtime(uuid.uuid4(), DOCKER, config)
     try:
         code = "import polar.harnesses.python_entry, sys; print('ok', sys.prefix)"
@@ -195,3 +194,41 @@ def test_commands_start_in_the_workdir_which_the_session_user_owns(config) -> No
         assert result.output_tail.split() == ["/srv/testbed", "1000" if os.getuid() == 0 else str(os.getuid())]
     finally:
         runtime.destroy()
+
+
+# Writes MiB after MiB (each synced, so the filesystem counts it) until a write fails or argv[1] MiB are written;
+# prints what it wrote and the errno name of the failure.
+FILL = """
+import errno, os, sys
+written = 0
+try:
+    with open('fill', 'wb') as out:
+        while written < int(sys.argv[1]):
+            out.write(b'x' * 1048576); out.flush(); os.fsync(out.fileno()); written += 1
+    print(written, 'OK')
+except OSError as exc:
+    print(written, errno.errorcode[exc.errno])
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="the worker is not root here: it cannot mount a session's filesystem")
+def test_writing_past_the_disk_bound_fails_with_enospc_and_nothing_outside_grows(config) -> None:  # type: ignore[no-untyped-def]
+    """``runtime.limits.disk_mb`` 32: the session directory, which the container binds, is a 32 MiB filesystem of
+    its own. Writing 64 MiB inside the container stops with ENOSPC at its size (less ext4's own few MiB)."""
+    runtime = create_runtime(uuid.uuid4(), RuntimeSpec(backend="docker", limits=Limits(disk_mb=32)), config)
+    root = runtime.session_dir
+    try:
+        assert os.path.ismount(root)
+        result = runtime.exec([sys.executable, "-c", FILL, "64"], {}, HANG_GUARD_S, "fill")
+        written, outcome = result.output_tail.split()
+        assert outcome == "ENOSPC" and 24 <= int(written) < 32, result.output_tail
+        assert (root / "work" / "fill").stat().st_size == int(written) * 2**20  # the host sees the same files
+        size = os.statvfs(root)
+        assert size.f_blocks * size.f_frsize <= 32 * 2**20 and size.f_bavail * size.f_frsize < 2**20
+        elsewhere = runtime.exec(["/bin/sh", "-c", "head -c 2000000 /dev/zero > /tmp/x && echo ok"], {}, 30, "t")
+        assert elsewhere.output_tail == "ok\n"  # nothing else is full: the container's own /tmp takes it
+        with pytest.raises(RuntimeFailure, match="does not see the session directory"):
+            _sees_the_mount(_container(runtime), root / "work" / "nowhere", "1000:1000")  # as an engine elsewhere
+    finally:
+        runtime.destroy()
+    assert not root.exists() and not os.path.ismount(root)
