@@ -8,6 +8,7 @@ run worker's (this process's) threads are counted throughout.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -119,3 +120,72 @@ def flood(
     finally:
         runtime.destroy()
     return figures
+
+
+KEY_FLOOD = r"""
+import json, os, socket, sys, threading, time, uuid
+rate, seconds, workers = int(sys.argv[1]), float(sys.argv[2]), 8
+statuses, lock = {}, threading.Lock()
+def send():
+    key = "pk-" + uuid.uuid4().hex
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(30)
+    try:
+        conn.connect("/run/polar-proxy/proxy.sock")
+        conn.sendall(f"GET /s/{key}/v1/models HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        status = conn.recv(65536).split(b" ", 2)[1].decode() or "none"
+    except OSError as exc:
+        status = type(exc).__name__
+    finally:
+        conn.close()
+    with lock:
+        statuses[status] = statuses.get(status, 0) + 1
+def work(index):
+    start = time.monotonic()
+    sent = 0
+    while (now := time.monotonic()) - start < seconds:
+        due = start + sent * workers / rate  # this worker's share of the pace
+        if now < due:
+            time.sleep(due - now)
+        send()
+        sent += 1
+open("flood.status", "w").write("started")
+threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+open("flood.result", "w").write(json.dumps(statuses))
+"""
+
+
+def key_flood(proxy_url: str, attacker_key: str, victim_key: str, config: Config, rate: int = 1000,
+              seconds: float = 8.0) -> tuple[dict[str, int], list[int]]:  # fmt: skip
+    """A bwrap sandbox (the attacker's session, behind its relay) sending ``rate`` made-up proxy keys a second for
+    ``seconds`` while a session the proxy has not seen yet (``victim_key``) makes its first calls: the flood's
+    statuses by code, and the victim's."""
+    from polar.contract.proxy_routes import hash_key
+
+    url = f"{proxy_url}/s/{victim_key}/v1/chat/completions"
+    runtime = create_runtime(uuid.uuid4(), RuntimeSpec(backend="bwrap"), config)
+    work = runtime.session_dir / "work"
+    (work / "key_flood.py").write_text(KEY_FLOOD)
+    victim: list[int] = []
+    try:
+        with runtime.proxy_access(proxy_url, key_hash=hash_key(attacker_key)) as access:
+            command = [sys.executable, "key_flood.py", str(rate), str(seconds)]
+            harness = threading.Thread(
+                target=runtime.exec, args=(access.wrap(command), {"PATH": "/usr/bin:/bin"}, HANG_GUARD_S, "flood"),
+                daemon=True,
+            )  # fmt: skip
+            harness.start()
+            deadline = time.monotonic() + HANG_GUARD_S
+            while not (work / "flood.status").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.0)  # the flood at its pace before the victim's first call
+            with httpx.Client(timeout=HANG_GUARD_S) as client:
+                while harness.is_alive() and len(victim) < 40:
+                    victim.append(client.post(url, json=BODY).status_code)
+            harness.join(HANG_GUARD_S)
+        result = work / "flood.result"
+        return (json.loads(result.read_text()) if result.exists() else {}), victim
+    finally:
+        runtime.destroy()

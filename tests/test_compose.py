@@ -64,6 +64,8 @@ def test_the_api_token_and_flowers_password_are_required() -> None:
         assert _interpolate(token, {"POLAR_API_TOKEN": "t"}) == "t"
     flower = compose["flower"]
     assert flower["ports"] == ["127.0.0.1:5555:5555"]  # loopback only
+    # So are the API and the proxy (G5: slow bytes from a shared network; docs/security.md).
+    assert compose["api"]["ports"] == ["127.0.0.1:8200:8200"] and compose["proxy"]["ports"] == ["127.0.0.1:8100:8100"]
     auth = flower["environment"]["FLOWER_BASIC_AUTH"]
     with pytest.raises(ValueError, match="POLAR_FLOWER_PASSWORD"):
         _interpolate(auth, {"POLAR_API_TOKEN": "t"})

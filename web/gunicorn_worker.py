@@ -5,8 +5,13 @@ thread, so thousands of idle connections cost no thread. It does less per reques
 proxy CPU is made of (docs/benchmarks.md): gthread hands a request through a futures executor and a wake-up pipe,
 unregisters and re-registers the connection with its poller, and parses with gunicorn's general HTTP machinery
 (HTTP/2 negotiation, proxy protocol, header maps). Here a connection is armed one-shot in epoll; the main loop
-puts a readable one on a queue, a pool thread reads and answers it (``web.http1``), answers any request pipelined
-behind it, and re-arms it itself: one system call. Linux only (epoll); elsewhere use ``-k gthread``.
+reads a readable one's request head into its reader (llhttp, ``polar.codec.http_requests``), and once a head is
+whole (or refused) puts the connection on a queue; a pool thread answers it (``web.http1``), answers any request
+pipelined behind it, and re-arms it itself: one system call. So a slow or trickled head holds no thread: a head
+must be whole within ``head_s`` (``POLAR_HTTP_HEAD_S``, default 10) of its first byte (a new connection's within
+``first_request_s`` of its connect as well), else the connection gets 408 and is closed. Each peer address may
+hold at most ``peer_connections`` connections (``POLAR_PEER_CONNECTIONS``); one more is closed at once. Linux only
+(epoll); elsewhere use ``-k gthread``.
 
 What it keeps of gunicorn: the master (workers restarted, signals, graceful reloads, ``web/gunicorn_conf.py``'s
 metrics hooks), ``--threads``, ``--keep-alive``, ``--worker-connections``, ``--max-requests``,
@@ -24,28 +29,33 @@ import select
 import socket
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any
 
 from gunicorn.workers import base
 
+from polar.codec.http_requests import RequestReader
+from polar.protocols import refusal_answer
 from web import http1
 
 _ONESHOT = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT if hasattr(select, "epoll") else 0
 # A stopping worker serves requests already arriving on kept-alive connections (answered with Connection: close)
 # for this long, then closes the idle ones.
 _STOP_LINGER_S = 2.0
+_TIMEOUT_ANSWER = refusal_answer(408, "the request head was not sent in time", "", [])
 
 
 class _Connection:
-    __slots__ = ("buffer", "client", "idle_until", "server", "sock")
+    __slots__ = ("client", "fresh", "head_until", "idle_until", "reader", "server", "sock")
 
     def __init__(self, sock: socket.socket, client: tuple[str, str], server: tuple[str, str]) -> None:
         self.sock = sock
         self.client = client
         self.server = server
-        self.buffer = bytearray()  # bytes read past the last request (a pipelined next one)
+        self.reader = RequestReader()  # the connection's requests, as far as their bytes have come
         self.idle_until = 0.0  # 0: a thread is serving it
+        self.head_until = 0.0  # when a head has begun to arrive: the deadline for the rest of it
+        self.fresh = True  # no request answered yet: first_request_s bounds its first head too
 
 
 def _address(address: Any) -> tuple[str, str]:
@@ -59,6 +69,8 @@ class EpollWorker(base.Worker):
     # is for the wait between requests: a client on a loaded machine can take longer than that between its
     # connect and its first byte, and a connection closed then reads to it as a server gone without an answer.
     first_request_s = http1.IO_TIMEOUT_S
+    peer_connections = int(os.environ.get("POLAR_PEER_CONNECTIONS", "512"))
+    head_s = float(os.environ.get("POLAR_HTTP_HEAD_S", str(http1.HEAD_S)))  # a head's time from its first byte
 
     @classmethod
     def check_config(cls, cfg: Any, log: Any) -> None:
@@ -77,6 +89,8 @@ class EpollWorker(base.Worker):
         # would keep a keep-alive deadline behind a later first-request one); stale entries are skipped.
         self._idle: deque[tuple[float, _Connection]] = deque()  # between requests, for --keep-alive
         self._new: deque[tuple[float, _Connection]] = deque()  # before the first, for first_request_s
+        self._heads: deque[tuple[float, _Connection]] = deque()  # a head begun, for http1.HEAD_S
+        self._peers: Counter[str] = Counter()  # open connections per peer address
         self._listeners = {listener.fileno(): listener for listener in self.sockets}
         self._addresses = {fd: _address(listener.getsockname()) for fd, listener in self._listeners.items()}
         self._accepting = False
@@ -148,8 +162,35 @@ class EpollWorker(base.Worker):
                 continue
             connection = self._connections.get(fd)
             if connection is not None and connection.idle_until:
-                connection.idle_until = 0.0
-                self._jobs.put(connection)
+                self._read_head(connection)
+
+    def _read_head(self, connection: _Connection) -> None:
+        """Reads what has come of a resting connection's next request: a whole (or refused) head goes to a pool
+        thread, part of one waits for the rest (until its deadline), the connection's end closes it."""
+        try:
+            data = connection.sock.recv(65536, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            data = None
+        except OSError:
+            self._close(connection)
+            return
+        if data == b"":
+            self._close(connection)
+            return
+        reader = connection.reader
+        if data:
+            reader.feed(data)
+        if reader.refused is None and not reader.has_message:
+            if reader.partial:
+                if not connection.head_until:
+                    connection.head_until = time.monotonic() + self.head_s
+                self._rest(connection, head=True)
+            else:  # nothing of a request yet (a spurious wake, empty lines): wait on, as it was
+                self._rearm(connection)
+            return
+        connection.idle_until = 0.0
+        connection.head_until = 0.0
+        self._jobs.put(connection)
 
     def _accept(self, listener: socket.socket, server: tuple[str, str]) -> None:
         while len(self._connections) < self.cfg.worker_connections:
@@ -164,25 +205,39 @@ class EpollWorker(base.Worker):
                     self.log.warning("accept: %s; %d connections open", exc, len(self._connections))
                     return
                 raise
+            client = _address(address)
+            if client[0] and self._peers[client[0]] >= self.peer_connections:
+                sock.close()  # this peer holds its share of the worker's connections already
+                continue
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             http1.set_io_timeout(sock)
-            connection = _Connection(sock, _address(address), server)
+            connection = _Connection(sock, client, server)
             self._connections[sock.fileno()] = connection
+            if client[0]:
+                self._peers[client[0]] += 1
             self._rest(connection, new=True)  # the request may not have arrived yet: wait for it without a thread
 
-    def _rest(self, connection: _Connection, new: bool = False) -> None:
-        """Hands an idle connection back to the loop until its next request: a ``new`` one for ``first_request_s``,
-        one between requests for the keep-alive timeout."""
-        if new:
-            wait, waiting = max(self.cfg.keepalive, self.first_request_s), self._new
+    def _rest(self, connection: _Connection, new: bool = False, head: bool = False) -> None:
+        """Hands a connection back to the loop until its next request: a ``new`` one for ``first_request_s``, one
+        between requests for the keep-alive timeout, one whose ``head`` has begun until the head's deadline (and
+        a new one's first-request deadline, whichever comes first)."""
+        if head:
+            until, waiting = connection.head_until, self._heads
+            if connection.fresh and connection.idle_until:  # a new connection's first-request deadline holds too
+                until = min(until, connection.idle_until)
+        elif new:
+            until, waiting = time.monotonic() + max(self.cfg.keepalive, self.first_request_s), self._new
         else:
-            wait, waiting = self.cfg.keepalive, self._idle
-        until = time.monotonic() + wait
+            until, waiting = time.monotonic() + self.cfg.keepalive, self._idle
         if not self.alive:
             until = min(until, self._linger_until)
-        connection.idle_until = until
-        waiting.append((until, connection))
+        if connection.idle_until != until:
+            connection.idle_until = until
+            waiting.append((until, connection))
+        self._rearm(connection)
+
+    def _rearm(self, connection: _Connection) -> None:
         fd = connection.sock.fileno()
         try:
             self._epoll.modify(fd, _ONESHOT)
@@ -190,14 +245,24 @@ class EpollWorker(base.Worker):
             self._epoll.register(fd, _ONESHOT)
 
     def _close_idle(self, now: float) -> None:
-        for waiting in (self._idle, self._new):
+        for waiting in (self._idle, self._new, self._heads):
             while waiting and waiting[0][0] <= now:
                 until, connection = waiting.popleft()
                 if connection.idle_until == until:  # else it has been served (and maybe rested) since
+                    if connection.reader.partial:  # a head that did not come whole in time
+                        try:
+                            connection.sock.send(_TIMEOUT_ANSWER, socket.MSG_DONTWAIT)
+                        except OSError:
+                            pass
                     self._close(connection)
 
     def _close(self, connection: _Connection) -> None:
         if self._connections.pop(connection.sock.fileno(), None) is not None:
+            peer = connection.client[0]
+            if peer:
+                self._peers[peer] -= 1
+                if self._peers[peer] <= 0:
+                    del self._peers[peer]
             try:
                 connection.sock.close()
             except OSError:
@@ -211,38 +276,45 @@ class EpollWorker(base.Worker):
                 self.log.exception("serving a connection")
                 keep = False
             if keep:
-                self._rest(connection)
+                self._rest(connection, head=connection.reader.partial)
             else:
                 self._close(connection)
 
     def _serve(self, connection: _Connection) -> bool:
-        """Answers the requests that have arrived on ``connection``; whether it stays open."""
+        """Answers the requests whose heads have arrived on ``connection``; whether it stays open (a pipelined
+        request whose head is not whole yet is left to the loop)."""
         while True:
             keep = self._serve_one(connection)
             if self.nr >= self.max_requests and self.alive:
                 self.log.info("Autorestarting worker after current request.")
                 self.alive = False
-            if not keep or not connection.buffer:
+            reader = connection.reader
+            if not keep or not (reader.refused is not None or reader.has_message):
+                if keep and reader.partial:
+                    connection.head_until = time.monotonic() + self.head_s
                 return keep and (self.alive or time.monotonic() < self._linger_until)
 
     def _serve_one(self, connection: _Connection) -> bool:
-        sock = connection.sock
+        sock, reader = connection.sock, connection.reader
         answer = None
         try:
-            head = http1.read_head(sock, connection.buffer)
-            if head is None:
-                return False
-            request = http1.parse_head(head)
+            message = reader.next_message()
+            if message is None:  # not reached: a connection is served once a head is whole or refused
+                return True
             self.nr += 1  # --max-requests counts requests, not connections that closed between them
-            length, chunked = http1.body_framing(request)
-            body = http1.Body(sock, connection.buffer, length, chunked, "100-continue" in request.tokens("expect"))
+            request = message.head
+            connection.fresh = False
+            body = http1.Body(sock, reader, message)
             environ = http1.environ_for(request, body, sock, connection.server, connection.client,
                                         self.cfg.workers > 1)  # fmt: skip
             answer = http1.Answer(sock, request, request.keep_alive and self.alive)
             http1.run_app(self.wsgi, environ, answer)
-            return answer.keep_alive and (body.done or body.drain())
+            keep = answer.keep_alive and (body.done or body.drain())
+            reader.done_with(message)
+            return keep
         except http1.BadRequest as exc:
-            http1.error_answer(sock, exc.status, exc.reason)
+            if answer is None or not answer.sent_head:  # else it has its answer: one request, one answer
+                http1.error_answer(sock, exc.status, exc.reason, exc.head, reader.url_so_far)
         except (http1.ClientGone, BrokenPipeError, ConnectionResetError, BlockingIOError):
             pass  # the client went away or stalled: nothing to answer
         except Exception:

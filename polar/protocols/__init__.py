@@ -6,8 +6,10 @@ OpenAI's and Anthropic's), then by the body's shape for paths no protocol claims
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from types import ModuleType
 from typing import Any
 
@@ -35,6 +37,7 @@ __all__ = [
     "continued_answer",
     "detect",
     "protocol_for_errors",
+    "refusal_answer",
     "without_routed_experts",
 ]
 
@@ -102,3 +105,18 @@ def protocol_for_errors(path: str, headers: Mapping[str, str]) -> ModuleType:
         if fragment in lowered and provider in PROTOCOLS:
             return PROTOCOLS[provider]
     return openai_chat
+
+
+def refusal_answer(status: int, reason: str, path: str, fields: list[tuple[str, str]]) -> bytes:
+    """A refusal as a whole HTTP/1.1 answer that closes the connection, in the error shape of the protocol the
+    request names (``protocol_for_errors`` of its path and header fields): the proxy's server and the sandbox
+    relay answer a request they will not frame with these same bytes."""
+    headers = {name.lower(): value for name, value in fields}
+    body = json.dumps(protocol_for_errors(path, headers).render_error(status, reason)).encode()
+    phrase = HTTPStatus(status).phrase.encode() if status in HTTPStatus._value2member_map_ else b"Refused"
+    return b"HTTP/1.1 %d %b\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%b" % (
+        status,
+        phrase,
+        len(body),
+        body,
+    )

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import secrets
+
+from polar.contract.proxy_routes import hash_key
+
+__all__ = ["hash_key", "mint_key"]
 
 
 def mint_key() -> str:
     return "pk-" + secrets.token_urlsafe(24)
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()

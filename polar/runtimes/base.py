@@ -119,11 +119,16 @@ class Runtime(ABC):
 
     @contextlib.contextmanager
     def proxy_access(
-        self, proxy_url: str, egress_allow: Sequence[str] = (), bounds: SandboxBounds | None = None
+        self,
+        proxy_url: str,
+        egress_allow: Sequence[str] = (),
+        bounds: SandboxBounds | None = None,
+        key_hash: str | None = None,
     ) -> Iterator[ProxyAccess]:
         """How the harness reaches the proxy while the block runs. Here: directly (the ``local`` runtime shares
         the host's network); sandboxes give it a relay to the proxy and, with ``egress_allow``, a gate to those
-        outside hosts, and nothing else (``polar.runtimes.relay``), both held to ``bounds``."""
+        outside hosts, and nothing else (``polar.runtimes.relay``), both held to ``bounds``; with ``key_hash``
+        (the sha256 of the session's proxy key), the relay carries that key's requests alone."""
         yield direct(proxy_url)
 
     def copy_in(self, host_path: Path, runtime_path: str, source_root: Path | None = None) -> None:

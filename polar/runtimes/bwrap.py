@@ -18,7 +18,8 @@ own. Under a root worker a user namespace would not help (its uid 0, shown as an
 which owns ``/etc/shadow`` even without capabilities), so there bwrap makes none, keeps only CAP_SETUID and
 CAP_SETGID, and ``polar.runtimes.unprivileged`` turns every command into ``SANDBOX_USER`` before it starts; the
 session directory and whatever the host wrote there is handed to that user before each command, as the Docker
-runtime does. The private ``/tmp`` is a tmpfs of at most ``POLAR_SANDBOX_TMP_MB``.
+runtime does. The private ``/tmp`` is a tmpfs of at most ``POLAR_SANDBOX_TMP_MB``; the session directory a
+filesystem of its own of at most ``POLAR_SANDBOX_DISK_MB`` (``polar.runtimes.session_disk``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Any
 from polar.config import Config
 from polar.contract.task_request import RuntimeSpec
 from polar.errors import RuntimeFailure
-from polar.runtimes import relay, unprivileged
+from polar.runtimes import relay, session_disk, unprivileged
 from polar.runtimes._host_python import host_tool_paths
 from polar.runtimes.base import SESSION_ROLE, ExecResult, StartHook, TickHook, TimeLimit
 from polar.runtimes.bounds import SandboxBounds
@@ -132,10 +133,15 @@ class BwrapRuntime(LocalRuntime):
         return runtime
 
     @classmethod
+    def _disk_mb(cls, spec: RuntimeSpec, config: Config) -> int:
+        return session_disk.disk_mb(spec, config)
+
+    @classmethod
     def attach(cls, handle: Mapping[str, Any], config: Config) -> BwrapRuntime:
         runtime = super().attach(handle, config)
         assert isinstance(runtime, BwrapRuntime)
         runtime._tmp_mb = config.sandbox_tmp_mb
+        session_disk.check_mounted(runtime.session_dir)
         return runtime
 
     def exec(
@@ -162,11 +168,15 @@ class BwrapRuntime(LocalRuntime):
 
     @contextlib.contextmanager
     def proxy_access(
-        self, proxy_url: str, egress_allow: Sequence[str] = (), bounds: SandboxBounds | None = None
+        self,
+        proxy_url: str,
+        egress_allow: Sequence[str] = (),
+        bounds: SandboxBounds | None = None,
+        key_hash: str | None = None,
     ) -> Iterator[relay.ProxyAccess]:
         owner = sandbox_user()  # the sockets are the sandbox user's alone
         with relay.relayed(
-            self.session_dir, proxy_url, owner=owner, egress_allow=egress_allow, bounds=bounds
+            self.session_dir, proxy_url, owner=owner, egress_allow=egress_allow, bounds=bounds, key_hash=key_hash
         ) as access:
             yield access
 

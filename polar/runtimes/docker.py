@@ -1,7 +1,10 @@
 """The ``docker`` runtime: one container per session, reached through the Docker engine (``DOCKER_HOST``).
 
 ``create`` starts ``sleep infinity`` from ``spec.image`` (default ``polar-test:latest``) with:
-- the session directory bind-mounted read-write at its host path, so ``session_dir`` is valid inside and out;
+- the session directory bind-mounted read-write at its host path, so ``session_dir`` is valid inside and out; it
+  is a filesystem of its own of at most ``POLAR_SANDBOX_DISK_MB`` (``polar.runtimes.session_disk``), which the
+  engine must see mounted (checked at create); the container's own writable layer is not bounded by Polar
+  (``read_only_root`` leaves only the session directory and a bounded ``/tmp`` writable);
 - the host's Python (venv, base interpreter, ``polar``) bind-mounted read-only at its host paths;
 - no network (``network_mode="none"``: loopback only): the harness reaches the proxy, and nothing else, through
   the relay socket mounted read-only at ``/run/polar-proxy`` (``polar.runtimes.relay``);
@@ -34,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -47,7 +49,7 @@ from docker.errors import APIError, DockerException, NotFound
 from polar.config import Config
 from polar.contract.task_request import RuntimeSpec
 from polar.errors import RuntimeFailure
-from polar.runtimes import relay
+from polar.runtimes import relay, session_disk
 from polar.runtimes._host_python import host_tool_paths
 from polar.runtimes.base import (
     SESSION_ROLE,
@@ -102,9 +104,20 @@ def _user() -> str:
     return "1000:1000" if os.getuid() == 0 else f"{os.getuid()}:{os.getgid()}"
 
 
-def _session_dir(root: Path, user: str) -> None:
+def _session_dir(root: Path, user: str, disk_mb: int) -> None:
     uid, gid = (int(part) for part in user.split(":"))
-    fresh_session_dir(root, owner=(uid, gid))
+    fresh_session_dir(root, owner=(uid, gid), disk_mb=disk_mb)
+
+
+def _sees_the_mount(container: Any, root: Path, user: str) -> None:
+    """The engine bound the session's own filesystem, not the directory beneath it (an engine in another mount
+    namespace sees only that, and the session's files would go astray)."""
+    result = container.exec_run(["/bin/sh", "-c", 'test -d "$1/logs"', "sh", str(root)], user=user)
+    if result.exit_code != 0:
+        raise RuntimeFailure(
+            f"the Docker engine does not see the session directory {root} mounted (it runs in another mount "
+            "namespace): run it beside the worker, or set POLAR_SANDBOX_DISK_MB=0"
+        )
 
 
 def _hand_over(container: Any, workdir: str, user: str) -> None:
@@ -154,9 +167,10 @@ class DockerRuntime(Runtime):
         volumes[str(root)] = {"bind": str(root), "mode": "rw"}
         volumes[str(root / "logs")] = {"bind": "/logs", "mode": "rw"}
         volumes[str(relay.relay_dir(root))] = {"bind": relay.INSIDE_DIR, "mode": "ro"}
+        disk_mb = session_disk.disk_mb(spec, config)
         try:
             _remove(client, name)  # an earlier, partial init of the same session
-            _session_dir(root, user)
+            _session_dir(root, user, disk_mb)
             relay.make_relay_dir(root)
             container = client.containers.run(
                 spec.image or DEFAULT_IMAGE,
@@ -178,6 +192,8 @@ class DockerRuntime(Runtime):
                 **_hardening(spec, config.sandbox_tmp_mb),
                 **_limits(spec, config),
             )
+            if disk_mb:
+                _sees_the_mount(container, root, user)
             if spec.workdir:
                 _hand_over(container, spec.workdir, user)
         except (DockerException, OSError) as exc:
@@ -186,6 +202,7 @@ class DockerRuntime(Runtime):
 
     @classmethod
     def attach(cls, handle: Mapping[str, Any], config: Config) -> DockerRuntime:
+        session_disk.check_mounted(Path(handle["root"]))
         return cls(
             _client(),
             str(handle["container"]),
@@ -259,10 +276,14 @@ class DockerRuntime(Runtime):
 
     @contextlib.contextmanager
     def proxy_access(
-        self, proxy_url: str, egress_allow: Sequence[str] = (), bounds: SandboxBounds | None = None
+        self,
+        proxy_url: str,
+        egress_allow: Sequence[str] = (),
+        bounds: SandboxBounds | None = None,
+        key_hash: str | None = None,
     ) -> Iterator[relay.ProxyAccess]:
         uid, gid = (int(part) for part in self._user.split(":"))
-        with relay.relayed(self._root, proxy_url, (uid, gid), egress_allow, bounds) as access:
+        with relay.relayed(self._root, proxy_url, (uid, gid), egress_allow, bounds, key_hash) as access:
             yield access
 
     def is_alive(self) -> bool:
@@ -282,7 +303,7 @@ class DockerRuntime(Runtime):
             _remove(self._client, self._container_id)
         except DockerException as exc:
             raise RuntimeFailure(f"cannot remove container {self._container_id[:12]}: {exc}") from exc
-        shutil.rmtree(self._root, ignore_errors=True)
+        session_disk.remove(self._root)
         relay.remove_relay_dir(self._root)
 
 

@@ -149,8 +149,10 @@ class ProxyRelay:
         target: ProxyTarget,
         owner: tuple[int, int] | None = None,
         bounds: SandboxBounds | None = None,
+        key_hash: str | None = None,
     ) -> None:
         self.path = directory / SOCKET_NAME
+        self.key_hash = key_hash
         self.target = target
         self.owner = owner
         self.bounds = bounds or SandboxBounds()
@@ -165,7 +167,8 @@ class ProxyRelay:
         self._accepting.start()
 
     def _carry(self, client: socket.socket) -> None:
-        Carry(client, self._connect, self.target.host_header.encode("idna"), self.bounds, self._served).run()
+        host = self.target.host_header.encode("idna")
+        Carry(client, self._connect, host, self.bounds, self._served, self.key_hash).run()
 
     def _connect(self) -> socket.socket:
         upstream = socket.create_connection((self.target.host, self.target.port), timeout=CONNECT_TIMEOUT_S)
@@ -219,15 +222,17 @@ def relayed(
     owner: tuple[int, int] | None = None,
     egress_allow: Sequence[str] = (),
     bounds: SandboxBounds | None = None,
+    key_hash: str | None = None,
 ) -> Iterator[ProxyAccess]:
     """A relay for the sandbox at ``session_dir`` while the block runs, and how its harness reaches it; with
-    ``egress_allow``, also the gate to those outside hosts (``polar.runtimes.egress``); both held to ``bounds``."""
+    ``egress_allow``, also the gate to those outside hosts (``polar.runtimes.egress``); both held to ``bounds``.
+    With ``key_hash`` (the sha256 of the session's proxy key), requests carrying any other key are refused."""
     bounds = bounds or SandboxBounds()
     target = ProxyTarget.from_url(proxy_url)
     directory = relay_dir(session_dir)
     _owned_directory(directory.parent, 0o711)
     _owned_directory(directory, 0o755)
-    relay = ProxyRelay(directory, target, owner, bounds)
+    relay = ProxyRelay(directory, target, owner, bounds, key_hash)
     relay.start()
     try:
         with _egress(directory, egress_allow, owner, bounds) as egress_args:

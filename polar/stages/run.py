@@ -21,6 +21,7 @@ from polar.lifecycle.admission import admit
 from polar.lifecycle.budget import RunBudget, budget_left, start_run_budget
 from polar.lifecycle.transitions import transition
 from polar.proxy.keys import hash_key, mint_key
+from polar.proxy.refusals import declare_key
 from polar.runtimes import Runtime, attach_runtime
 from polar.runtimes.bounds import SandboxBounds
 from polar.services import Services
@@ -68,7 +69,8 @@ def _execute(
     session, task = claimed.session, claimed.task
     # A sandbox reaches the proxy through its relay alone, at the address the harness sees inside.
     bounds = SandboxBounds.of_task(services.config, task.runtime.limits)
-    with runtime.proxy_access(services.config.proxy_url, task.runtime.egress_allow, bounds) as access:
+    access_to = runtime.proxy_access(services.config.proxy_url, task.runtime.egress_allow, bounds, hash_key(key))
+    with access_to as access:
         context = HarnessContext(
             session_id=session.id,
             task_id=session.task_id,
@@ -154,6 +156,8 @@ def run_session(services: Services, session_id: uuid.UUID) -> None:
     lease = _start(services, session_id, key)
     if lease is None:
         return
+    # Before the harness has it: a refusal the proxy makes before it can place the key is kept for this session.
+    declare_key(services.config.redis_url, hash_key(key))
     admit(services)  # leaving ready frees a READY-buffer slot
     claimed = load(services, session_id, lease)
     assert claimed is not None

@@ -18,8 +18,8 @@ from tests.polar.conftest import write_tree
 # The layers, lowest first; a package may import from its own layer and the layers before it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "clock"),  # the ground floor: nothing of polar below it
-    ("codec",),  # JSON bodies, small net helpers, import paths, stack identity
-    ("contract",),  # the task request, session states, stages, engine addresses, callback targets
+    ("codec",),  # JSON bodies, HTTP/1.1 requests, small net helpers, import paths, stack identity
+    ("contract",),  # the task request, session states, stages, engine addresses, callback targets, proxy routes
     ("config",),
     ("chat",),  # conversation, completion parsing, chat templates, tokenizers: the proxy's and every engine's
     ("refengine",),  # the reference engine: server, policies, the torch and vLLM backends

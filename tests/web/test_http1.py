@@ -1,5 +1,5 @@
 """``web.http1`` pieces on a socket pair: request bodies read in any sizes, by length or chunked, leaving a pipelined
-next request in the buffer; answers framed by their length, chunked, or the connection's end."""
+next request to the connection's reader; answers framed by their length, chunked, or the connection's end."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from polar.codec.http_requests import RequestHead, RequestReader
 from web import http1
 
 
@@ -19,9 +20,19 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
         yield server, client
 
 
-def _body(server: socket.socket, buffer: bytearray, head: bytes) -> http1.Body:
-    length, chunked = http1.body_framing(http1.parse_head(head))
-    return http1.Body(server, buffer, length, chunked, expects_continue=False)
+def _body(server: socket.socket, reader: RequestReader, head: bytes) -> http1.Body:
+    reader.feed(head + b"\r\nHost: x\r\n\r\n")
+    message = reader.next_message()
+    assert message is not None
+    return http1.Body(server, reader, message)
+
+
+def _head(head: bytes) -> RequestHead:
+    reader = RequestReader()
+    reader.feed(head + b"\r\nHost: x\r\n\r\n")
+    message = reader.next_message()
+    assert message is not None
+    return message.head
 
 
 def _chunked(data: bytes, size: int) -> bytes:
@@ -40,23 +51,25 @@ def test_a_body_reads_whole_in_any_sizes_and_leaves_the_next_request(
         head, sent = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked", _chunked(data, 333)
     else:
         head, sent = b"POST / HTTP/1.1\r\nContent-Length: %d" % len(data), data
-    client.sendall(sent + b"GET /next HTTP/1.1\r\n\r\n")
-    buffer = bytearray()
-    body = _body(server, buffer, head)
+    client.sendall(sent + b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+    reader = RequestReader()
+    body = _body(server, reader, head)
     got = b""
     while piece := body.read(read_size):
         got += piece
         if read_size < 0:
             break
     assert got == data and body.done and body.read() == b""
-    assert http1.read_head(server, buffer) == b"GET /next HTTP/1.1"
+    reader.done_with(body._message)
+    following = http1.next_request(server, reader)
+    assert following is not None and following.head.target == "/next"
 
 
 def test_readline_honours_its_limit_and_keeps_the_rest(pair: tuple[socket.socket, socket.socket]) -> None:
     server, client = pair
     data = b"abcdefgh\nsecond\nthird"
     client.sendall(_chunked(data, 3))
-    body = _body(server, bytearray(), b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked")
+    body = _body(server, RequestReader(), b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked")
     assert body.readline(4) == b"abcd"
     assert body.readline() == b"efgh\n"
     assert body.readlines() == [b"second\n", b"third"]
@@ -67,24 +80,24 @@ def test_a_chunk_longer_than_its_size_is_refused_at_once(pair: tuple[socket.sock
     server, client = pair
     client.sendall(b"5\r\nhelloXY")
     client.shutdown(socket.SHUT_WR)  # nothing more comes: reading on would end the connection, not refuse the chunk
-    body = _body(server, bytearray(), b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked")
+    body = _body(server, RequestReader(), b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked")
     with pytest.raises(http1.BadRequest) as refused:
         body.read()
-    assert (refused.value.status, refused.value.reason) == (400, "malformed chunk")
+    assert refused.value.status == 400 and "after chunk data" in refused.value.reason
 
 
 def test_a_body_cut_short_is_a_client_gone(pair: tuple[socket.socket, socket.socket]) -> None:
     server, client = pair
     client.sendall(b"only part")
     client.shutdown(socket.SHUT_WR)
-    body = _body(server, bytearray(), b"POST / HTTP/1.1\r\nContent-Length: 100")
+    body = _body(server, RequestReader(), b"POST / HTTP/1.1\r\nContent-Length: 100")
     with pytest.raises(http1.ClientGone):
         body.read()
 
 
 def _answer_bytes(server: socket.socket, client: socket.socket, head: bytes, status: str,
                   headers: list[tuple[str, str]], chunks: list[bytes]) -> tuple[bytes, bool]:  # fmt: skip
-    request = http1.parse_head(head)
+    request = _head(head)
     answer = http1.Answer(server, request, request.keep_alive)
     http1.run_app(lambda environ, start: (start(status, headers), chunks)[1], {}, answer)
     server.shutdown(socket.SHUT_WR)
@@ -122,6 +135,6 @@ def test_http_1_0_without_a_length_closes_and_hop_by_hop_fields_are_the_servers(
 
 def test_a_header_value_with_a_line_break_is_refused(pair: tuple[socket.socket, socket.socket]) -> None:
     server, _ = pair
-    answer = http1.Answer(server, http1.parse_head(b"GET / HTTP/1.1"), True)
+    answer = http1.Answer(server, _head(b"GET / HTTP/1.1"), True)
     with pytest.raises(ValueError, match="line break"):
         answer.start_response("200 OK", [("X-Injected", "a\r\nSet-Cookie: b")])

@@ -9,26 +9,27 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import Any
-from urllib.parse import parse_qsl
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.wsgi import get_input_stream
 
+from polar.codec.http_requests import Refused
 from polar.codec.instance import instance_headers
 from polar.codec.json_body import dump_json
 from polar.config import Config, load_config
-from polar.errors import PolarError
+from polar.contract.proxy_routes import api_key, first_args, route
+from polar.errors import PolarError, ValidationError
 from polar.fleet.overview import engine_pool
 from polar.observability import ProxyMetrics, exposition
 from polar.protocols import detect, protocol_for_errors
 from polar.proxy import ProxyAnswer, ProxyService
-from polar.proxy.body_limits import body_cap, check_length
+from polar.proxy.body_limits import FOR_THIS_API, body_cap, check_length, request_cap
 from polar.storage.database import open_database
+from web.http1 import ClientGone
 from web.json_provider import FastJSONProvider
 from web.proxy.delivery import client_gone, watched
 
-KEY_HEADERS = ("x-api-key", "x-goog-api-key")
 METHODS = ("GET", "POST", "HEAD")
 # The routes Flask serves; every other path is a model call (``ProxyApp.wsgi_app``).
 FLASK_PATHS = frozenset(("/healthz", "/metrics"))
@@ -39,39 +40,37 @@ StartResponse = Callable[..., Any]
 class ModelCallRequest:
     """What a model call's answer depends on, read off its WSGI environ: the method, the path below the session's
     base (``/s/<key>`` or ``/s/<key>/a/<agent>``, or none when the key comes as an API key), the key, the agent
-    label, the header fields (lower-case names), the query's first values, and how to read the body."""
+    label, the header fields (lower-case names), the query's first values, the peer address it came from
+    (``source``: whose budget an unknown key's lookup spends, ``polar.proxy.key_misses``), and how to read the
+    body."""
 
-    __slots__ = ("agent", "args", "environ", "headers", "key", "method", "path")
+    __slots__ = ("agent", "args", "environ", "headers", "key", "method", "path", "source")
 
     def __init__(self, environ: dict[str, Any]) -> None:
         self.environ = environ
         self.method: str = environ["REQUEST_METHOD"]
-        self.key, self.agent, self.path = _route(environ["PATH_INFO"])
+        self.source: str | None = environ.get("REMOTE_ADDR") or None
+        self.key, self.agent, self.path = route(environ["PATH_INFO"])
         self.headers = headers = _headers(environ)
-        self.args: dict[str, str] = {}
-        for name, value in parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True):
-            self.args.setdefault(name, value)
+        self.args = first_args(environ.get("QUERY_STRING", ""))
         self.agent = self.agent or headers.get("x-polar-agent") or None
-        self.key = self.key or self._key_as_api_key()
+        self.key = self.key or api_key(headers, self.args)
 
-    def _key_as_api_key(self) -> str | None:
-        bearer = self.headers.get("authorization", "")
-        if bearer.lower().startswith("bearer "):
-            return bearer[7:].strip() or None
-        for header in KEY_HEADERS:
-            if self.headers.get(header):
-                return self.headers[header]
-        return self.args.get("key")
-
-    def reader(self, cap: int) -> Callable[[], bytes]:
-        """How to read the body, refusing one over ``cap`` bytes (413) before reading it when it says its length,
-        else once it passes the cap."""
+    def reader(self, cap: int, what: str = FOR_THIS_API) -> Callable[[], bytes]:
+        """How to read the body, refusing one over ``cap`` bytes (413, naming the limit: ``what``) before reading it
+        when it says its length, else once it passes the cap."""
 
         def read() -> bytes:
             length = self.headers.get("content-length")
-            check_length(int(length) if length and length.isdigit() else None, cap)
-            data = get_input_stream(self.environ, max_content_length=None).read()
-            check_length(len(data), cap)
+            check_length(int(length) if length and length.isdigit() else None, cap, what)
+            # At most one byte past the cap, chunked or not: a body over it is refused, never held whole.
+            try:
+                data = get_input_stream(self.environ, max_content_length=None).read(cap + 1)
+            except Refused as exc:  # a chunk the parser refused: the caller's fault, answered in its protocol
+                raise ValidationError(f"malformed request body: {exc.reason}") from None
+            except ClientGone as exc:  # no answer reaches it; counted as the client's, not as a server error
+                raise ValidationError(f"the request body did not arrive: {exc}") from None
+            check_length(len(data), cap, what)
             return data
 
         return read
@@ -85,20 +84,6 @@ def _headers(environ: dict[str, Any]) -> dict[str, str]:
         if environ.get(name):
             headers[name.replace("_", "-").lower()] = environ[name]
     return headers
-
-
-def _route(path_info: str) -> tuple[str | None, str | None, str]:
-    """(key, agent, path below them) of a request path: ``/s/<key>/a/<agent>/<path>``, ``/s/<key>/<path>`` or
-    ``/<path>``; a doubled slash after the base (a base URL configured with a trailing slash) counts as one."""
-    if path_info.startswith("/s/"):
-        key, slash, rest = path_info[3:].partition("/")
-        if key and slash:
-            if rest.startswith("a/"):
-                agent, slash, below = rest[2:].partition("/")
-                if agent and slash:
-                    return key, agent, below.lstrip("/")
-            return key, None, rest.lstrip("/")
-    return None, None, path_info.lstrip("/")
 
 
 def _unrouted(metrics: ProxyMetrics, path: str, headers: dict[str, str], status: int, message: str) -> ProxyAnswer:
@@ -118,7 +103,8 @@ def _answer(service: ProxyService, call: ModelCallRequest) -> ProxyAnswer:
         # No route by path: the body may say which API it is; it is read only for a live session's key.
         protocol = protocol_for_errors(call.path, call.headers)
         try:
-            sniffed = service.body_for_routing(call.key, call.reader(body_cap(protocol, service.config.max_body_bytes)))
+            read = call.reader(body_cap(protocol, service.config.max_body_bytes))
+            sniffed = service.body_for_routing(call.key, read, call.source)
         except PolarError as exc:  # over the cap, or no slot free
             refused = service.error(protocol, exc)
             service.metrics.answered(protocol.PROVIDER, "unknown", refused.status)
@@ -127,12 +113,12 @@ def _answer(service: ProxyService, call: ModelCallRequest) -> ProxyAnswer:
             raw, body = sniffed
             found = detect(call.method, call.path, call.headers, call.args, body)
             if found is not None:
-                return service.handle(found, call.key, call.agent, raw)
+                return service.handle(found, call.key, call.agent, raw, call.source)
     if found is None:
         message = f"no such route: {call.method} /{call.path.strip('/')}"
         return _unrouted(service.metrics, call.path, call.headers, 404, message)
-    cap = body_cap(found.protocol, service.config.max_body_bytes)
-    return service.handle(found, call.key, call.agent, call.reader(cap))
+    cap, what = request_cap(found.protocol, found.operation, service.config)  # counting tokens: a smaller cap
+    return service.handle(found, call.key, call.agent, call.reader(cap, what), call.source)
 
 
 def _respond(

@@ -140,7 +140,7 @@ def test_a_body_over_the_cap_is_refused_before_it_is_read(tmp_path: Path) -> Non
 def test_framing_the_relay_cannot_count_is_refused(tmp_path: Path, head: bytes) -> None:
     with relay(tmp_path, SandboxBounds()) as (path, upstream), connect(path) as client:
         client.sendall(head)
-        assert error_of(answer(client))[0] in (400, 501)
+        assert error_of(answer(client))[0] == 400
     assert upstream.connections == 0
 
 
@@ -156,7 +156,7 @@ def test_chunk_sizes_the_relay_cannot_count_are_refused(tmp_path: Path, size: by
             carried = b""
             while chunk := proxy.recv(65536):
                 carried += chunk
-    assert carried.endswith(b"transfer-encoding: chunked\r\n\r\n")  # the head went; nothing of the body did
+    assert carried.endswith(b"Transfer-Encoding: chunked\r\n\r\n")  # the head went; nothing of the body did
 
 
 def test_a_content_length_of_thousands_of_digits_is_refused_unread(tmp_path: Path) -> None:
