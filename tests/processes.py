@@ -91,3 +91,18 @@ def processes_with(marker: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+# A script for a sandbox: writes MiB after MiB (each synced, so the filesystem counts it) until a write fails or
+# argv[1] MiB are written; prints what it wrote and the errno name of the failure (the disk bound's tests).
+FILL_DISK = """
+import errno, os, sys
+written = 0
+try:
+    with open('fill', 'wb') as out:
+        while written < int(sys.argv[1]):
+            out.write(b'x' * 1048576); out.flush(); os.fsync(out.fileno()); written += 1
+    print(written, 'OK')
+except OSError as exc:
+    print(written, errno.errorcode[exc.errno])
+"""

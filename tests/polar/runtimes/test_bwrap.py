@@ -17,7 +17,7 @@ from polar.config import load_config
 from polar.contract.task_request import Limits, RuntimeSpec
 from polar.errors import RuntimeFailure
 from polar.runtimes import attach_runtime, create_runtime, session_disk
-from tests.processes import processes_with, wait_until
+from tests.processes import FILL_DISK, processes_with, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="NO BWRAP: bubblewrap is not installed")
 
@@ -124,21 +124,6 @@ def test_the_private_tmp_is_bounded(tmp_path: Path) -> None:
     assert result.exit_code != 0 and "No space left" in result.output_tail
 
 
-# Writes MiB after MiB (each synced, so the filesystem counts it) until a write fails or argv[1] MiB are written;
-# prints what it wrote and the errno name of the failure.
-FILL = """
-import errno, os, sys
-written = 0
-try:
-    with open('fill', 'wb') as out:
-        while written < int(sys.argv[1]):
-            out.write(b'x' * 1048576); out.flush(); os.fsync(out.fileno()); written += 1
-    print(written, 'OK')
-except OSError as exc:
-    print(written, errno.errorcode[exc.errno])
-"""
-
-
 @pytest.mark.skipif(os.getuid() != 0, reason="the worker is not root here: it cannot mount a session's filesystem")
 def test_writing_past_the_disk_bound_fails_with_enospc_and_nothing_outside_grows(tmp_path: Path) -> None:
     """POLAR_SANDBOX_DISK_MB=32: the session directory is a 32 MiB filesystem of its own. Writing 64 MiB inside
@@ -150,7 +135,7 @@ def test_writing_past_the_disk_bound_fails_with_enospc_and_nothing_outside_grows
         assert os.path.ismount(root) and sorted(os.listdir(root)) == ["home", "logs", "work"]
         size = os.statvfs(root)
         assert 24 * 2**20 <= size.f_blocks * size.f_frsize <= 32 * 2**20
-        result = runtime.exec([sys.executable, "-c", FILL, "64"], {}, HANG_GUARD_S, "fill")
+        result = runtime.exec([sys.executable, "-c", FILL_DISK, "64"], {}, HANG_GUARD_S, "fill")
         written, outcome = result.output_tail.split()
         assert outcome == "ENOSPC" and 24 <= int(written) < 32, result.output_tail
         beside = tmp_path / "sessions" / "beside"

@@ -19,6 +19,7 @@ from polar.errors import RuntimeFailure, ValidationError
 from polar.runtimes import attach_runtime, check_runtime, create_runtime
 from polar.runtimes.docker import _sees_the_mount, reap_orphans
 from tests.docker_engine import labelled_containers, require_docker_image
+from tests.processes import FILL_DISK
 
 DOCKER = RuntimeSpec(backend="docker")
 HANG_GUARD_S = 120  # timeouts of commands that must not time out: hang guards on a loaded machine
@@ -196,21 +197,6 @@ def test_commands_start_in_the_workdir_which_the_session_user_owns(config) -> No
         runtime.destroy()
 
 
-# Writes MiB after MiB (each synced, so the filesystem counts it) until a write fails or argv[1] MiB are written;
-# prints what it wrote and the errno name of the failure.
-FILL = """
-import errno, os, sys
-written = 0
-try:
-    with open('fill', 'wb') as out:
-        while written < int(sys.argv[1]):
-            out.write(b'x' * 1048576); out.flush(); os.fsync(out.fileno()); written += 1
-    print(written, 'OK')
-except OSError as exc:
-    print(written, errno.errorcode[exc.errno])
-"""
-
-
 @pytest.mark.skipif(os.getuid() != 0, reason="the worker is not root here: it cannot mount a session's filesystem")
 def test_writing_past_the_disk_bound_fails_with_enospc_and_nothing_outside_grows(config) -> None:  # type: ignore[no-untyped-def]
     """``runtime.limits.disk_mb`` 32: the session directory, which the container binds, is a 32 MiB filesystem of
@@ -219,7 +205,7 @@ def test_writing_past_the_disk_bound_fails_with_enospc_and_nothing_outside_grows
     root = runtime.session_dir
     try:
         assert os.path.ismount(root)
-        result = runtime.exec([sys.executable, "-c", FILL, "64"], {}, HANG_GUARD_S, "fill")
+        result = runtime.exec([sys.executable, "-c", FILL_DISK, "64"], {}, HANG_GUARD_S, "fill")
         written, outcome = result.output_tail.split()
         assert outcome == "ENOSPC" and 24 <= int(written) < 32, result.output_tail
         assert (root / "work" / "fill").stat().st_size == int(written) * 2**20  # the host sees the same files
