@@ -7,6 +7,7 @@ throughput ratio. Needs PostgreSQL (``POLAR_BENCH_ADMIN_DSN``, default the local
     python bench/proxy_overhead.py [--requests 2000] [--proxy-workers 2] [--proxy-threads 32]
     python bench/proxy_overhead.py --agent [--max-prompt-tokens 40000]
     python bench/proxy_overhead.py --long-session [--calls 300] [--turns 10]
+    python bench/proxy_overhead.py --serving-core [--against ../before] [--runs 5]
 
 ``--agent`` replays one agent-shaped session instead: a 40-tool list (~20 KB of JSON schemas), a 1,200-word system
 prompt, and a history that grows by the model's answer (64 tokens) and a 300-word tool result per call, to
@@ -23,6 +24,13 @@ same shape, so the first conversation's calls (around call 10) and the last one'
 how many calls the session held before them; it prints the proxy workers' CPU per call (mean over the
 conversation) and the proxy's own time (Server-Timing, p50) for both, and their ratio. The proxy shares state
 through Redis as deployed (``POLAR_BENCH_REDIS_URL``, default the local Redis's database 0).
+
+``--serving-core`` measures what the proxy's gunicorn worker itself costs a request (HTTP/1.1 parsing, the hand-off
+to a pool thread, the answer's framing), without the proxy behind it: one ``EpollWorker`` serving a WSGI app that
+reads the body and answers 13 bytes, sent an OpenAI-SDK-shaped model call (17 header fields) with a small (1 KB) and
+an agent-size (200 KB) body, over 1 and 16 keep-alive connections; the worker's CPU per request (from /proc), the
+median of ``--runs``. With ``--against DIR`` (another checkout: ``git worktree add ../before <rev>``) both trees are
+run alternately, run by run, and the ratio of each pair is shown.
 """
 
 from __future__ import annotations
@@ -33,9 +41,12 @@ import json
 import os
 import random
 import re
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -190,6 +201,94 @@ def _cpu_seconds(master_pid: int) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
         total += int(fields[11]) + int(fields[12])  # utime, stime
     return total / ticks
+
+
+# The OpenAI Python SDK's head for a model call, as it sends it (--serving-core).
+SDK_HEAD = (
+    "POST /s/pk-{key}/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept-Encoding: gzip, deflate\r\n"
+    "Connection: keep-alive\r\nAccept: application/json\r\nContent-Type: application/json\r\n"
+    "User-Agent: OpenAI/Python 1.99.0\r\nX-Stainless-Lang: python\r\nX-Stainless-Package-Version: 1.99.0\r\n"
+    "X-Stainless-OS: Linux\r\nX-Stainless-Arch: x64\r\nX-Stainless-Runtime: CPython\r\n"
+    "X-Stainless-Runtime-Version: 3.11.7\r\nAuthorization: Bearer pk-{key}\r\nX-Stainless-Async: false\r\n"
+    "x-stainless-retry-count: 0\r\nx-stainless-read-timeout: 600\r\nContent-Length: {length}\r\n\r\n"
+)
+CORE_APP = """
+def app(environ, start_response):
+    size = len(environ["wsgi.input"].read())
+    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", "13")])
+    return [b'{"n":%7d}' % size]
+"""
+CORE_SHAPES = ((1, 1000), (16, 1000), (1, 200_000), (16, 200_000))  # (connections, body bytes)
+
+
+def _core_cpu_us(root: Path, app_dir: Path, connections: int, size: int, requests: int) -> float:
+    """Worker CPU per request, in µs, of one EpollWorker of ``root``'s tree serving ``requests`` model-call-shaped
+    requests of ``size`` body bytes over ``connections`` keep-alive connections (after 200 not counted)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "16",
+            "--worker-class", "web.gunicorn_worker.EpollWorker", "--keep-alive", "60", "core_app:app"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{app_dir}"}
+    server = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prefix, suffix = b'{"model":"m","messages":[{"role":"user","content":"', b'"}]}'
+    body = prefix + b"x" * (size - len(prefix) - len(suffix)) + suffix
+    request = SDK_HEAD.format(key="a" * 32, port=port, length=len(body)).encode() + body
+
+    def send(count: int) -> None:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                conn = socket.create_connection(("127.0.0.1", port))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        with conn:
+            for _ in range(count):
+                conn.sendall(request)
+                answer = b""
+                while not answer.endswith(b"}"):
+                    answer += conn.recv(65536)
+
+    try:
+        send(200)
+        cpu = _cpu_seconds(server.pid)
+        clients = [threading.Thread(target=send, args=(requests // connections,)) for _ in range(connections)]
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join()
+        return (_cpu_seconds(server.pid) - cpu) / (requests // connections * connections) * 1e6
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def _serving_core(args: argparse.Namespace) -> int:
+    trees = [("this tree", Path(__file__).resolve().parents[1])]
+    if args.against:
+        trees.append(("against", Path(args.against).resolve()))
+    runs: dict[tuple[str, int, int], list[float]] = {}
+    with tempfile.TemporaryDirectory() as app_dir:
+        (Path(app_dir) / "core_app.py").write_text(CORE_APP)
+        for _ in range(args.runs):
+            for connections, size in CORE_SHAPES:
+                requests = 10_000 if size < 10_000 else 2_000
+                for label, root in trees:  # in turn, so a drift in the machine's speed falls on both
+                    runs.setdefault((label, connections, size), []).append(
+                        _core_cpu_us(root, Path(app_dir), connections, size, requests)
+                    )
+    print(f"EpollWorker CPU per request (µs, median of {args.runs}; {os.cpu_count()} cores): "
+          + ", ".join(f"{label} {root}" for label, root in trees))  # fmt: skip
+    print(f"{'connections':>11} {'body':>8} " + " ".join(f"{label:>10}" for label, _ in trees)
+          + ("   ratio (pairwise median)" if args.against else ""))  # fmt: skip
+    for connections, size in CORE_SHAPES:
+        cells = [runs[(label, connections, size)] for label, _ in trees]
+        line = f"{connections:>11} {size:>8} " + " ".join(f"{statistics.median(cell):>10.0f}" for cell in cells)
+        if args.against:
+            line += f"   {statistics.median(a / b for a, b in zip(cells[0], cells[1], strict=True)):.3f}"
+        print(line)
+    return 0
 
 
 def _stored_bytes(database_url: str) -> list[int]:
@@ -373,7 +472,12 @@ def main() -> int:
     parser.add_argument("--long-session", action="store_true", help="One long session's cost per call (see above).")
     parser.add_argument("--calls", type=int, default=300, help="With --long-session: the session's calls.")
     parser.add_argument("--turns", type=int, default=10, help="With --long-session: turns per conversation.")
+    parser.add_argument("--serving-core", action="store_true", help="The worker's own CPU a request (see above).")
+    parser.add_argument("--against", help="With --serving-core: another checkout to run alternately with this one.")
+    parser.add_argument("--runs", type=int, default=5, help="With --serving-core: runs of each shape and tree.")
     args = parser.parse_args()
+    if args.serving_core:
+        return _serving_core(args)
     if args.agent:
         return _agent(args)
     if args.long_session:

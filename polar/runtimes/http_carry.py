@@ -132,7 +132,7 @@ class Carry:
             # at its first byte (until then the proxy's own keep-alive timeout ends an idle connection).
             self.reader.deadline = time.monotonic() + self.bounds.request_send_s
             while True:
-                message = None
+                message = None  # a refusal while the next head comes is not the last request's
                 message = self._next_message()
                 if message is None:
                     break
