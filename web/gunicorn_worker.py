@@ -34,7 +34,7 @@ from typing import Any
 
 from gunicorn.workers import base
 
-from polar.codec.http_requests import RequestReader
+from polar.codec.http_requests import MAX_HEAD, RequestReader
 from polar.protocols import refusal_answer
 from web import http1
 
@@ -46,13 +46,14 @@ _TIMEOUT_ANSWER = refusal_answer(408, "the request head was not sent in time", "
 
 
 class _Connection:
-    __slots__ = ("client", "fresh", "head_until", "idle_until", "reader", "server", "sock")
+    __slots__ = ("client", "fresh", "head_until", "idle_until", "pending", "reader", "server", "sock")
 
     def __init__(self, sock: socket.socket, client: tuple[str, str], server: tuple[str, str]) -> None:
         self.sock = sock
         self.client = client
         self.server = server
-        self.reader = RequestReader()  # the connection's requests, as far as their bytes have come
+        self.reader = RequestReader()  # the connection's requests, as far as their bytes have been parsed
+        self.pending = b""  # bytes the loop read that no pool thread has parsed yet (a head, or part of one)
         self.idle_until = 0.0  # 0: a thread is serving it
         self.head_until = 0.0  # when a head has begun to arrive: the deadline for the rest of it
         self.fresh = True  # no request answered yet: first_request_s bounds its first head too
@@ -165,31 +166,33 @@ class EpollWorker(base.Worker):
                 self._read_head(connection)
 
     def _read_head(self, connection: _Connection) -> None:
-        """Reads what has come of a resting connection's next request: a whole (or refused) head goes to a pool
-        thread, part of one waits for the rest (until its deadline), the connection's end closes it."""
+        """Reads what has come of a resting connection's next request. Bytes that end a head (a blank line, by
+        CRLF or by bare LF, which the parser will refuse), or more than a head may hold, go to a pool thread, which
+        parses them; part of a head waits here for the rest, until its deadline, holding no thread. The loop only
+        looks for the blank line, so that it takes the GIL the pool threads need for as little as it can (with the
+        parse here, the proxy's CPU a call at 64 calls in flight measured 6-8 % above the old worker's, pairwise
+        medians of a measure that varies 15 % run to run on 2 cores)."""
         try:
             data = connection.sock.recv(65536, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
-            data = None
+            self._rearm(connection)
+            return
         except OSError:
             self._close(connection)
             return
-        if data == b"":
+        if not data:
             self._close(connection)
             return
-        reader = connection.reader
-        if data:
-            reader.feed(data)
-        if reader.refused is None and not reader.has_message:
-            if reader.partial:
-                if not connection.head_until:
-                    connection.head_until = time.monotonic() + self.head_s
-                self._rest(connection, head=True)
-            else:  # nothing of a request yet (a spurious wake, empty lines): wait on, as it was
-                self._rearm(connection)
+        searched = max(0, len(connection.pending) - 2)
+        # Most heads come whole in one read: the bytes are kept as they came, copied only for a head in parts.
+        pending = connection.pending = connection.pending + data if connection.pending else data
+        ended = pending.find(b"\n\r\n", searched) >= 0 or pending.find(b"\n\n", searched) >= 0
+        if not (ended or connection.reader.partial or len(pending) > MAX_HEAD):
+            if not connection.head_until:
+                connection.head_until = time.monotonic() + self.head_s
+            self._rest(connection, head=True)
             return
         connection.idle_until = 0.0
-        connection.head_until = 0.0
         self._jobs.put(connection)
 
     def _accept(self, listener: socket.socket, server: tuple[str, str]) -> None:
@@ -249,7 +252,7 @@ class EpollWorker(base.Worker):
             while waiting and waiting[0][0] <= now:
                 until, connection = waiting.popleft()
                 if connection.idle_until == until:  # else it has been served (and maybe rested) since
-                    if connection.reader.partial:  # a head that did not come whole in time
+                    if connection.pending or connection.reader.partial:  # a head that did not come whole in time
                         try:
                             connection.sock.send(_TIMEOUT_ANSWER, socket.MSG_DONTWAIT)
                         except OSError:
@@ -281,18 +284,26 @@ class EpollWorker(base.Worker):
                 self._close(connection)
 
     def _serve(self, connection: _Connection) -> bool:
-        """Answers the requests whose heads have arrived on ``connection``; whether it stays open (a pipelined
-        request whose head is not whole yet is left to the loop)."""
+        """Parses what the loop read, and answers the requests whose heads have arrived on ``connection``; whether
+        it stays open (a request whose head is not whole yet is left to the loop, within the head's deadline)."""
+        reader = connection.reader
+        if connection.pending:
+            reader.feed(connection.pending)
+            connection.pending = b""
         while True:
+            if reader.refused is None and not reader.has_message:
+                if not reader.partial:
+                    connection.head_until = 0.0
+                elif not connection.head_until:
+                    connection.head_until = time.monotonic() + self.head_s
+                return self.alive or time.monotonic() < self._linger_until
+            connection.head_until = 0.0
             keep = self._serve_one(connection)
             if self.nr >= self.max_requests and self.alive:
                 self.log.info("Autorestarting worker after current request.")
                 self.alive = False
-            reader = connection.reader
-            if not keep or not (reader.refused is not None or reader.has_message):
-                if keep and reader.partial:
-                    connection.head_until = time.monotonic() + self.head_s
-                return keep and (self.alive or time.monotonic() < self._linger_until)
+            if not keep:
+                return False
 
     def _serve_one(self, connection: _Connection) -> bool:
         sock, reader = connection.sock, connection.reader
