@@ -170,6 +170,9 @@ class TaskRequest(_Strict):
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     harness: HarnessSpec
     reconstruction: Literal["prefix_merging", "per_request"] = "per_request"
+    # A segment with no explained edge (polar.reconstruction.segments): strict masks the whole sample, lenient
+    # trains it like the others.
+    segments: Literal["strict", "lenient"] = "strict"
     # Token-in-token-out: build each prompt from the session's own earlier tokens (polar.proxy.tito).
     token_in_token_out: bool = False
     evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)

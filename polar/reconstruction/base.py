@@ -28,6 +28,8 @@ class TrajectoryData:
     stats: dict[str, Any] = field(default_factory=dict)
     # The session's main chain, not a side call (``polar.reconstruction.main_chain``; postrun sets it).
     main: bool = True
+    # Its segment of the session's rollout: index, edge, parent, evidence (``polar.reconstruction.segments``).
+    segment: dict[str, Any] | None = None
 
 
 class Reconstruction(Protocol):

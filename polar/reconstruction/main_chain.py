@@ -39,11 +39,15 @@ def main_flags(chains: Sequence[TrajectoryData]) -> list[bool]:
     """Per chain (prefix-merged, in order of creation), whether it is the session's main chain."""
     if not chains:
         return []
-    agent = chains[0].agent
-    start = max((i for i, chain in enumerate(chains) if chain.agent == agent),
-                key=lambda i: (len(chains[i].token_ids), -i))  # fmt: skip
-    joined = _joined(chains, start)
+    joined = _joined(chains, longest(chains))
     return [_is_main(index, joined) for index in range(len(chains))]
+
+
+def longest(chains: Sequence[TrajectoryData]) -> int:
+    """Rule 2: the main agent's longest trajectory (chains not empty)."""
+    agent = chains[0].agent
+    return max((i for i, chain in enumerate(chains) if chain.agent == agent),
+               key=lambda i: (len(chains[i].token_ids), -i))  # fmt: skip
 
 
 def main_calls(chains: Sequence[TrajectoryData], flags: Sequence[bool]) -> frozenset[str]:

@@ -38,11 +38,15 @@ prompt), or among all of the agent's trajectories if it shares sampled history w
   chat template that re-renders earlier turns differently (e.g. drops reasoning).
 
 Tokens alone cannot tell compaction from a rewind, or a dropped reasoning block from a rewritten tool result;
-``break_reasons.explain`` refines ``shorter_prompt`` and ``diverged`` from the calls' messages.
+``break_reasons.explain`` refines ``shorter_prompt`` and ``diverged`` from the calls' messages. What tokens do tell
+is whether a related break branches at one of the nearest trajectory's call boundaries (``boundary``): the prompt
+repeats a call's prompt exactly (``"at": "prompt"``: a resample), or it keeps a call's sampled tokens whole and
+differs only in what came after them (``"at": "end"``: two calls extending one chain state). ``segments`` reads it
+as a ``fork``.
 
 Stats of each trajectory (JSON-ready): ``num_calls``, ``prompt_tokens`` (mask 0), ``completion_tokens`` (mask 1),
-``finish_reasons`` (one per call, in ``call_ids`` order), ``num_breaks`` and ``breaks`` (0 or 1 record: the
-break of the call that started it).
+``finish_reasons`` (one per call, in ``call_ids`` order), ``spans`` (per call, ``[start, end)`` of its sampled
+tokens in ``token_ids``), ``num_breaks`` and ``breaks`` (0 or 1 record: the break of the call that started it).
 
 Cost: each extension test is one C-level slice comparison, so a call costs O(prompt length) per open
 trajectory of its agent; locating a break's first differing position scans in blocks of ``_BLOCK`` tokens.
@@ -50,6 +54,7 @@ trajectory of its agent; locating a break's first differing position scans in bl
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +77,7 @@ class _Chain:
     call_ids: list[str] = field(default_factory=list)
     finish_reasons: list[str | None] = field(default_factory=list)
     breaks: list[dict[str, Any]] = field(default_factory=list)
+    spans: list[list[int]] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
@@ -79,6 +85,7 @@ class _Chain:
         interstitial = prompt[len(self.token_ids) :]
         completion = list(call.completion_token_ids)
         self.token_ids += interstitial
+        self.spans.append([len(self.token_ids), len(self.token_ids) + len(completion)])
         self.token_ids += completion
         self.loss_mask += [0] * len(interstitial)
         self.loss_mask += [1] * len(completion)
@@ -102,6 +109,7 @@ class _Chain:
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
                 "finish_reasons": self.finish_reasons,
+                "spans": self.spans,
                 "num_breaks": len(self.breaks),
                 "breaks": self.breaks,
             },
@@ -189,7 +197,8 @@ def _break(
 
     The record: ``call_id``, ``seq``, ``agent``, ``reason``, ``position`` (first index where prompt and that
     trajectory differ), ``expected_token`` (the trajectory's token there), ``actual_token`` (the prompt's, or
-    ``None`` when the prompt ended), ``trajectory_index`` (the nearest trajectory's index in the result).
+    ``None`` when the prompt ended), ``trajectory_index`` (the nearest trajectory's index in the result),
+    ``boundary`` (``{"call_id", "at"}`` when the break branches at one of its call boundaries, else ``None``).
     """
     shared = [(common_prefix(chains[index].token_ids, prompt), index) for index in indices]
     related = [(length, index) for length, index in shared if length >= chains[index].opening]
@@ -204,5 +213,22 @@ def _break(
         "expected_token": nearest[position],
         "actual_token": prompt[position] if position < len(prompt) else None,
         "trajectory_index": index,
+        "boundary": _boundary(chains[index], position, len(prompt)) if related else None,
     }
     return record, bool(related)
+
+
+def _boundary(chain: _Chain, position: int, prompt_length: int) -> dict[str, Any] | None:
+    """The call boundary of ``chain`` a prompt that first differs from it at ``position`` branches at: the prompt
+    ends where a call's sampled tokens start (it repeats that call's prompt), or it differs after a call's sampled
+    tokens, within what the environment added (not at its first token: a stop-string turn's template end-of-turn
+    sits there). None when it differs inside sampled tokens or before the first call's."""
+    starts = [start for start, _ in chain.spans]
+    if position == prompt_length:
+        at = bisect_left(starts, position)
+        if at < len(starts) and starts[at] == position:
+            return {"call_id": chain.call_ids[at], "at": "prompt"}
+    if chain.loss_mask[position] != 0:
+        return None
+    last = bisect_left([end for _, end in chain.spans], position) - 1  # the last call that ended before it
+    return {"call_id": chain.call_ids[last], "at": "end"} if last >= 0 else None

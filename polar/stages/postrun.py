@@ -1,5 +1,5 @@
 """Stage ``postrun``: always entered. Rebuild trajectories from the captured calls, mark the session's main chain
-(``polar.stages.main_chain``: its answer is the one judged), evaluate, store the reward, end the session in its
+(``polar.stages.segments``: its answer is the one judged), evaluate, store the reward, end the session in its
 terminal state, then tear the runtimes down (the session's, and the evaluator's clean one when it had one).
 
 The terminal compare-and-set, the trajectory rows and the reward commit in one transaction, so a redelivered
@@ -54,7 +54,7 @@ from polar.runtimes import Runtime, attach_runtime
 from polar.services import Services
 from polar.stages.breaks import explain_breaks
 from polar.stages.lease import Claimed, claim, heartbeat
-from polar.stages.main_chain import mark_main
+from polar.stages.segments import annotate
 from polar.storage.calls.read import answered_calls, engine_failures, last_answer_at, rebuild, session_rows
 from polar.storage.models import Batch, CallRefusal, Session, Trajectory
 from polar.storage.prompts import prompt_views
@@ -317,6 +317,7 @@ def _store(
                         reward=per_trajectory[position] if position < len(per_trajectory) else reward,
                         stats=storable(trajectory.stats) if clean else trajectory.stats,
                         main=trajectory.main,
+                        segment=storable(trajectory.segment) if clean and trajectory.segment else trajectory.segment,
                     )
                 )
             retried = _settle(db, services, claimed, ending)
@@ -375,7 +376,9 @@ def postrun_session(services: Services, session_id: uuid.UUID) -> None:
             trajectories = RECONSTRUCTIONS[claimed.task.reconstruction](calls)
             with services.db.unit() as db:
                 trajectories = explain_breaks(db, session_id, calls, trajectories)
-                trajectories = mark_main(db, session_id, calls, trajectories, claimed.task.reconstruction)
+                trajectories = annotate(
+                    db, session_id, calls, trajectories, claimed.task.reconstruction, claimed.task.segments
+                )
         runtimes = _runtimes_here(services, claimed.session)
         if runtimes is not None and runtimes.session is not None:
             runtimes.session.kill_processes()

@@ -245,6 +245,9 @@ class Trajectory(Base):
     stats: Mapped[dict[str, Any]] = mapped_column(json_document(), nullable=False, default=dict)
     # The session's main chain (its first call's agent and what continues it), not a side call.
     main: Mapped[bool] = mapped_column(sa.Boolean(), nullable=False, default=True, server_default=sa.true())
+    # Its segment of the rollout (polar.reconstruction.segments): index, edge, parent, call_id, tool_call_id,
+    # evidence, trainable. NULL for rows stored before migration 0022.
+    segment: Mapped[dict[str, Any] | None] = mapped_column(json_document())
     created_at: Mapped[datetime] = _created()
     # The row's part of its feed item as JSON text, written by a trigger on Postgres (migration 0019; the feed reads
     # it), NULL on SQLite and for rows stored before it. Not loaded with the row.

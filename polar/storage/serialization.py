@@ -147,6 +147,9 @@ class TrajectoryJSON(TypedDict):
     # tool's own use of the key, another agent (docs/training-data.md). Absent from feed items of trajectories
     # stored before Polar marked it (migration 0021), which were all taken as main.
     main: NotRequired[bool]
+    # Its segment of the session's rollout (``polar.reconstruction.segments``): ``index``, ``edge``, ``parent``,
+    # ``call_id``, ``tool_call_id``, ``evidence``, ``trainable``; None for trajectories stored before migration 0022.
+    segment: NotRequired[dict[str, Any] | None]
     # Per call of ``call_ids``, its expert routing (``CallJSON.routed_experts``); None when no call has any. The
     # last call of a prefix-merged trajectory routes every token of the trajectory but the last.
     routed_experts: list[str | None] | None
@@ -317,6 +320,7 @@ def stored_trajectory_json(trajectory: Trajectory | Row[Any]) -> dict[str, Any]:
         "reward": trajectory.reward,
         "stats": trajectory.stats,
         "main": bool(trajectory.main),
+        "segment": trajectory.segment,
     }
 
 

@@ -36,6 +36,9 @@ def schema(kind: Kind) -> pa.Schema:
     import pyarrow as pa  # type: ignore[import-untyped]
 
     if kind == "rl":
+        # Its segment of the rollout (polar.reconstruction.segments); the evidence as JSON text.
+        segment = [("index", pa.int32()), ("edge", pa.string()), ("parent", pa.int32()), ("call_id", pa.string()),
+                   ("tool_call_id", pa.string()), ("evidence", pa.string()), ("trainable", pa.bool_())]  # fmt: skip
         return pa.schema(
             [
                 pa.field("trajectory_id", pa.string(), nullable=False),
@@ -53,6 +56,7 @@ def schema(kind: Kind) -> pa.Schema:
                 pa.field("num_calls", pa.int32(), nullable=False),
                 pa.field("spans_policy_update", pa.bool_(), nullable=False),
                 pa.field("main", pa.bool_(), nullable=False),
+                pa.field("segment", pa.struct(segment)),
             ]
         )
     tool_call = pa.struct(
@@ -125,6 +129,14 @@ def _batches(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[st
         yield batch
 
 
+def _parquet_row(row: dict[str, Any]) -> dict[str, Any]:
+    # A segment's evidence has no fixed fields: Parquet holds it as JSON text.
+    segment = row.get("segment")
+    if isinstance(segment, dict) and not isinstance(segment.get("evidence"), str | None):
+        return {**row, "segment": {**segment, "evidence": json.dumps(segment["evidence"], ensure_ascii=False)}}
+    return row
+
+
 def write_parquet(rows: Iterable[dict[str, Any]], kind: Kind, path: Path, row_group_size: int = ROW_GROUP_SIZE) -> int:
     """Write the rows to ``path`` as Parquet, one row group per ``row_group_size`` rows; returns the row count.
 
@@ -135,7 +147,7 @@ def write_parquet(rows: Iterable[dict[str, Any]], kind: Kind, path: Path, row_gr
 
     count = 0
     with pq.ParquetWriter(path, schema(kind), compression="zstd") as writer:
-        for batch in _batches(rows, row_group_size):
+        for batch in _batches(map(_parquet_row, rows), row_group_size):
             writer.write_table(pa.Table.from_pylist(batch, schema=schema(kind)), row_group_size=row_group_size)
             count += len(batch)
     return count

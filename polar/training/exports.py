@@ -148,6 +148,7 @@ def _rl_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator
             versions.c.version,
             Trajectory.call_ids,
             Trajectory.main,
+            Trajectory.segment,
         )
         .join(Session, Session.id == Trajectory.session_id)
         .join(Task, Task.id == Session.task_pk)
@@ -177,6 +178,8 @@ def _rl_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator
             "spans_policy_update": any(str(call_id) in spanning for call_id in row.call_ids),
             # The session's main chain, not a side call (a title request, a tool's own use of the key).
             "main": bool(row.main),
+            # Its segment of the session's rollout: one reward, one advantage for all of them (docs/training-data.md).
+            "segment": row.segment,
         }
 
 

@@ -75,6 +75,7 @@ def test_three_turn_chain_is_one_trajectory() -> None:
         "prompt_tokens": len(p0) + len(between_1) + len(between_2),
         "completion_tokens": 9,
         "finish_reasons": ["stop", "stop", "stop"],
+        "spans": [[len(p0), len(p0) + 3], [len(p1), len(p1) + 2], [len(p2), len(p2) + 4]],
         "num_breaks": 0,
         "breaks": [],
     }
@@ -152,6 +153,7 @@ def test_parallel_sub_agent_sharing_the_system_prompt() -> None:
             "expected_token": 110,
             "actual_token": 500,
             "trajectory_index": 0,
+            "boundary": None,
         }
     ]
 
@@ -179,6 +181,7 @@ def test_compaction_right_after_the_task_looks_like_a_new_conversation_to_tokens
             "expected_token": ASSISTANT,
             "actual_token": USER,
             "trajectory_index": 0,
+            "boundary": None,
         }
     ]
 

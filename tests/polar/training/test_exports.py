@@ -22,7 +22,7 @@ from tests.stage_calls import domain_services
 
 RL_COLUMNS = ["trajectory_id", "session_id", "batch_id", "task_id", "sample_index", "group_id", "agent",
               "token_ids", "loss_mask", "logprobs", "reward", "policy_version", "num_calls",
-              "spans_policy_update", "main"]  # fmt: skip
+              "spans_policy_update", "main", "segment"]  # fmt: skip
 TOOL = {"type": "function", "function": {"name": "calc", "parameters": {"type": "object", "properties": {}}}}
 
 

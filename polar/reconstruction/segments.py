@@ -1,0 +1,282 @@
+"""A session as one rollout in segments: each trajectory is a segment, and every segment but the root has one typed
+parent edge that says where it came from (DESIGN.md §5; docs/training-data.md, "Segments").
+
+    found = segments(trajectories, calls, texts)      # trajectories: prefix-merged, breaks explained, main set
+    found[i].edge, found[i].parent, found[i].trainable
+
+Each trajectory takes the first edge whose evidence holds, or none when it opens a conversation of its own. The
+root is the one of those the session's longest main-agent trajectory (``main_chain.longest``) descends from; the
+other conversations of their own are side calls or unexplained. The edges:
+
+- ``fork``: it branches at a call boundary of the nearest trajectory (the break's ``boundary``: a resample of a
+  call's prompt, or another continuation after a call's sampled tokens, whatever the messages say changed after
+  them, kept as ``evidence.reason``): ``parent`` the nearest trajectory, ``call_id`` that call. Tested first: a
+  branch repeats its parent's opening, summary and spawn prompt as they were.
+- ``spawn``: the segment's first user message holds a string argument of a tool call sampled earlier in another
+  segment (a Task/Agent/task tool's ``prompt``): ``parent`` is that segment, ``call_id`` the call, ``tool_call_id``
+  the tool call; ``evidence.returned`` says whether its last answer came back in that tool call's result.
+- ``compaction``: a user, system or tool message of its first prompt holds the text of an answer sampled earlier in
+  another segment (the summary): ``parent`` is that segment and ``call_id`` the summary's call.
+- ``rewrite``: the break, inside sampled tokens or the opening, is explained from the messages (``break_reasons``: a
+  rewritten answer or history, dropped reasoning, re-tokenisation, changed tools).
+- ``side``: a conversation of its own whose answers never reappear in a later prompt (a title request, a
+  classifier): not trainable, nor is what branches off it.
+- ``unexplained``: nothing above holds. Trainable under ``lenient``; under ``strict`` (the default) the whole
+  sample is masked (``masked``), as NeMo RL holds: an undeclared discontinuity is an error, never a compaction.
+
+Evidence reads text, not tokens, and only what postrun loads for it (``polar.stages.segments``): every call's answer,
+and the prompt messages of each segment's first and last call (the last holds all its conversation's tool results).
+A session of one trajectory is its root and reads nothing. The loss mask already gives every sampled token one
+owner (a later segment repeats an earlier one's tokens as context, mask 0); segments say how they relate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from polar.reconstruction.base import CapturedCall, TrajectoryData
+from polar.reconstruction.break_reasons import NEW_CHAIN, UNEXPLAINED
+from polar.reconstruction.main_chain import longest
+
+Edge = Literal["compaction", "spawn", "fork", "side", "rewrite", "unexplained"]
+EDGES: tuple[str, ...] = ("compaction", "spawn", "fork", "side", "rewrite", "unexplained")
+Mode = Literal["strict", "lenient"]
+_MIN_ARGUMENT = 16  # a tool argument shorter than this is too common to prove a spawn
+_MIN_LINE = 24  # lines of an answer shorter than this are not matched on their own
+_MIN_REUSED = 48  # characters of an earlier answer a prompt must hold to reuse it
+
+
+@dataclass(frozen=True)
+class CallText:
+    """What evidence reads of one call: its prompt's chat messages (loaded for a segment's first and last call
+    only) and its answer (the assistant message)."""
+
+    messages: Sequence[Mapping[str, Any]] | None = None
+    answer: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Segment:
+    index: int
+    edge: str | None  # None for the root
+    parent: int | None
+    call_id: str | None  # the parent's call it came from
+    tool_call_id: str | None = None  # for a spawn: the parent's tool call that opened it
+    evidence: dict[str, Any] = field(default_factory=dict)
+    trainable: bool = True
+
+    def as_json(self) -> dict[str, Any]:
+        return {"index": self.index, "edge": self.edge, "parent": self.parent, "call_id": self.call_id,
+                "tool_call_id": self.tool_call_id, "evidence": self.evidence, "trainable": self.trainable}  # fmt: skip
+
+
+def needs_text(trajectories: Sequence[TrajectoryData]) -> bool:
+    """Whether judging the segments reads any call's text (only when there is more than one trajectory)."""
+    return len(trajectories) > 1
+
+
+def loaded_prompts(trajectories: Sequence[TrajectoryData]) -> set[str]:
+    """The calls whose prompt messages evidence reads: each trajectory's first and last."""
+    return {call_id for t in trajectories if t.call_ids for call_id in (t.call_ids[0], t.call_ids[-1])}
+
+
+def segments(
+    trajectories: Sequence[TrajectoryData],
+    calls: Sequence[CapturedCall],
+    texts: Mapping[str, CallText],
+    mode: Mode = "strict",
+) -> list[Segment]:
+    """One segment per trajectory, in the same order."""
+    if not trajectories:
+        return []
+    seqs = {call.call_id: call.seq for call in calls}
+    owner = {call_id: index for index, t in enumerate(trajectories) for call_id in t.call_ids}
+    found = [_judge(index, trajectories, seqs, owner, texts) for index in range(len(trajectories))]
+    root = longest(trajectories)
+    while found[root].parent is not None:  # parents are always created earlier: this ends
+        root = found[root].parent
+    found = [_own(s, root, trajectories, seqs, texts) for s in found]
+    for position, segment in enumerate(found):  # what branches off a side call is one too (parents come first)
+        if segment.parent is not None and segment.parent < position and not found[segment.parent].trainable:
+            found[position] = replace(segment, trainable=False)
+    if mode == "strict" and any(s.edge == "unexplained" for s in found):
+        unexplained = [s.index for s in found if s.edge == "unexplained"]
+        masked = {"masked": f"strict: segment(s) {unexplained} have no explained edge"}
+        return [replace(s, evidence={**s.evidence, **masked}, trainable=False) for s in found]
+    return found
+
+
+def _judge(
+    index: int,
+    trajectories: Sequence[TrajectoryData],
+    seqs: Mapping[str, int],
+    owner: Mapping[str, int],
+    texts: Mapping[str, CallText],
+) -> Segment:
+    """The edge evidence gives ``trajectories[index]``; edge and parent None when it opens a conversation of its
+    own (``_own`` then tells the root from side calls)."""
+    trajectory = trajectories[index]
+    first = trajectory.call_ids[0]
+    record = (trajectory.stats.get("breaks") or [None])[0]
+    earlier = sorted((c for c in seqs if seqs[c] < seqs[first] and owner.get(c, index) != index),
+                     key=lambda c: seqs[c], reverse=True)  # fmt: skip
+    reason = record.get("reason") if record else None
+    facts = {k: record[k] for k in ("reason", "detail", "position", "message_index") if record and k in record}
+    boundary = record.get("boundary") if record else None
+    if boundary:
+        return Segment(index, "fork", record["trajectory_index"], boundary["call_id"], None,
+                       {**facts, "at": boundary["at"]})  # fmt: skip
+    opening = texts.get(first, CallText()).messages
+    spawned = _spawn(index, trajectory, opening, earlier, owner, trajectories, texts) if opening else None
+    if spawned is not None:
+        return spawned
+    summary = _summary(opening, earlier, texts) if opening else None
+    if summary is not None:
+        call_id, chars = summary
+        return Segment(index, "compaction", owner[call_id], call_id, None, {"summary_call": call_id,
+                                                                            "summary_chars": chars})  # fmt: skip
+    if record is None or reason in NEW_CHAIN:
+        return Segment(index, None, None, None, None, facts)
+    nearest = record["trajectory_index"]
+    previous = _last_before(trajectories[nearest], seqs, seqs[first])
+    return Segment(index, "unexplained" if reason in UNEXPLAINED else "rewrite", nearest, previous, None, facts)
+
+
+def _own(
+    segment: Segment,
+    root: int,
+    trajectories: Sequence[TrajectoryData],
+    seqs: Mapping[str, int],
+    texts: Mapping[str, CallText],
+) -> Segment:
+    """A conversation of its own that is not the root: a side call when its answers never reappear in a later
+    prompt, else unexplained (parent: the trajectory its break names, or the root)."""
+    if segment.index == root or segment.edge is not None:
+        return segment
+    trajectory = trajectories[segment.index]
+    record = (trajectory.stats.get("breaks") or [None])[0]
+    parent = record["trajectory_index"] if record else root
+    previous = _last_before(trajectories[parent], seqs, seqs[trajectory.call_ids[0]])
+    if not _reappears(trajectory, trajectories, seqs, texts):
+        return replace(segment, edge="side", parent=parent, call_id=previous,
+                       evidence={**segment.evidence, "answers_reappear": False}, trainable=False)  # fmt: skip
+    return replace(segment, edge="unexplained", parent=parent, call_id=previous,
+                   evidence={**segment.evidence, "answers_reappear": True})  # fmt: skip
+
+
+def _spawn(
+    index: int,
+    trajectory: TrajectoryData,
+    opening: Sequence[Mapping[str, Any]],
+    earlier: Sequence[str],
+    owner: Mapping[str, int],
+    trajectories: Sequence[TrajectoryData],
+    texts: Mapping[str, CallText],
+) -> Segment | None:
+    """A spawn edge when the first user message holds a tool argument sampled earlier (the latest such call)."""
+    user = next((text_of(m.get("content")) for m in opening if m.get("role") == "user"), "")
+    if not user:
+        return None
+    for call_id in earlier:
+        for tool_call in tool_calls_of(texts.get(call_id, CallText()).answer):
+            for name, value in _string_arguments(tool_call):
+                if len(value) >= _MIN_ARGUMENT and value in user:
+                    parent = owner[call_id]
+                    last = texts.get(trajectory.call_ids[-1], CallText()).answer
+                    returned = _returned(tool_call["id"], text_of((last or {}).get("content")),
+                                         texts.get(trajectories[parent].call_ids[-1], CallText()).messages)  # fmt: skip
+                    evidence = {"spawn_call": call_id, "tool": tool_call["name"], "argument": name,
+                                "returned": returned}  # fmt: skip
+                    return Segment(index, "spawn", parent, call_id, tool_call["id"], evidence)
+    return None
+
+
+def _summary(opening: Sequence[Mapping[str, Any]], earlier: Sequence[str],
+             texts: Mapping[str, CallText]) -> tuple[str, int] | None:  # fmt: skip
+    """The latest earlier call whose answer text the opening's user, system or tool messages reuse."""
+    told = "\n".join(text_of(m.get("content")) for m in opening if m.get("role") != "assistant")
+    said = {text_of(m.get("content")).strip() for m in opening if m.get("role") == "assistant"}
+    for call_id in earlier:
+        answer = text_of((texts.get(call_id, CallText()).answer or {}).get("content")).strip()
+        if answer and answer not in said:
+            chars = reused(answer, told)
+            if chars:
+                return call_id, chars
+    return None
+
+
+def _returned(tool_call_id: str | None, answer: str, messages: Sequence[Mapping[str, Any]] | None) -> bool:
+    """Whether the spawned segment's last answer came back as the parent's tool result for ``tool_call_id``."""
+    if not answer.strip() or not messages:
+        return False
+    answer = answer.strip()
+    results = [text_of(m.get("content")) for m in messages if m.get("role") == "tool"
+               and (tool_call_id is None or m.get("tool_call_id") == tool_call_id)]  # fmt: skip
+    return any(reused(answer, result) or answer in result for result in results)
+
+
+def _reappears(
+    trajectory: TrajectoryData,
+    trajectories: Sequence[TrajectoryData],
+    seqs: Mapping[str, int],
+    texts: Mapping[str, CallText],
+) -> bool:
+    """Whether any answer of ``trajectory`` is told back in a later loaded prompt (outside assistant turns)."""
+    answers = [text_of((texts.get(c, CallText()).answer or {}).get("content")).strip() for c in trajectory.call_ids]
+    answers = [a for a in answers if len(a) >= 8]
+    last = seqs[trajectory.call_ids[-1]]
+    later = [texts[c].messages for t in trajectories if t is not trajectory for c in (t.call_ids[0], t.call_ids[-1])
+             if seqs[c] > last and c in texts and texts[c].messages]  # fmt: skip
+    told = "\n".join(text_of(m.get("content")) for messages in later for m in messages or ()
+                     if m.get("role") != "assistant")  # fmt: skip
+    return any(answer in told or reused(answer, told) for answer in answers)
+
+
+def _last_before(trajectory: TrajectoryData, seqs: Mapping[str, int], seq: int) -> str | None:
+    before = [c for c in trajectory.call_ids if seqs[c] < seq]
+    return before[-1] if before else None
+
+
+def reused(sampled: str, text: str) -> int:
+    """How many characters of ``sampled`` (an answer) ``text`` holds: all of it, or at least ``_MIN_REUSED`` in its
+    lines of ``_MIN_LINE`` characters or more (a harness reformats a summary around them); 0 when it does not."""
+    if len(sampled) >= _MIN_LINE and sampled in text:
+        return len(sampled)
+    lines = {line.strip() for line in sampled.splitlines() if len(line.strip()) >= _MIN_LINE}
+    chars = sum(len(line) for line in lines if line in text)
+    return chars if chars >= _MIN_REUSED else 0
+
+
+def text_of(content: Any) -> str:
+    """The text of a chat message's content: a string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(text_of(part.get("text") if isinstance(part, dict) else part) for part in content)
+    return ""
+
+
+def tool_calls_of(answer: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """An answer's tool calls as ``{"id", "name", "arguments"}`` (arguments parsed; ``{}`` where they do not
+    parse)."""
+    found = []
+    for tool_call in (answer or {}).get("tool_calls") or []:
+        if not isinstance(tool_call, dict):
+            continue
+        function = tool_call.get("function") or {}
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                arguments = {}
+        found.append({"id": tool_call.get("id"), "name": function.get("name"),
+                      "arguments": arguments if isinstance(arguments, dict) else {}})  # fmt: skip
+    return found
+
+
+def _string_arguments(tool_call: Mapping[str, Any]) -> list[tuple[str, str]]:
+    return [(str(name), value.strip()) for name, value in tool_call["arguments"].items() if isinstance(value, str)]
