@@ -65,6 +65,32 @@ SCRIPTS: dict[str, dict[str, Any]] = {
     "hostile": {"turns": [{"content": "x\x00y"}]},
     # tests/e2e/test_main_chain.py: the side-calls harness's title request, longer than the main chain.
     "title": {"turns": [{"content": "Title: " + "multiplying seventeen by twenty three, " * 12}]},
+    # tests/e2e/test_segments.py: the compacting harness's summary request, and the spawning harness's parent (a Task
+    # call, then the sub-agent's answer as its own).
+    "summary": {
+        "turns": [
+            {
+                "content": "The user asked for 17 * 23. The calculator tool worked out 17 * 23 = 391, "
+                "and the answer given was 391."
+            }
+        ]
+    },
+    "delegate": {
+        "turns": [
+            {
+                "tool_calls": [
+                    {
+                        "name": "Task",
+                        "arguments": {
+                            "description": "multiply",
+                            "prompt": "Work out 17 * 23 with the calculator tool.",
+                        },
+                    }
+                ]
+            },
+            {"content": "The answer is 391."},
+        ]
+    },
 }
 # Routes to the engine's own policies, for the harness presets' modules. They come first, so that a CLI's side call
 # that repeats the task (a title request) is answered as a stack running that policy alone would answer it.
@@ -81,7 +107,8 @@ POLICY_ROUTES: dict[str, dict[str, Any]] = {
 }
 # A route chosen by the harness's own prompt rather than the instruction (tests/e2e/agents/side_calls.py's title
 # request asks for a "short title").
-PROMPT_ROUTES = {"title": "short title"}
+PROMPT_ROUTES = {"title": "short title", "summary": "Summarise the conversation so far",
+                 "delegate": "delegate arithmetic to a sub-agent"}  # fmt: skip
 
 
 def routed(name: str, instruction: str) -> str:

@@ -144,42 +144,67 @@ def pull_groups(groups: Iterator[list[dict[str, Any]]], count: int) -> list[list
 
 @dataclass(frozen=True)
 class Sample:
-    """One trajectory as the step trains on it."""
+    """One trainable segment of a session as the step trains on it (a session may have several)."""
 
+    session_id: str
     token_ids: list[int]
     mask: torch.Tensor  # loss_mask: the sampled tokens
     captured: torch.Tensor  # the logprobs Polar captured (0 where the mask is 0)
-    advantage: float
+    advantage: float  # the session's: every segment of one rollout gets the same
     sampler: int | None  # the policy version that sampled every call, None when its calls spanned an update
 
 
+def trainable(item: dict[str, Any]) -> bool:
+    """Whether a feed item is a segment the session's reward trains: its segment says so (a side call, or a sample
+    masked for an unexplained break, is not); items stored before segments fall back to the main chain."""
+    segment = item.get("segment")
+    return bool(segment["trainable"]) if segment else bool(item.get("main", True))
+
+
 def _samples(client: PolarClient, group: list[dict[str, Any]], figures: Counter) -> list[Sample] | None:
-    """A group's trajectories with group-relative advantages; None when it is older than the staleness bound
-    allows (decided by the caller from ``sampler``)."""
-    scored = [item for item in group if item.get("reward") is not None]
-    figures["unscored"] += len(group) - len(scored)
-    # Only the sessions' main chains: a side call (main false: a title request, a tool's own use of the key) is not
-    # the task the reward scored (docs/training-data.md). Items from older servers have no key: main.
-    items = [item for item in scored if item.get("main", True)]
-    rewards = [float(item["reward"]) for item in items]
-    mean = sum(rewards) / len(rewards) if rewards else 0.0
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else 0.0
+    """A group's trainable segments with group-relative advantages; None when it is older than the staleness bound
+    allows (decided by the caller from ``sampler``). The baseline counts each session once, whatever its number of
+    segments (a compacted or sub-agent session is several rows): one reward, one advantage per rollout."""
+    sessions: dict[str, list[dict[str, Any]]] = {}
+    for item in group:
+        sessions.setdefault(item["session_id"], []).append(item)
+    scored = {sid: items for sid, items in sessions.items() if items[0].get("reward") is not None}
+    figures["unscored"] += len(sessions) - len(scored)
+    # Only what the reward scored: a side call (a title request, a tool's own use of the key) is no part of the
+    # task, and a sample with an unexplained break is masked whole (docs/training-data.md, "Segments").
+    kept = {sid: [item for item in items if trainable(item)] for sid, items in scored.items()}
+    kept = {sid: items for sid, items in kept.items() if items}
+    figures["masked_sessions"] += len(scored) - len(kept)
+    rewards = {sid: float(items[0]["reward"]) for sid, items in kept.items()}
+    mean = sum(rewards.values()) / len(rewards) if rewards else 0.0
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards.values()) / len(rewards)) if rewards else 0.0
     samples = []
-    for item in items:
-        calls = {c["call_id"]: c for c in client.calls(item["session_id"])}
-        mine = [calls[c] for c in item["call_ids"]]
-        mask = torch.tensor(item["loss_mask"], dtype=torch.bool)
-        sampled = [t for call in mine if call["delivered"] for t in call["completion_token_ids"]]
-        figures["mask_errors"] += torch.tensor(item["token_ids"])[mask].tolist() != sampled
-        figures["spanning_update"] += any(call["spans_policy_update"] for call in mine)
-        versions = {version_of(call) for call in mine}
-        samples.append(Sample(item["token_ids"], mask, torch.tensor(item["logprobs"], dtype=torch.float32),
-                              0.0 if std < 1e-6 else (float(item["reward"]) - mean) / std,
-                              versions.pop() if len(versions) == 1 else None))  # fmt: skip
-    figures["reward_sum"] += sum(rewards)
+    for sid, items in kept.items():
+        calls = {c["call_id"]: c for c in client.calls(sid)}
+        advantage = 0.0 if std < 1e-6 else (rewards[sid] - mean) / std
+        figures["segments"] += len(items)
+        for item in items:
+            mine = [calls[c] for c in item["call_ids"]]
+            mask = torch.tensor(item["loss_mask"], dtype=torch.bool)
+            sampled = [t for call in mine if call["delivered"] for t in call["completion_token_ids"]]
+            figures["mask_errors"] += torch.tensor(item["token_ids"])[mask].tolist() != sampled
+            figures["spanning_update"] += any(call["spans_policy_update"] for call in mine)
+            versions = {version_of(call) for call in mine}
+            samples.append(Sample(sid, item["token_ids"], mask, torch.tensor(item["logprobs"], dtype=torch.float32),
+                                  advantage, versions.pop() if len(versions) == 1 else None))  # fmt: skip
+    figures["reward_sum"] += sum(rewards.values())
     figures["rewarded"] += len(rewards)
     figures["groups_without_signal"] += std < 1e-6  # every sample scored the same: nothing to learn from
     return samples
+
+
+def session_losses(samples: list[Sample], per_token: list[torch.Tensor]) -> torch.Tensor:
+    """The loss of each session: the mean over all its segments' sampled tokens (``per_token``: each sample's token
+    losses), so a session of several rows weighs what one of one row does."""
+    by_session: dict[str, list[torch.Tensor]] = {}
+    for sample, losses in zip(samples, per_token, strict=True):
+        by_session.setdefault(sample.session_id, []).append(losses)
+    return torch.stack([torch.cat(parts).mean() for parts in by_session.values()])
 
 
 def _check_fidelity(model: torch.nn.Module, samples: list[Sample], versions: Versions, current: int) -> dict:
@@ -211,12 +236,12 @@ def _policy_gradient(model: torch.nn.Module, optimizer: torch.optim.Optimizer, s
     loss_value = None
     model.train()
     for _ in range(options.epochs if learning else 0):
-        losses = []
+        per_token = []
         for sample, logprobs in zip(learning, batch_logprobs(model, [s.token_ids for s in learning]), strict=True):
             ratio = torch.exp(logprobs[sample.mask] - sample.captured[sample.mask])
             clipped = torch.clamp(ratio, 1 - options.clip, 1 + options.clip)
-            losses.append(-torch.min(ratio * sample.advantage, clipped * sample.advantage).mean())
-        loss = torch.stack(losses).mean()
+            per_token.append(-torch.min(ratio * sample.advantage, clipped * sample.advantage))
+        loss = session_losses(learning, per_token).mean()
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -253,6 +278,8 @@ def train_step(
         "dropped_stale": figures["dropped_stale"],
         "groups_without_signal": figures["groups_without_signal"],
         "trajectories": len(samples),
+        "sessions": figures["rewarded"],
+        "masked_sessions": figures["masked_sessions"],
         "unscored": figures["unscored"],
         "mean_reward": figures["reward_sum"] / figures["rewarded"] if figures["rewarded"] else None,
         **_check_fidelity(model, samples, versions, current),

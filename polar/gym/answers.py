@@ -15,9 +15,14 @@ are the infrastructure's and retried; any other 4xx is the row's own):
 - its sample settled with a task outcome and its calls form one sequence sampled under one policy: 200, the
   evaluator's reward, ``mask_sample: false``; a harness that timed out or failed was still measured, so its
   ``failure_kind`` (``agent_timeout``, ``agent_run_error``) is named but the sample is not masked;
+- a session in several segments (a compaction, a sub-agent, a fork: ``polar.reconstruction.segments``) is answered
+  whole: ``training_traces`` holds one trace per trainable segment (``polar.gym.traces``, NeMo Gym's v1 envelope),
+  ``response`` the main segment's calls, and the sample is not masked;
 - 200 with ``mask_sample: true`` (also in ``instance_config``, where NeMo RL reads it), never a silent 0, when the
-  reward does not measure the policy: the calls break into several sequences (a harness that compacted its
-  history; the sequence holding the last call is returned, ``polar:split_token_sequences``), a returned call's
+  reward does not measure the policy: a segment's break has no explained edge under ``segments: strict``
+  (``polar:unexplained_segment``), the calls break into several sequences and no segments say how (a session
+  stored before segments; the sequence holding the last call is returned, ``polar:split_token_sequences``), a
+  returned call's
   tokens were sampled across a policy update (``polar:spans_policy_update``, AUDIT F7), no evaluator scored it
   (``verifier_error``), or the session was cancelled (``cancelled``);
 - no model call at all: 422 (the row ran, but there is no sample; NeMo RL treats it as the row's fault); an
@@ -37,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from polar.gym.traces import SegmentCalls, training_traces
 from polar.protocols._base import EngineAnswer
 from polar.storage.serialization import CallJSON
 
@@ -56,6 +62,8 @@ class Settled:
     # The calls of its trajectories outside the main chain (a title request, a tool's own use of the session's key:
     # ``polar.reconstruction.main_chain``), left out of the answer unless every chain is asked for.
     side_calls: frozenset[str] = frozenset()
+    # Its segments (``polar.gym.traces.SegmentCalls``); empty for sessions stored before segments.
+    segments: tuple[SegmentCalls, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,9 +91,15 @@ def gym_answer(
         kind = CANCELLED if settled.state == "cancelled" else AGENT_RUN_ERROR
         return _error(422, f"the session ended {settled.state} without a model call, so there is no sample "
                            f"({settled.error or 'no error recorded'})", polar, kind)  # fmt: skip
-    runs = sequences(delivered)
-    kept = runs[-1]
-    masks = _masks(settled, delivered, runs)
+    traces = None
+    if settled.segments:
+        delivered, kept, traces, split = _segmented(settled, answered, all_chains)
+    else:
+        runs = sequences(delivered)
+        kept = runs[-1]
+        split = (f"its {len(delivered)} calls form {len(runs)} token sequences, not one; the last ({len(kept)} "
+                 "calls) is returned") if len(runs) > 1 else None  # fmt: skip
+    masks = _masks(settled, delivered if traces is not None else kept, split)
     reward = 0.0 if settled.reward is None or settled.state == "cancelled" else float(settled.reward)
     versions = sorted({v for call in kept for v in (call.get("policy_version"), call.get("policy_version_end")) if v})
     body = {
@@ -104,6 +118,8 @@ def gym_answer(
             "calls_left_out": len(answered) - len(delivered),
         },
     }
+    if traces is not None:
+        body["training_traces"] = traces
     if masks:
         given = row.get("instance_config")
         body["instance_config"] = {**(given if isinstance(given, dict) else {}), "mask_sample": True}
@@ -119,24 +135,49 @@ AGENT_TIMEOUT = "agent_timeout"
 VERIFIER_ERROR = "verifier_error"
 PERSISTENCE_FAILED = "persistence_failed"
 SPLIT_SEQUENCES = "polar:split_token_sequences"
+UNEXPLAINED_SEGMENT = "polar:unexplained_segment"
 SPANS_POLICY_UPDATE = "polar:spans_policy_update"
 NO_MODEL_CALLS = "polar:no_model_calls"
 
 
-def _masks(settled: Settled, delivered: Sequence[CallJSON], runs: list[list[CallJSON]]) -> list[tuple[str, str]]:
+def _segmented(
+    settled: Settled, answered: Sequence[CallJSON], all_chains: bool
+) -> tuple[list[CallJSON], list[CallJSON], dict[str, Any], str | None]:
+    """(the calls answered, the main segment's calls for ``response``, the ``training_traces`` envelope, why the
+    sample is split where a segment's calls are not one sequence): the trainable segments (every one with
+    ``all_chains``), or the main one alone when the sample is masked."""
+    by_id = {call["call_id"]: call for call in answered}
+    masked = next((s.masked for s in settled.segments if s.masked), None)
+    root = next((s for s in settled.segments if s.edge is None), settled.segments[0])
+    chosen = [s for s in settled.segments if all_chains or s.trainable] if masked is None else [root]
+    order = {call["call_id"]: position for position, call in enumerate(answered)}
+    chosen = [SegmentCalls(s.index, s.edge, s.parent, s.trainable, tuple(sorted(
+        (c for c in s.call_ids if c in by_id), key=order.__getitem__)), s.masked) for s in chosen]  # fmt: skip
+    chosen = [s for s in chosen if s.call_ids]
+    main = next((s for s in chosen if s.index == root.index), chosen[0] if chosen else None)
+    kept = [by_id[c] for c in main.call_ids] if main else []
+    delivered = [by_id[c] for s in chosen for c in s.call_ids]
+    broken = [s.index for s in chosen if len(sequences([by_id[c] for c in s.call_ids])) > 1]
+    split = f"segment(s) {broken} do not form one token sequence each" if broken else None
+    return delivered or kept, kept, training_traces(settled.session_id, chosen, by_id), split
+
+
+def _masks(settled: Settled, kept: Sequence[CallJSON], split: str | None) -> list[tuple[str, str]]:
     """Why the sample's reward does not measure the policy: ``(failure_kind, reason)`` each, most telling first."""
     masks = []
     if settled.state == "cancelled":
         masks.append((CANCELLED, f"the session was cancelled ({settled.error or 'no error recorded'}); a cancelled "
                                  "attempt is never training signal"))  # fmt: skip
-    spanning = [call for call in runs[-1] if call.get("spans_policy_update")]
+    masked = next((s.masked for s in settled.segments if s.masked), None)
+    if masked:
+        masks.append((UNEXPLAINED_SEGMENT, f"a break no edge explains ({masked}); the main segment is returned"))
+    spanning = [call for call in kept if call.get("spans_policy_update")]
     if spanning:
         masks.append((SPANS_POLICY_UPDATE, f"{len(spanning)} returned call(s) were sampled across a policy update "
                                            f"({spanning[0].get('policy_version')} -> "
                                            f"{spanning[0].get('policy_version_end')})"))  # fmt: skip
-    if len(runs) > 1:
-        masks.append((SPLIT_SEQUENCES, f"its {len(delivered)} calls form {len(runs)} token sequences, not one; "
-                                       f"the last ({len(runs[-1])} calls) is returned"))  # fmt: skip
+    if split:
+        masks.append((SPLIT_SEQUENCES, split))
     if settled.reward is None and settled.state != "cancelled":
         masks.append((VERIFIER_ERROR, f"no evaluator scored it ({settled.error or 'no error recorded'})"))
     return masks

@@ -5,7 +5,8 @@ A row's sample is ``(batch_id, task_position)``: rows are submitted together, on
 A sample is settled when its latest attempt (``retried_as`` unset: an attempt lost to the infrastructure with
 attempts left has a successor already) is terminal. Its outcome class says whether that attempt is training
 signal (``task``), ended without a model call answered (``excluded``), or was the last allowed one and lost
-(``infrastructure``); the calls of its trajectories outside the main chain come with it (``Settled.side_calls``).
+(``infrastructure``); the calls of its trajectories outside the main chain come with it (``Settled.side_calls``), and
+its segments (``Settled.segments``: which calls each holds, whether it is trainable).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sqlalchemy as sa
 
 from polar.contract.states import TERMINAL
 from polar.gym.answers import Settled
+from polar.gym.traces import SegmentCalls
 from polar.lifecycle.attempts import is_latest_attempt
 from polar.services import Services
 from polar.storage.columns import any_of
@@ -41,23 +43,39 @@ def settled_samples(services: Services, samples: Collection[Sample]) -> dict[Sam
     )  # fmt: skip
     with services.db.unit() as db:
         rows = [row for row in db.execute(query).all() if (row.batch_id, row.task_position) in wanted]
-        side = _side_calls(db, [row.id for row in rows])
+        side, segments = _chains(db, [row.id for row in rows])
     return {
         (row.batch_id, row.task_position): Settled(row.id, row.state, row.outcome_class, row.reward, row.attempt,
                                                    row.error, row.evaluator, row.evaluation,
-                                                   frozenset(side.get(row.id, ())))
+                                                   frozenset(side.get(row.id, ())), segments.get(row.id, ()))
         for row in rows
     }  # fmt: skip
 
 
-def _side_calls(db: Any, session_ids: list[uuid.UUID]) -> dict[uuid.UUID, set[str]]:
-    """Per session, the calls of its trajectories outside the main chain (most sessions have none)."""
+def _chains(
+    db: Any, session_ids: list[uuid.UUID]
+) -> tuple[dict[uuid.UUID, set[str]], dict[uuid.UUID, tuple[SegmentCalls, ...]]]:
+    """Per session, the calls of its trajectories outside the main chain, and its segments (the trajectories'
+    call ids and segment records, no token arrays; per-request rows of one segment are merged)."""
     if not session_ids:
-        return {}
-    query = sa.select(Trajectory.session_id, Trajectory.call_ids).where(
-        any_of(db, Trajectory.session_id, session_ids), ~Trajectory.main
-    )
+        return {}, {}
+    query = sa.select(Trajectory.session_id, Trajectory.call_ids, Trajectory.main, Trajectory.segment).where(
+        any_of(db, Trajectory.session_id, session_ids)
+    ).order_by(Trajectory.session_id, Trajectory.position)  # fmt: skip
     side: dict[uuid.UUID, set[str]] = {}
-    for session_id, call_ids in db.execute(query):
-        side.setdefault(session_id, set()).update(str(call_id) for call_id in call_ids)
-    return side
+    parts: dict[uuid.UUID, dict[int, tuple[dict[str, Any], list[str]]]] = {}
+    for session_id, call_ids, main, segment in db.execute(query):
+        ids = [str(call_id) for call_id in call_ids]
+        if not main:
+            side.setdefault(session_id, set()).update(ids)
+        if segment is not None:
+            parts.setdefault(session_id, {}).setdefault(int(segment["index"]), (segment, []))[1].extend(ids)
+    segments = {
+        session_id: tuple(
+            SegmentCalls(index, segment.get("edge"), segment.get("parent"), bool(segment.get("trainable")),
+                         tuple(ids), (segment.get("evidence") or {}).get("masked"))
+            for index, (segment, ids) in sorted(found.items())
+        )
+        for session_id, found in parts.items()
+    }  # fmt: skip
+    return side, segments

@@ -15,12 +15,17 @@ such samples again (up to ``resubmits`` rounds) and raises ``RolloutError`` rath
 zero. A session's trajectory is split where the model's first sampled token is: ``prompt_ids`` before it,
 ``completion_ids`` after, with ``env_mask`` 0 on the tokens the model did not sample (tool results, the next
 turn's header) and ``logprobs`` the engine's for the sampled ones (0.0 elsewhere). Multi-turn sessions are one
-sequence with ``"reconstruction": "prefix_merging"`` (or token-in-token-out). Only the session's main chain is
-trained on (each feed item's ``main``; an item without it, from an older server, counts as main): a side call (a
-title request, a tool's own use of the session's key, another agent's conversation) is left out and
-``Sample.left_out`` says how many were; ``all_chains=True`` takes every trajectory. When a session still has several
-trajectories to take, the one with the most sampled tokens is taken and ``Sample.trajectories`` says how many there
-were.
+sequence with ``"reconstruction": "prefix_merging"`` (or token-in-token-out).
+
+A session is one rollout in segments (``polar.reconstruction.segments``; docs/training-data.md): a compaction, a
+sub-agent, a fork is a trajectory of its own. ``Sample.segments`` holds every trainable one (side calls and what
+branches off them are left out, ``Sample.left_out`` says how many), all under the session's one reward: a trainer
+gives each the session's advantage and weighs the session once (a token mean over all its segments). The sample's
+own ``prompt_ids`` … ``env_mask`` are its main segment (the root's; for a trainer that takes one sequence per
+sample), and ``dropped_share`` is the part of the trainable sampled tokens outside it. A sample whose break no edge
+explains (``segments: strict``, the default) has no segments and ``masked`` says why. ``all_chains=True`` takes
+every trajectory as trainable. Items from an older server without segments count their main chain, the trajectory
+with the most sampled tokens first.
 """
 
 from __future__ import annotations
@@ -41,6 +46,23 @@ class RolloutError(PolarError):
 
 
 @dataclass(frozen=True)
+class Segment:
+    """One trainable segment of a session: its sequence split as ``split_trajectory`` splits it."""
+
+    index: int
+    edge: str | None  # None for the root; compaction, spawn, fork, rewrite, side, unexplained
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    env_mask: list[int]
+    call_ids: list[str]
+
+    @property
+    def sampled_tokens(self) -> int:
+        return sum(self.env_mask)
+
+
+@dataclass(frozen=True)
 class Sample:
     """One settled sample of a task, as a trainer takes it."""
 
@@ -54,8 +76,17 @@ class Sample:
     env_mask: list[int]  # per completion token: 1 sampled by the model, 0 inserted by the environment
     reward: float | None  # None when the evaluator gave none
     call_ids: list[str]
-    trajectories: int  # how many trajectories the session had (this sample is the one with most sampled tokens)
-    left_out: int = 0  # of them, how many were outside its main chain and not taken (0 with all_chains)
+    trajectories: int  # how many trajectories (segments) the session had
+    left_out: int = 0  # of them, how many were not trainable and not taken (0 with all_chains)
+    segments: tuple[Segment, ...] = ()  # every trainable segment, the main one included; empty when masked
+    masked: str | None = None  # why no segment is trained on (an unexplained break under segments: strict)
+
+    @property
+    def dropped_share(self) -> float:
+        """The share of the trainable sampled tokens outside the main segment: what a trainer taking one sequence
+        per sample (TRL's ``rollout_func``) does not train on."""
+        total = sum(s.sampled_tokens for s in self.segments)
+        return 0.0 if not total else 1.0 - sum(self.env_mask) / total
 
 
 @dataclass(frozen=True)
@@ -80,17 +111,42 @@ def split_trajectory(
 
 
 def sample_of(items: Sequence[Mapping[str, Any]], all_chains: bool = False) -> Sample:
-    """The sample a session's feed items (its trajectories, with the feed's context) stand for: its main chain's
-    trajectory with the most sampled tokens (any trajectory's with ``all_chains``)."""
-    taken = [item for item in items if all_chains or item.get("main", True)]
+    """The sample a session's feed items (its trajectories, with the feed's context) stand for: its trainable
+    segments (every trajectory with ``all_chains``), the main one's sequence as the sample's own."""
+    items = sorted(items, key=_segment_index)
+    taken = [item for item in items if all_chains or _trainable(item)]
+    masked = None
     if not taken:
-        raise ValueError(f"session {items[0]['session_id']}: none of its {len(items)} trajectories is its main chain")
-    best = max(taken, key=lambda item: sum(item["loss_mask"]))
+        reasons = {str((item.get("segment") or {}).get("evidence", {}).get("masked") or "") for item in items}
+        masked = "; ".join(sorted(r for r in reasons if r)) or None
+        if masked is None:
+            raise ValueError(f"session {items[0]['session_id']}: none of its {len(items)} trajectories is trainable")
+    pool = taken or items
+    roots = [item for item in pool if item.get("segment") and item["segment"]["edge"] is None]
+    best = roots[0] if roots else max(pool, key=lambda item: sum(item["loss_mask"]))
     prompt, completion, logprobs, env_mask = split_trajectory(best["token_ids"], best["loss_mask"], best["logprobs"])
     reward = best.get("reward")
     return Sample(str(best["task_id"]), int(best["sample_index"]), str(best["session_id"]), int(best["attempt"]),
                   prompt, completion, logprobs, env_mask, None if reward is None else float(reward),
-                  [str(c) for c in best["call_ids"]], len(items), len(items) - len(taken))  # fmt: skip
+                  [str(c) for c in best["call_ids"]], len(items), len(items) - len(taken),
+                  tuple(_segment(item) for item in taken), masked)  # fmt: skip
+
+
+def _trainable(item: Mapping[str, Any]) -> bool:
+    segment = item.get("segment")
+    return bool(segment["trainable"]) if segment else bool(item.get("main", True))
+
+
+def _segment_index(item: Mapping[str, Any]) -> int:
+    segment = item.get("segment")
+    return int(segment["index"]) if segment else 0
+
+
+def _segment(item: Mapping[str, Any]) -> Segment:
+    prompt, completion, logprobs, env_mask = split_trajectory(item["token_ids"], item["loss_mask"], item["logprobs"])
+    segment = item.get("segment") or {}
+    return Segment(_segment_index(item), segment.get("edge"), prompt, completion, logprobs, env_mask,
+                   [str(c) for c in item["call_ids"]])  # fmt: skip
 
 
 class PolarRollouts:

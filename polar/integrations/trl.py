@@ -14,8 +14,10 @@ Here each distinct prompt becomes one Polar task (``task_for``: any harness, any
 ``num_generations`` samples, so each TRL group is one Polar group; the reward is Polar's evaluator's, passed as
 ``polar_reward`` and returned by ``polar_reward`` (the reward function). Before generating, when the trainer has
 stepped since the weights were last loaded, its model is saved and loaded into the engine under the next policy
-version (pause, load, resume). Each sample is its session's main chain (``PolarRollouts(all_chains=True)`` takes
-side calls too) and ``polar_left_out`` says how many side-call trajectories were left out. Samples lost to the
+version (pause, load, resume). TRL takes one sequence per sample: each sample is its session's main segment
+(``PolarRollouts(all_chains=True)`` takes side calls too), ``polar_left_out`` says how many trajectories were not
+trainable, and ``polar_dropped_share`` what share of the session's trainable sampled tokens lay in its other
+segments (a compaction, a sub-agent, a fork) and is not trained on here. Samples lost to the
 infrastructure are retried by Polar and, failing that, submitted again (``PolarRollouts.generate``): TRL never sees
 a zero that no model earned.
 """
@@ -55,6 +57,7 @@ def trl_output(groups: Sequence[Group], policy_version: int) -> dict[str, list[A
         "polar_session_id": [s.session_id for s in samples],
         "polar_attempt": [s.attempt for s in samples],
         "polar_left_out": [s.left_out for s in samples],  # side-call trajectories not trained on (adapter.sample_of)
+        "polar_dropped_share": [s.dropped_share for s in samples],  # trainable tokens outside the main segment
         "polar_policy_version": [policy_version] * len(samples),
     }
 

@@ -11,6 +11,7 @@ import pytest
 from polar.errors import ValidationError
 from polar.gym.answers import Settled, gym_answer, sequences
 from polar.gym.rows import check_row, checked_task, row_instruction, rows_batch
+from polar.gym.traces import SegmentCalls, problems
 from polar.loaders.template import compile_template
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "contracts" / "nemo_gym"
@@ -46,6 +47,40 @@ def test_one_sequence_of_calls_is_a_trainable_sample() -> None:
     assert (output[1]["prompt_token_ids"], output[1]["generation_token_ids"]) == ([1, 2], [3, 4])
     assert output[2]["generation_log_probs"] == [-0.5]
     assert {k: answer.body[k] for k in ROW} == ROW
+
+
+def test_a_compacted_session_is_answered_whole_in_training_traces_and_not_masked() -> None:
+    calls = [call([1, 2], [3]), call([1, 2, 3, 7], [8]), call([9, 9], [4]), call([9, 9, 4, 5], [6])]
+    ids = [c["call_id"] for c in calls]
+    segments = (SegmentCalls(0, None, None, True, (ids[0], ids[1])),
+                SegmentCalls(1, "compaction", 0, True, (ids[2], ids[3])))  # fmt: skip
+    settled = Settled(DONE.session_id, "completed", "task", 1.0, 1, None, segments=segments)
+    answer = gym_answer(ROW, settled, calls, "m")
+    assert answer.status == 200 and not list(VERIFY.iter_errors(answer.body))
+    assert answer.body["mask_sample"] is False and answer.body["failure_kind"] is None
+    envelope = answer.body["training_traces"]
+    assert (envelope["schema_version"], envelope["rollout_id"]) == (1, str(DONE.session_id))
+    assert problems(envelope, {c["call_id"]: c for c in calls}) == []
+    first, second = envelope["traces"]
+    assert (first["token_ids"], first["loss_mask"]) == ([1, 2, 3, 7, 8], [0, 0, 1, 0, 1])
+    assert second["sampled_spans"] == [{"model_call_id": ids[2], "start": 2, "end": 3},
+                                       {"model_call_id": ids[3], "start": 4, "end": 5}]  # fmt: skip
+    assert second["segment"] == {"index": 1, "edge": "compaction", "parent": 0}
+    assert answer.body["polar"]["calls_returned"] == 2  # the response is the root segment's calls
+    # A trace that claims a call twice, or a span off the mask, breaks the envelope's rules.
+    broken = {**envelope, "traces": [first, {**first, "trace_id": "again"}]}
+    assert any("owned by 2 spans" in p for p in problems(broken, {c["call_id"]: c for c in calls}))
+
+
+def test_an_unexplained_segment_under_strict_masks_the_sample() -> None:
+    calls = [call([1, 2], [3]), call([9, 9], [4])]
+    why = "strict: segment(s) [1] have no explained edge"
+    segments = (SegmentCalls(0, None, None, False, (calls[0]["call_id"],), why),
+                SegmentCalls(1, "unexplained", 0, False, (calls[1]["call_id"],), why))  # fmt: skip
+    answer = gym_answer(ROW, Settled(DONE.session_id, "completed", "task", 1.0, 1, None, segments=segments), calls,
+                        "m")  # fmt: skip
+    assert answer.body["mask_sample"] is True and answer.body["failure_kind"] == "polar:unexplained_segment"
+    assert len(answer.body["training_traces"]["traces"]) == 1
 
 
 def test_calls_that_break_into_sequences_are_masked_never_scored_silently() -> None:

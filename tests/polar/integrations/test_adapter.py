@@ -50,5 +50,29 @@ def test_only_the_main_chain_is_trained_on_unless_every_chain_is_asked_for() -> 
     assert every.call_ids == ["tool-own"] and every.left_out == 0
     # An item without the key (an older server) counts as main.
     assert sample_of([_item("s", [0, 1]), side]).call_ids == ["c1"]
-    with pytest.raises(ValueError, match="none of its 1 trajectories is its main chain"):
+    with pytest.raises(ValueError, match="none of its 1 trajectories is trainable"):
         sample_of([side])
+
+
+def _segment(index: int, edge: str | None, trainable: bool = True, **evidence: str) -> dict:
+    return {"index": index, "edge": edge, "parent": None if edge is None else 0, "call_id": None,
+            "tool_call_id": None, "evidence": evidence, "trainable": trainable}  # fmt: skip
+
+
+def test_every_trainable_segment_comes_with_the_root_as_the_sample_s_own_sequence() -> None:
+    root = {**_item("s", [0, 1, 1]), "segment": _segment(0, None)}
+    title = {**_item("s", [0, 1]), "segment": _segment(1, "side", trainable=False), "call_ids": ["t"]}
+    compacted = {**_item("s", [0, 0, 1, 1, 1, 1, 0, 1]), "segment": _segment(2, "compaction"), "call_ids": ["c2"]}
+    sample = sample_of([compacted, title, root])  # the feed's order is not the segments'
+    assert sample.call_ids == ["c1"] and sample.env_mask == [1, 1]  # the root, though the compaction is longer
+    assert [(s.index, s.edge, s.sampled_tokens) for s in sample.segments] == [(0, None, 2), (2, "compaction", 5)]
+    assert (sample.trajectories, sample.left_out, sample.masked) == (3, 1, None)
+    assert sample.dropped_share == 5 / 7
+
+
+def test_a_strictly_masked_sample_has_no_segments_and_says_why() -> None:
+    why = "strict: segment(s) [1] have no explained edge"
+    root = {**_item("s", [0, 1]), "segment": _segment(0, None, trainable=False, masked=why)}
+    odd = {**_item("s", [0, 0, 1]), "segment": _segment(1, "unexplained", trainable=False, masked=why)}
+    sample = sample_of([root, odd])
+    assert (sample.segments, sample.masked, sample.call_ids) == ((), why, ["c1"])

@@ -29,6 +29,7 @@ def test_the_output_is_aligned_with_the_samples_and_carries_polar_s_reward() -> 
     assert output["polar_reward"] == [1.0, 0.0, None] and output["polar_session_id"] == ["s1", "s2", "s3"]
     assert output["polar_policy_version"] == [4, 4, 4]
     assert output["polar_left_out"] == [1, 1, 1]  # the side calls each sample's session made, not trained on
+    assert output["polar_dropped_share"] == [0.0, 0.0, 0.0]  # no segment beside the main one
     assert polar_reward(["x", "y", "z"], polar_reward=output["polar_reward"]) == [1.0, 0.0, None]
     with pytest.raises(ValueError):
         polar_reward(["x"], polar_reward=[1.0, 0.0])

@@ -96,8 +96,8 @@ def sessions(draw: st.DrawFn) -> Session:
             other = [*conversation[:cut], {"role": "tool", "content": f"other-{seq:03d} {word}"}]
             live.append(step(session, other, word))
         elif op == "compact":
-            summary = session.ask([*conversation, {"role": "user", "content": "Summarise the conversation."}],
-                                  f"summary-{seq:03d}: the work so far, told in enough words to be found again")  # fmt: skip
+            told = f"summary-{seq:03d}: the work so far, told in enough words to be found again"
+            summary = session.ask([*conversation, {"role": "user", "content": "Summarise the conversation."}], told)
             told = session.answer(summary)["content"]
             fresh = [OPENING[0], {"role": "user", "content": f"This session continues from before.\n{told}"}]
             if draw(st.booleans()):  # Codex keeps the task and adds the summary as another user message
@@ -230,7 +230,7 @@ def test_an_unexplained_break_masks_the_sample_in_strict_and_not_in_lenient() ->
 
 
 def test_reused_finds_a_reformatted_summary_and_not_a_short_echo() -> None:
-    summary = "<summary>\n1. The user asked to fix the failing parser test.\n2. I changed parse() in lib.py.\n</summary>"
+    summary = "<summary>\n1. The user asked to fix the failing parser test.\n2. I changed parse() in lib.py.\n"
     told = "Summary:\n1. The user asked to fix the failing parser test.\n2. I changed parse() in lib.py."
     assert reused(summary, told) > 0
     assert reused("Done.", "Done. Anything else?") == 0
