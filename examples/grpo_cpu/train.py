@@ -29,7 +29,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,8 +128,10 @@ def warm_start(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]], 
     return float(loss.detach())
 
 
-def version_of(call: dict[str, Any]) -> int:
-    return int(call["policy_version"])
+def version_of(call: dict[str, Any]) -> int | None:
+    """The policy version that sampled a call; None when the engine had none set (a stack not run by this loop)."""
+    version = call.get("policy_version")
+    return None if version is None else int(version)
 
 
 def pull_groups(groups: Iterator[list[dict[str, Any]]], count: int) -> list[list[dict[str, Any]]]:
@@ -161,9 +163,12 @@ def trainable(item: dict[str, Any]) -> bool:
     return bool(segment["trainable"]) if segment else bool(item.get("main", True))
 
 
-def _samples(client: PolarClient, group: list[dict[str, Any]], figures: Counter) -> list[Sample] | None:
-    """A group's trainable segments with group-relative advantages; None when it is older than the staleness bound
-    allows (decided by the caller from ``sampler``). The baseline counts each session once, whatever its number of
+CallsOf = Callable[[str], list[dict[str, Any]]]  # a session's calls, as ``PolarClient.calls`` gives them
+
+
+def _samples(calls_of: CallsOf, group: list[dict[str, Any]], figures: Counter) -> list[Sample]:
+    """A group's trainable segments with group-relative advantages (the caller drops a group older than the
+    staleness bound allows, from ``sampler``). The baseline counts each session once, whatever its number of
     segments (a compacted or sub-agent session is several rows): one reward, one advantage per rollout."""
     sessions: dict[str, list[dict[str, Any]]] = {}
     for item in group:
@@ -180,7 +185,7 @@ def _samples(client: PolarClient, group: list[dict[str, Any]], figures: Counter)
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards.values()) / len(rewards)) if rewards else 0.0
     samples = []
     for sid, items in kept.items():
-        calls = {c["call_id"]: c for c in client.calls(sid)}
+        calls = {c["call_id"]: c for c in calls_of(sid)}
         advantage = 0.0 if std < 1e-6 else (rewards[sid] - mean) / std
         figures["segments"] += len(items)
         for item in items:
@@ -190,8 +195,9 @@ def _samples(client: PolarClient, group: list[dict[str, Any]], figures: Counter)
             figures["mask_errors"] += torch.tensor(item["token_ids"])[mask].tolist() != sampled
             figures["spanning_update"] += any(call["spans_policy_update"] for call in mine)
             versions = {version_of(call) for call in mine}
+            sampler = versions.pop() if len(versions) == 1 else None
             samples.append(Sample(sid, item["token_ids"], mask, torch.tensor(item["logprobs"], dtype=torch.float32),
-                                  advantage, versions.pop() if len(versions) == 1 else None))  # fmt: skip
+                                  advantage, sampler))  # fmt: skip
     figures["reward_sum"] += sum(rewards.values())
     figures["rewarded"] += len(rewards)
     figures["groups_without_signal"] += std < 1e-6  # every sample scored the same: nothing to learn from
@@ -254,7 +260,7 @@ def _policy_gradient(model: torch.nn.Module, optimizer: torch.optim.Optimizer, s
 def train_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    client: PolarClient,
+    calls_of: CallsOf,
     groups: list[list[dict[str, Any]]],
     versions: Versions,
     current: int,
@@ -264,7 +270,7 @@ def train_step(
     figures: Counter = Counter()
     samples: list[Sample] = []
     for group in groups:
-        group_samples = _samples(client, group, figures)
+        group_samples = _samples(calls_of, group, figures)
         oldest = min((s.sampler for s in group_samples if s.sampler is not None), default=current)
         if any(s.sampler is None for s in group_samples):
             oldest = min(oldest, current - 1)  # it spanned an update: at least one version old
@@ -329,7 +335,7 @@ def run(options: Options, client: PolarClient, engine_url: str, model: torch.nn.
                 offset = (step + options.ahead) * options.tasks
                 batches.append(client.submit(task.batch(options.tasks, options.samples, offset, f"grpo-{offset}")))
             groups = pull_groups(client.iter_groups(batches[step]["batch_id"]), options.tasks)
-            figures = train_step(model, optimizer, client, groups, versions, step, options)
+            figures = train_step(model, optimizer, client.calls, groups, versions, step, options)
             version = step + 1
             sync_weights(rollouts, model, _weights_path(options, version), version)
             versions.keep(version, model, options.staleness)

@@ -5,7 +5,7 @@ parent edge that says where it came from (DESIGN.md §5; docs/training-data.md, 
     found[i].edge, found[i].parent, found[i].trainable
 
 Each trajectory takes the first edge whose evidence holds, or none when it opens a conversation of its own. The
-root is the one of those the session's longest main-agent trajectory (``main_chain.longest``) descends from; the
+root is the one of those the session's longest main-agent trajectory (``longest``) descends from; the
 other conversations of their own are side calls or unexplained. The edges:
 
 - ``fork``: it branches at a call boundary of the nearest trajectory (the break's ``boundary``: a resample of a
@@ -39,7 +39,6 @@ from typing import Any, Literal
 
 from polar.reconstruction.base import CapturedCall, TrajectoryData
 from polar.reconstruction.break_reasons import NEW_CHAIN, UNEXPLAINED
-from polar.reconstruction.main_chain import longest
 
 Edge = Literal["compaction", "spawn", "fork", "side", "rewrite", "unexplained"]
 EDGES: tuple[str, ...] = ("compaction", "spawn", "fork", "side", "rewrite", "unexplained")
@@ -71,6 +70,13 @@ class Segment:
     def as_json(self) -> dict[str, Any]:
         return {"index": self.index, "edge": self.edge, "parent": self.parent, "call_id": self.call_id,
                 "tool_call_id": self.tool_call_id, "evidence": self.evidence, "trainable": self.trainable}  # fmt: skip
+
+
+def longest(trajectories: Sequence[TrajectoryData]) -> int:
+    """The main agent's (the first trajectory's agent) longest trajectory, the first created among equals."""
+    agent = trajectories[0].agent
+    return max((i for i, t in enumerate(trajectories) if t.agent == agent),
+               key=lambda i: (len(trajectories[i].token_ids), -i))  # fmt: skip
 
 
 def needs_text(trajectories: Sequence[TrajectoryData]) -> bool:

@@ -35,7 +35,7 @@ def annotate(
     if reconstruction != "prefix_merging":
         chains = explain_breaks(connection, session_id, calls, prefix_merging.reconstruct(calls))
     found = segments(chains, calls, _texts(connection, session_id, calls, chains), mode)
-    main = marked(trajectories, main_calls(chains, main_flags(chains)))
+    main = marked(trajectories, main_calls(chains, main_flags(found)))
     if chains is trajectories:
         return [replace(t, segment=s.as_json()) for t, s in zip(main, found, strict=True)]
     of_call = {call_id: s for chain, s in zip(chains, found, strict=True) for call_id in chain.call_ids}

@@ -32,10 +32,12 @@ import pytest
 import sqlalchemy as sa
 
 from polar.datasets import ARITHMETIC_ROWS
+from polar.gym.traces import problems
 from polar.local.launcher import free_port
 from polar.storage.locks import ADMISSION
 from tests.nemo_gym_client import GymAnswer, post_rows
 from tests.processes import HANG_GUARD_S, wait_until
+from tests.shared_stack import PROMPT_ROUTES, SCRIPTS
 from tests.stacks import RunningStack, running_stack
 
 pytestmark = pytest.mark.long(seconds=82)  # dealt out first (tests/conftest.py)
@@ -51,6 +53,12 @@ TEMPLATE = """\
              "env": {"PYTHONPATH": {{ repo | tojson }}, "SLOW_AGENT_SECONDS": "120",
                      "SLOW_AGENT_PID_DIR": {{ pids | tojson }}}},
  "evaluator": {"name": "session_completion"}}
+{% elif row.compacting is defined %}
+{"instruction": {{ instruction | tojson }}, "timeout_seconds": 120, "reconstruction": "prefix_merging",
+ "harness": {"name": "python", "command": "tests.e2e.agents.compacting:run",
+             "env": {"PYTHONPATH": {{ repo | tojson }}}},
+ "evaluator": {"name": "test_on_output", "config": {"answer": {"expected": {{ expected | tojson }},
+               "match": "numeric", "pattern": "answer is\\\\s*(-?[\\\\d.,]+)"}}}}
 {% else %}
 {"instruction": {{ instruction | tojson }}, "timeout_seconds": 120,
  "harness": {"name": "python", "command": "polar.agents.calculator:run"},
@@ -58,6 +66,11 @@ TEMPLATE = """\
                "match": "numeric", "pattern": "answer is\\\\s*(-?[\\\\d.,]+)"}}}}
 {% endif %}
 """
+
+
+# The arithmetic policy, right half the time; the compacting harness's summary request from a script.
+ROUTES = {"routes": [{"match": PROMPT_ROUTES["summary"], "policy": "scripted", "config": SCRIPTS["summary"]},
+                     {"match": "", "policy": "arithmetic", "config": {"accuracy": 0.5}}]}  # fmt: skip
 
 
 def gym_row(index: int, **extra: Any) -> dict[str, Any]:
@@ -83,7 +96,7 @@ def agent(
         "{{ pids | tojson }}", json.dumps(str(pids))))  # fmt: skip
     env = {"POLAR_VISIBILITY_TIMEOUT": "6", "POLAR_PLUGIN_MODULES": "tests.e2e"}
     with (
-        running_stack(module_database_url, module_broker_url, tmp, policy_config='{"accuracy": 0.5}',
+        running_stack(module_database_url, module_broker_url, tmp, policy="route", policy_config=json.dumps(ROUTES),
                       run_concurrency=3, env=env) as stack,
         gym_agent(stack, template, tmp / "gym-agent.log") as url,
     ):  # fmt: skip
@@ -177,6 +190,21 @@ def test_a_batch_of_rows_is_answered_token_exactly_and_a_lost_attempt_is_retried
     assert [row.outcome_class for row in lost] == ["infrastructure"]
     assert set(rewards[1:]) <= {0.0, 1.0} and len(rewards) == len(rows)  # accuracy 0.5: scored by the evaluator
     assert httpx.get(f"{url}/", timeout=HANG_GUARD_S).json()["waiting"] == 0
+
+
+def test_a_compacting_session_comes_back_whole_in_training_traces(agent: tuple[RunningStack, str, Path]) -> None:
+    stack, url, _ = agent
+    row = gym_row(7, compacting=True)
+    (answer,) = post_rows(url, [row])
+    validator = jsonschema.Draft202012Validator(json.loads((SCHEMAS / "verify_response.json").read_text()))
+    body = check_answer(row, answer, validator)
+    assert body["mask_sample"] is False and body["failure_kind"] in (None, "agent_run_error"), body["failure_reason"]
+    envelope = body["training_traces"]
+    calls = {c["call_id"]: c for c in stack.client.calls(body["polar"]["session_id"])}
+    assert (envelope["schema_version"], envelope["rollout_id"]) == (1, body["polar"]["session_id"])
+    assert [t["segment"]["edge"] for t in envelope["traces"]] == [None, "compaction"]
+    assert problems(envelope, calls) == []  # spans cover each mask exactly; every call owned by one span
+    assert sorted(c for t in envelope["traces"] for c in t["model_call_ids"]) == sorted(calls)
 
 
 def test_a_row_that_cannot_run_is_refused_in_gym_terms(agent: tuple[RunningStack, str, Path]) -> None:

@@ -119,8 +119,9 @@ def test_polar_rollouts_train_on_the_main_chain_only(stack: RunningStack, batch:
         session = sessions[sample.session_id]
         assert set(_roles(session, sample.call_ids)) == {"main"} and sample.left_out == 2
         assert sample.reward == 1.0
-    # Asked for every chain, the title (the most sampled tokens of any trajectory) would be the sample.
+    # Asked for every chain, every trajectory is a segment to train; the sample's own sequence is still the root's.
     every = PolarRollouts(stack.client, all_chains=True).collect(batch["batch_id"])
     for task in every.values():
         (sample,) = task
-        assert _roles(sessions[sample.session_id], sample.call_ids) == ["title"] and sample.left_out == 0
+        assert set(_roles(sessions[sample.session_id], sample.call_ids)) == {"main"} and sample.left_out == 0
+        assert len(sample.segments) == sample.trajectories

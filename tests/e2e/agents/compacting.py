@@ -1,5 +1,5 @@
 """A harness that compacts its context the way Claude Code does: a calculator conversation, then a summary request
-that continues it (the same system prompt and history, and a last user message asking for a summary), then a new
+that continues it (the same system prompt, tools and history, and a last user message asking for a summary), then a new
 conversation on the same system prompt whose first user message holds the summary, where it answers.
 
 Run by the ``python`` harness as ``tests.e2e.agents.compacting:run``; prints the answer.
@@ -25,7 +25,8 @@ def run(instruction: str) -> int:
     messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": instruction}]
     converse(client, model, messages, TOOLS)
     ask = [*messages, {"role": "user", "content": SUMMARY_REQUEST}]
-    summary = client.chat.completions.create(model=model, messages=ask).choices[0].message.content or ""  # type: ignore[arg-type]
+    reply = client.chat.completions.create(model=model, messages=ask, tools=TOOLS)  # type: ignore[arg-type]
+    summary = reply.choices[0].message.content or ""
     fresh: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": CONTINUED + summary}]
     print(converse(client, model, fresh, TOOLS))
     return 0

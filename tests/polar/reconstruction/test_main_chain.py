@@ -1,13 +1,18 @@
 """main_chain over constructed trajectories: prefix-merged token sequences (ChatML-like ids, as in
-test_prefix_merging) and hand-written break records where a reason needs the messages to be told."""
+test_prefix_merging) and hand-written break records where a reason needs the messages to be told, segmented
+without any call's text (``polar.reconstruction.segments``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from polar.reconstruction import CapturedCall, TrajectoryData, per_request, prefix_merging
-from polar.reconstruction.main_chain import CONTINUES, answer_call, main_calls, main_flags, marked
+from polar.reconstruction import CapturedCall, TrajectoryData, main_chain, per_request, prefix_merging
+from polar.reconstruction.main_chain import answer_call, main_calls, marked
+from polar.reconstruction.segments import segments
+
+CONTINUES = ("compaction", "truncation", "tool_result_rewritten", "history_rewritten", "answer_rewritten",
+             "reasoning_dropped", "retokenized", "tools_changed", "diverged", "shorter_prompt")  # fmt: skip
 
 START, END, NL, SYSTEM, USER, ASSISTANT, TOOL = 1, 2, 3, 10, 11, 12, 13
 
@@ -39,6 +44,12 @@ def chain(agent: str | None, tokens: int, calls: Sequence[str], *breaks: dict[st
 
 def broke(reason: str, nearest: int) -> dict[str, Any]:
     return {"reason": reason, "trajectory_index": nearest}
+
+
+def main_flags(chains: Sequence[TrajectoryData]) -> list[bool]:
+    """The main chain of ``chains`` as postrun marks it, their calls numbered by their ids ("c3": seq 3)."""
+    calls = [call(int(c[1:]), [], []) for t in chains for c in t.call_ids]
+    return main_chain.main_flags(segments(chains, calls, {}))
 
 
 def test_a_side_call_made_last_is_not_the_main_chain_nor_its_answer() -> None:
