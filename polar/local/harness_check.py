@@ -10,8 +10,15 @@ on whatever tools the harness offers, then a final answer), reconstructed with p
 call, whether it extended a chain, and for each break its reason (``polar.reconstruction.break_reasons``), position
 and the two differing tokens decoded; per chain, its calls and breaks; and the **merge rate**: calls that extended
 a chain / calls that continued a conversation (those that extended one, plus breaks other than a new
-conversation). ``ok`` is False when the session did not complete (a harness that never ran, or failed, has
-checked nothing) or a break is unexplained (``diverged`` or ``shorter_prompt``).
+conversation). Per segment of the session (``polar.reconstruction.segments``): its edge, parent, calls and sampled
+tokens. ``ok`` is False when the session did not complete (a harness that never ran, or failed, has checked nothing)
+or a segment's edge is ``unexplained`` (for sessions stored before segments: a break is ``diverged`` or
+``shorter_prompt``).
+
+``--compaction`` and ``--subagent`` run a scenario that reaches the CLI's compaction or sub-agent tool
+(``COMPACTION``, ``SUBAGENT``: the harness environment that shrinks its context window, the plan's long outputs or
+its sub-agent step), and ``--json`` ends the output with one line of JSON: ``{"harness", "session_id", "segments":
+[{"index", "edge", "parent", "calls", "sampled_tokens", "tool_call_id", "trainable", "evidence"}], "unexplained"}``.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import contextlib
 import functools
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +44,7 @@ class CallLine:
     """One call as the check prints it."""
 
     seq: int
+    call_id: str
     agent: str | None
     status: int
     chain: int | None  # index of the trajectory it is in (None: not in one, e.g. failed or undelivered)
@@ -65,10 +73,37 @@ class ChainLine:
 
 
 @dataclass(frozen=True)
+class Scenario:
+    """What a check needs of a CLI to reach its compaction or its sub-agent tool: the plan's length, the plan
+    policy's options, and the harness's environment and settings."""
+
+    turns: int
+    policy: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+# Claude Code compacts at its window - min(max output, 20k) - 13k: a 38k window and 4k of output compact at ~21k
+# tokens, which its ~18k-token first prompt reaches after two long 'run' steps (150 lines each; it cuts longer
+# outputs), and the ~20k its continuation starts at stays under it for the steps left.
+COMPACTION: dict[str, Scenario] = {
+    "claude_code": Scenario(14, {"long_output_lines": 150},
+                            {"CLAUDE_CODE_MAX_CONTEXT_TOKENS": "38000", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "4000"}),
+}  # fmt: skip
+# Step 1 of the plan calls the CLI's sub-agent tool (Claude Code's Agent, opencode's task).
+SUBAGENT: dict[str, Scenario] = {
+    "claude_code": Scenario(4, {"subagent": True}),
+    "opencode": Scenario(4, {"subagent": True}),
+}
+
+
+@dataclass(frozen=True)
 class Report:
     session: Mapping[str, Any]
     calls: list[CallLine]
     chains: list[ChainLine]
+    # Per trajectory, its segment as the check prints it (empty for sessions stored before segments).
+    segments: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def breaks(self) -> Counter[str]:
@@ -86,7 +121,18 @@ class Report:
 
     @property
     def unexplained(self) -> list[CallLine]:
+        """The calls that open a segment no edge explains (with segments), or an unexplained break (without)."""
+        if self.segments:
+            opening = {s["first_call"] for s in self.segments if s["edge"] == "unexplained"}
+            return [line for line in self.calls if line.call_id in opening]
         return [line for line in self.calls if line.brk is not None and line.brk["reason"] in UNEXPLAINED]
+
+    def as_json(self, harness: str) -> dict[str, Any]:
+        """The ``--json`` line."""
+        fields = ("index", "edge", "parent", "calls", "sampled_tokens", "tool_call_id", "trainable", "evidence")
+        return {"harness": harness, "session_id": self.session.get("session_id"),
+                "segments": [{key: s[key] for key in fields} for s in self.segments],
+                "unexplained": sum(1 for s in self.segments if s["edge"] == "unexplained")}  # fmt: skip
 
     @property
     def completed(self) -> bool:
@@ -98,12 +144,21 @@ class Report:
 
 
 def check_task(
-    harness: str, turns: int, tito: bool, runtime: str | None = None, command: str | None = None
+    harness: str,
+    turns: int,
+    tito: bool,
+    runtime: str | None = None,
+    command: str | None = None,
+    scenario: Scenario | None = None,
 ) -> dict[str, Any]:
-    """The one task a check runs: the plan's instruction on ``harness`` (or the ``command`` harness)."""
+    """The one task a check runs: the plan's instruction on ``harness`` (or the ``command`` harness), with the
+    scenario's harness environment and settings."""
     spec: dict[str, Any] = {"name": harness}
     if command is not None:
         spec = {"name": "command", "command": command}
+    if scenario is not None:
+        spec.update({"env": dict(scenario.env)} if scenario.env else {})
+        spec.update({"settings": dict(scenario.settings)} if scenario.settings else {})
     task: dict[str, Any] = {
         "task_id": f"check-{harness}",
         "instruction": INSTRUCTION,
@@ -131,13 +186,17 @@ def build_report(
         index, position = where.get(str(call["call_id"]), (None, 0))
         brk = breaks.get(str(call["call_id"]))
         tokens = (decode(brk["expected_token"]), decode(brk["actual_token"])) if brk is not None else None
-        lines.append(CallLine(int(call["seq"]), call.get("agent"), int(call["status_code"]), index, position > 0, brk,
+        lines.append(CallLine(int(call["seq"]), str(call["call_id"]), call.get("agent"), int(call["status_code"]),
+                              index, position > 0, brk,
                               bool(call.get("delivered", True)), tokens))  # fmt: skip
     off: list[Counter[str]] = [Counter() for _ in trajectories]
     for brk in breaks.values():
         off[brk["trajectory_index"]][str(brk["reason"])] += 1
     chains = [ChainLine(i, t.get("agent"), len(t["call_ids"]), off[i]) for i, t in enumerate(trajectories)]
-    return Report(session, lines, chains)
+    segments = [{**t["segment"], "calls": len(t["call_ids"]), "first_call": str(t["call_ids"][0]),
+                 "sampled_tokens": int((t.get("stats") or {}).get("completion_tokens") or sum(t["loss_mask"]))}
+                for t in trajectories if t.get("segment") and t["call_ids"]]  # fmt: skip
+    return Report(session, lines, chains, segments)
 
 
 def _percent(rate: float | None) -> str:
@@ -176,8 +235,15 @@ def render(report: Report) -> str:
     by_reason = ", ".join(f"{reason} {n}" for reason, n in sorted(report.breaks.items())) or "none"
     out.append(f"\nmerge rate {_percent(report.merge_rate)} overall, {_percent(main.merge_rate if main else None)} "
                f"on the main chain ({main.calls if main else 0} calls); breaks: {by_reason}")  # fmt: skip
+    if report.segments:
+        out.append(f"\n{'segment':>7}  {'edge':<12} {'parent':>6}  {'calls':>5}  {'sampled':>7}  evidence")
+        for segment in report.segments:
+            evidence = ", ".join(f"{k}={v}" for k, v in segment["evidence"].items() if k not in ("detail",))
+            parent = "-" if segment["parent"] is None else str(segment["parent"])
+            out.append(f"{segment['index']:>7}  {segment['edge'] or 'root':<12} {parent:>6}  {segment['calls']:>5}  "
+                       f"{segment['sampled_tokens']:>7}  {evidence or '-'}")  # fmt: skip
     if report.unexplained:
-        out.append(f"UNEXPLAINED breaks at seq {', '.join(str(line.seq) for line in report.unexplained)}")
+        out.append(f"UNEXPLAINED at seq {', '.join(str(line.seq) for line in report.unexplained)}")
     if not report.completed:
         error = session.get("error") or "no error recorded"
         out.append(f"NOT CHECKED: the session ended {session.get('state')} ({error}); see its logs")

@@ -12,9 +12,10 @@ other conversations of their own are side calls or unexplained. The edges:
   call's prompt, or another continuation after a call's sampled tokens, whatever the messages say changed after
   them, kept as ``evidence.reason``): ``parent`` the nearest trajectory, ``call_id`` that call. Tested first: a
   branch repeats its parent's opening, summary and spawn prompt as they were.
-- ``spawn``: the segment's first user message holds a string argument of a tool call sampled earlier in another
-  segment (a Task/Agent/task tool's ``prompt``): ``parent`` is that segment, ``call_id`` the call, ``tool_call_id``
-  the tool call; ``evidence.returned`` says whether its last answer came back in that tool call's result.
+- ``spawn``: the segment's first user message (or one of its text parts) is a string argument of a tool call
+  sampled earlier in another segment (a Task/Agent/task tool's ``prompt``): ``parent`` is that segment, ``call_id``
+  the call, ``tool_call_id`` the tool call; ``evidence.returned`` says whether its last answer came back in that
+  tool call's result.
 - ``compaction``: a user, system or tool message of its first prompt holds the text of an answer sampled earlier in
   another segment (the summary): ``parent`` is that segment and ``call_id`` the summary's call.
 - ``rewrite``: the break, inside sampled tokens or the opening, is explained from the messages (``break_reasons``: a
@@ -135,6 +136,11 @@ def _judge(
     if boundary:
         return Segment(index, "fork", record["trajectory_index"], boundary["call_id"], None,
                        {**facts, "at": boundary["at"]})  # fmt: skip
+    if record is not None and reason not in NEW_CHAIN | UNEXPLAINED | {"compaction"} and _related(record, trajectories):
+        # It shares its nearest trajectory's opening and the messages explain it: a rewrite, even if its prompt holds
+        # a summary (a compacted conversation whose answer the harness rewrote).
+        nearest = record["trajectory_index"]
+        return Segment(index, "rewrite", nearest, _last_before(trajectories[nearest], seqs, seqs[first]), None, facts)
     opening = texts.get(first, CallText()).messages
     spawned = _spawn(index, trajectory, opening, earlier, owner, trajectories, texts) if opening else None
     if spawned is not None:
@@ -149,6 +155,12 @@ def _judge(
     nearest = record["trajectory_index"]
     previous = _last_before(trajectories[nearest], seqs, seqs[first])
     return Segment(index, "unexplained" if reason in UNEXPLAINED else "rewrite", nearest, previous, None, facts)
+
+
+def _related(record: Mapping[str, Any], trajectories: Sequence[TrajectoryData]) -> bool:
+    """Whether the break's prompt agrees with its nearest trajectory's whole first prompt (shares sampled history)."""
+    spans = trajectories[record["trajectory_index"]].stats.get("spans") or []
+    return bool(spans) and record["position"] >= spans[0][0]
 
 
 def _own(
@@ -182,14 +194,16 @@ def _spawn(
     trajectories: Sequence[TrajectoryData],
     texts: Mapping[str, CallText],
 ) -> Segment | None:
-    """A spawn edge when the first user message holds a tool argument sampled earlier (the latest such call)."""
-    user = next((text_of(m.get("content")) for m in opening if m.get("role") == "user"), "")
-    if not user:
+    """A spawn edge when the first user message is a string argument of a tool call sampled earlier (the latest such
+    call): the whole message, or one of its text parts (a harness may add its own reminders beside it)."""
+    user = next((m.get("content") for m in opening if m.get("role") == "user"), None)
+    parts = {text.strip() for text in (text_of(user), *_parts(user)) if text.strip()}
+    if not parts:
         return None
     for call_id in earlier:
         for tool_call in tool_calls_of(texts.get(call_id, CallText()).answer):
             for name, value in _string_arguments(tool_call):
-                if len(value) >= _MIN_ARGUMENT and value in user:
+                if len(value) >= _MIN_ARGUMENT and value in parts:
                     parent = owner[call_id]
                     last = texts.get(trajectory.call_ids[-1], CallText()).answer
                     returned = _returned(tool_call["id"], text_of((last or {}).get("content")),
@@ -198,6 +212,13 @@ def _spawn(
                                 "returned": returned}  # fmt: skip
                     return Segment(index, "spawn", parent, call_id, tool_call["id"], evidence)
     return None
+
+
+def _parts(content: Any) -> list[str]:
+    """The text of each part of a message's content (none for a plain string)."""
+    if not isinstance(content, list):
+        return []
+    return [text_of(part.get("text") if isinstance(part, dict) else part) for part in content]
 
 
 def _summary(opening: Sequence[Mapping[str, Any]], earlier: Sequence[str],

@@ -4,6 +4,8 @@
         "steps": 20,              # tool calls before the final answer
         "reasoning": true,        # a reasoning block on every turn (false: none)
         "long_output_lines": 0,   # > 0: every "run" step prints this many lines (to trigger compaction)
+        "subagent": false,        # true: step 1 hands a smaller file task to the harness's sub-agent tool
+        "subagent_steps": 2,      # the sub-agent's own plan steps
     }
 
 It reads the task like ``tool_user`` ("Create FILE containing CONTENT", in the last user message that has one) and
@@ -18,10 +20,18 @@ offering no tools (a title generator, a summariser, a next-speaker check) gets a
 prompt asks for one fenced shell block per reply (mini-swe-agent, ``polar.refengine.policies.shell_blocks``): then
 each step is the same plan as a shell command in such a block, counted by the blocks already replied, and the
 harness's submit command ends it.
+
+A summary request (the harness compacting its context: a last user message or system prompt asking to summarise
+the conversation, ``SUMMARY_REQUEST``) is answered with a summary that restates the task and the steps done so far
+(``[plan: K steps done]``), whatever tools it offers; a continuation that carries it resumes the plan there, so a
+compacted session still ends after ``steps`` steps. With ``subagent``, step 1 is a call of the harness's sub-agent
+tool (Claude Code's ``Agent``/``Task``, opencode's ``task``) asking it to create ``SUBAGENT_FILE``; the sub-agent's
+conversation, whose task is that file, runs ``subagent_steps`` steps and answers.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -40,6 +50,7 @@ from polar.refengine.policies.tool_fitting import (
     SHELL_TOOLS,
     WRITE_TOOLS,
     Function,
+    fill_required,
     first,
     functions,
     named,
@@ -52,6 +63,21 @@ from polar.refengine.policies.tool_fitting import (
 from polar.refengine.policies.tool_user import FileTask, choose_call, last_task, working_directory
 
 SCRATCH = "polar-plan-notes.txt"
+SUBAGENT_FILE = "polar-subagent.txt"
+SUBAGENT_TOOLS = ("agent", "task")
+# What harnesses send when they compact: Claude Code ("Your task is to create a detailed summary of the conversation
+# so far"), Codex ("CONTEXT CHECKPOINT COMPACTION ... Create a handoff summary"), Gemini CLI and Qwen Code ("generate
+# the <state_snapshot>"), opencode's compaction agent ("summarize ... conversation").
+SUMMARY_REQUEST = re.compile(
+    r"(?i)(create|write|provide|produce|generate)\b[^.\n]{0,60}\bsummary|summari[sz]e\b[^.\n]{0,60}\bconversation"
+    r"|context checkpoint compaction|<state_snapshot>"
+)
+# A summariser's own system prompt (a main system prompt may well ask for a summary of changes: not this).
+SUMMARY_SYSTEM = re.compile(
+    r"(?i)<state_snapshot>|summari[sz]es? (the |internal )?chat history|tasked with summari[sz]ing"
+    r"|context checkpoint compaction"
+)
+_STEPS_DONE = re.compile(r"\[plan: (\d+) steps done\]")
 CYCLE = ("read", "list", "run", "write", "edit", "read_scratch")
 DRAFT, REVISED = "draft", "revised"  # the scratch line the edit step rewrites
 LIST_SCRIPT = "ls -la"
@@ -64,8 +90,10 @@ class PlanPolicy:
         self.steps = int(config.get("steps", 20))
         self.reasoning = bool(config.get("reasoning", True))
         self.long_output_lines = int(config.get("long_output_lines", 0))
-        if self.steps < 1 or self.long_output_lines < 0:
-            raise ValueError("plan policy: 'steps' must be >= 1 and 'long_output_lines' >= 0")
+        self.subagent = bool(config.get("subagent", False))
+        self.subagent_steps = int(config.get("subagent_steps", 2))
+        if self.steps < 1 or self.long_output_lines < 0 or self.subagent_steps < 1:
+            raise ValueError("plan policy: 'steps' and 'subagent_steps' must be >= 1 and 'long_output_lines' >= 0")
 
     def respond(self, request: PolicyRequest) -> AssistantTurn:
         """The next step's tool call, or the closing answer."""
@@ -73,21 +101,27 @@ class PlanPolicy:
         if found is None:
             return AssistantTurn(content="Nothing to do: no file was asked for.")
         index, task = found
-        done = sum(1 for message in request.messages[index + 1 :] if message.role == "tool")
+        done = _steps_done(request.messages[index].content) + sum(
+            1 for message in request.messages[index + 1 :] if message.role == "tool"
+        )
+        if _asks_for_summary(request.messages):
+            return AssistantTurn(content=summary(task, done))
+        steps = self.subagent_steps if task.path == SUBAGENT_FILE else self.steps
         offered = functions(request.tools) if request.tool_names else []
         if not request.tools and (protocol := block_protocol(request.messages)) is not None:
             return self._block_turn(protocol, protocol.commands_since(request.messages, index), task)
         if not offered:
             return AssistantTurn(content=f"Working on {task.path}.")
-        if done >= self.steps:
-            return self._turn(
-                f"All {self.steps} steps are done.", content=f"Done: created {task.path} in {done} steps."
-            )
+        if done >= steps:
+            return self._turn(f"All {steps} steps are done.", content=f"Done: created {task.path} in {done} steps.")
         cwd = working_directory(request.messages)
-        call = self.step_call(done, offered, request.tools, task, cwd)
+        call = None
+        if self.subagent and done == 1 and task.path != SUBAGENT_FILE:
+            call = _spawn(offered)
+        call = call or self.step_call(done, offered, request.tools, task, cwd)
         if call is None:
             return AssistantTurn(content=f"Done: created {task.path}; no tool fits step {done + 1}.")
-        return self._turn(f"Step {done + 1} of {self.steps}: {call.name}.", tool_call=call)
+        return self._turn(f"Step {done + 1} of {steps}: {call.name}.", tool_call=call)
 
     def step_call(
         self, step: int, offered: list[Function], tools: tuple[Mapping[str, Any], ...], task: FileTask, cwd: str | None
@@ -133,6 +167,47 @@ class PlanPolicy:
             reasoning=thought if self.reasoning else None,
             tool_calls=(tool_call,) if tool_call is not None else (),
         )
+
+
+def summary(task: FileTask, done: int) -> str:
+    """The answer to a summary request: the task in its own words and how far the plan got, so a continuation that
+    carries it resumes the plan."""
+    return (f"<summary>\n1. Primary request: Create {task.path} containing {task.content}\n"
+            f"2. Progress: the file was created and the plan went on with its steps [plan: {done} steps done]\n"
+            f"3. Next: carry on with step {done + 1} of the plan, then answer.\n</summary>")  # fmt: skip
+
+
+def _asks_for_summary(messages: tuple[Any, ...]) -> bool:
+    """Whether the request is a summary request: its last message a user message (or its system prompt) asking to
+    summarise the conversation."""
+    last = messages[-1] if messages else None
+    system = next((m.content for m in messages if m.role == "system"), "")
+    return bool((last is not None and last.role == "user" and SUMMARY_REQUEST.search(last.content))
+                or SUMMARY_SYSTEM.search(system))  # fmt: skip
+
+
+def _steps_done(text: str) -> int:
+    """The steps a summary in ``text`` says were done before it (0 without one)."""
+    found = _STEPS_DONE.findall(text)
+    return int(found[-1]) if found else 0
+
+
+def _spawn(offered: list[Function]) -> ToolCall | None:
+    """A call of the sub-agent tool asking for ``SUBAGENT_FILE``."""
+    prompt = f"Create {SUBAGENT_FILE} containing POLAR-SUBAGENT-OK"
+    for function in named(offered, SUBAGENT_TOOLS):
+        props = properties(function)
+        if "prompt" not in props:
+            continue
+        arguments: dict[str, Any] = {"prompt": prompt}
+        if "description" in props:
+            arguments["description"] = "Create the sub-agent file"
+        kinds = props.get("subagent_type")
+        if isinstance(kinds, Mapping):  # Claude Code's general agent, opencode's
+            default = "general" if function["name"] == "task" else "general-purpose"
+            arguments["subagent_type"] = (kinds.get("enum") or [default])[0]
+        return ToolCall(str(function["name"]), fill_required(function, arguments, "Create the sub-agent file"))
+    return None
 
 
 def _draft(step: int) -> str:

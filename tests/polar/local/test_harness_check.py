@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from polar.local.harness_check import build_report, check_task, render
+from polar.local.harness_check import COMPACTION, build_report, check_task, render
 
 
 def calls(n: int) -> list[dict[str, Any]]:
@@ -41,7 +41,32 @@ def test_an_unexplained_break_fails_the_check() -> None:
     ]
     report = build_report(SESSION, calls(2), trajectories, str)
     assert not report.ok and [line.seq for line in report.unexplained] == [2]
-    assert "UNEXPLAINED breaks at seq 2" in render(report)
+    assert "UNEXPLAINED at seq 2" in render(report)
+
+
+def _segment(index: int, edge: str | None, parent: int | None, **evidence: Any) -> dict[str, Any]:
+    return {"index": index, "edge": edge, "parent": parent, "call_id": None, "tool_call_id": None,
+            "evidence": evidence, "trainable": edge != "side"}  # fmt: skip
+
+
+def test_segments_decide_the_check_and_its_json_line() -> None:
+    trajectories = [
+        {"agent": "main", "call_ids": ["c0"], "loss_mask": [0, 1], "stats": {"breaks": [], "completion_tokens": 1},
+         "segment": _segment(0, None, None)},
+        {"agent": "main", "call_ids": ["c1"], "loss_mask": [0, 1, 1],
+         "segment": _segment(1, "compaction", 0, summary_chars=80),
+         "stats": {"breaks": [brk("c1", 2, "diverged")], "completion_tokens": 2}},
+    ]  # fmt: skip
+    report = build_report(SESSION, calls(2), trajectories, str)
+    assert report.ok and report.unexplained == []  # the break is told by its compaction edge
+    line = report.as_json("claude_code")
+    assert (line["harness"], line["session_id"], line["unexplained"]) == ("claude_code", SESSION["session_id"], 0)
+    assert [(s["index"], s["edge"], s["parent"], s["calls"], s["sampled_tokens"]) for s in line["segments"]] == [
+        (0, None, None, 1, 1), (1, "compaction", 0, 1, 2)]  # fmt: skip
+    assert "compaction        0      1        2  summary_chars=80" in render(report)
+    trajectories[1]["segment"] = _segment(1, "unexplained", 0)
+    odd = build_report(SESSION, calls(2), trajectories, str)
+    assert not odd.ok and odd.as_json("x")["unexplained"] == 1 and [line.seq for line in odd.unexplained] == [2]
 
 
 def test_a_session_that_did_not_complete_fails_the_check() -> None:
@@ -61,5 +86,7 @@ def test_the_task() -> None:
     task = check_task("pi", 30, tito=True, runtime="bwrap")
     assert task["harness"] == {"name": "pi"} and task["token_in_token_out"] is True
     assert task["reconstruction"] == "prefix_merging" and task["runtime"] == {"backend": "bwrap"}
+    compacting = check_task("claude_code", 14, tito=False, scenario=COMPACTION["claude_code"])
+    assert compacting["harness"]["env"]["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "38000"
     own = check_task("command", 5, tito=False, command="my-agent {instruction}")
     assert own["harness"] == {"name": "command", "command": "my-agent {instruction}"} and "runtime" not in own
