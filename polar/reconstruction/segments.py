@@ -44,6 +44,9 @@ from polar.reconstruction.break_reasons import NEW_CHAIN, UNEXPLAINED
 Edge = Literal["compaction", "spawn", "fork", "side", "rewrite", "unexplained"]
 EDGES: tuple[str, ...] = ("compaction", "spawn", "fork", "side", "rewrite", "unexplained")
 Mode = Literal["strict", "lenient"]
+# What sub-agent tools call their task: Claude Code's Agent, opencode's task, Gemini's invoke_agent and Qwen's agent
+# ``prompt``, Codex's spawn_agent ``message``, cline's spawn_agent ``task``.
+PROMPT_ARGUMENTS = frozenset({"prompt", "message", "task"})
 _MIN_ARGUMENT = 16  # a tool argument shorter than this is too common to prove a spawn
 _MIN_LINE = 24  # lines of an answer shorter than this are not matched on their own
 _MIN_REUSED = 48  # characters of an earlier answer a prompt must hold to reuse it
@@ -195,15 +198,17 @@ def _spawn(
     texts: Mapping[str, CallText],
 ) -> Segment | None:
     """A spawn edge when the first user message is a string argument of a tool call sampled earlier (the latest such
-    call): the whole message, or one of its text parts (a harness may add its own reminders beside it)."""
+    call): the whole message, one of its text parts, or, for an argument named like a sub-agent's task
+    (``PROMPT_ARGUMENTS``), held in it (a harness may add its own reminders beside it)."""
     user = next((m.get("content") for m in opening if m.get("role") == "user"), None)
-    parts = {text.strip() for text in (text_of(user), *_parts(user)) if text.strip()}
+    whole = text_of(user)
+    parts = {text.strip() for text in (whole, *_parts(user)) if text.strip()}
     if not parts:
         return None
     for call_id in earlier:
         for tool_call in tool_calls_of(texts.get(call_id, CallText()).answer):
             for name, value in _string_arguments(tool_call):
-                if len(value) >= _MIN_ARGUMENT and value in parts:
+                if len(value) >= _MIN_ARGUMENT and (value in parts or (name in PROMPT_ARGUMENTS and value in whole)):
                     parent = owner[call_id]
                     last = texts.get(trajectory.call_ids[-1], CallText()).answer
                     returned = _returned(tool_call["id"], text_of((last or {}).get("content")),

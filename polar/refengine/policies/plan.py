@@ -202,6 +202,8 @@ def _spawn(offered: list[Function]) -> ToolCall | None:
         arguments: dict[str, Any] = {"prompt": prompt}
         if "description" in props:
             arguments["description"] = "Create the sub-agent file"
+        if "run_in_background" in props:  # Claude Code runs agents in the background unless told: wait for it here
+            arguments["run_in_background"] = False
         kinds = props.get("subagent_type")
         if isinstance(kinds, Mapping):  # Claude Code's general agent, opencode's
             default = "general" if function["name"] == "task" else "general-purpose"
