@@ -6,7 +6,8 @@
 ``CODEX_HOME=<home>/.codex`` holds ``config.toml`` declaring a ``polar`` provider
 (``base_url=<proxy>/s/<key>/v1``, ``wire_api="responses"``, key from ``POLAR_PROXY_KEY``) and ``auth.json``.
 Settings: ``extra_args``, ``mcp_servers`` (Codex's ``[mcp_servers.<name>]`` tables: ``command``, ``args``,
-``env``…); ``max_turns`` is refused (``codex exec`` has no turn limit).
+``env``…), ``config`` (more top-level keys of config.toml); ``max_turns`` is refused (``codex exec`` has no turn
+limit).
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ def toml_value(value: Any) -> str:
     raise RuntimeFailure(f"harness 'codex': cannot write {value!r} to config.toml")
 
 
-def config_toml(model: str, base_url: str, mcp_servers: dict[str, Any]) -> str:
-    """Codex's config.toml pointing the ``polar`` provider at the proxy."""
+def config_toml(model: str, base_url: str, mcp_servers: dict[str, Any], extra: dict[str, Any] | None = None) -> str:
+    """Codex's config.toml pointing the ``polar`` provider at the proxy; ``extra``: more top-level keys."""
     lines = [
         f"model = {toml_value(model)}",
         'model_provider = "polar"',
+        *(f"{key} = {toml_value(value)}" for key, value in (extra or {}).items()),
         "",
         "[model_providers.polar]",
         'name = "polar"',
@@ -56,11 +58,11 @@ class CodexHarness:
     name: ClassVar[str] = "codex"
 
     def launch(self, context: HarnessContext) -> HarnessLaunch:
-        settings = preset_settings(context)
+        settings = preset_settings(context, accepts_config=True)
         refuse(context, settings, "max_turns")
         program, model = binary(context), model_name(context)
         codex_home = home_dir(context, ".codex")
-        toml = config_toml(model, f"{context.proxy_base}/v1", settings.mcp_servers)
+        toml = config_toml(model, f"{context.proxy_base}/v1", settings.mcp_servers, settings.config)
         write_config(context, codex_home / "config.toml", toml)
         write_json(context, codex_home / "auth.json", {"OPENAI_API_KEY": context.proxy_key})
         command = [program, "exec", "--dangerously-bypass-approvals-and-sandbox", "--skip-git-repo-check", "--json"]

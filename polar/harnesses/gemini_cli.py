@@ -5,7 +5,8 @@
 Pointed at the proxy by ``GOOGLE_GEMINI_BASE_URL`` and ``GEMINI_API_KEY``; ``<home>/.gemini/settings.json``
 selects API-key auth (without it non-interactive runs fail with "Invalid auth method selected"), and
 ``GEMINI_CLI_TRUST_WORKSPACE=true`` trusts the session's work folder. Settings: ``max_turns``
-(``model.maxSessionTurns``), ``extra_args``, ``mcp_servers`` (the ``mcpServers`` format).
+(``model.maxSessionTurns``), ``extra_args``, ``mcp_servers`` (the ``mcpServers`` format), ``config`` (merged into
+settings.json).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from polar.harnesses.base import HarnessContext, HarnessLaunch, proxy_environment
-from polar.harnesses.preset import PresetSettings, binary, home_dir, model_name, preset_settings, write_json
+from polar.harnesses.preset import PresetSettings, binary, home_dir, merged, model_name, preset_settings, write_json
 
 
 def gemini_settings(settings: PresetSettings, auth_type: str) -> dict[str, Any]:
@@ -27,7 +28,7 @@ def gemini_settings(settings: PresetSettings, auth_type: str) -> dict[str, Any]:
         data["model"] = {"maxSessionTurns": settings.max_turns}
     if settings.mcp_servers:
         data["mcpServers"] = settings.mcp_servers
-    return data
+    return merged(data, settings.config)
 
 
 class GeminiCliHarness:

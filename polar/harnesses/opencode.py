@@ -6,8 +6,8 @@
 the proxy, and allows every permission; the XDG folders all sit in the session home. opencode wants a git work
 tree: ``OPENCODE_FAKE_VCS=git`` stands in for one. Its plugin SDK, which it would fetch from npm into its config
 directory at every start, is linked in from the install cache (``link_config_packages``). Settings: ``extra_args``,
-``mcp_servers`` (opencode's ``mcp`` format: ``{"name": {"type": "local", "command": [...]}}``); ``max_turns`` is
-refused.
+``mcp_servers`` (opencode's ``mcp`` format: ``{"name": {"type": "local", "command": [...]}}``), ``config``
+(merged into opencode.json); ``max_turns`` is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from polar.harnesses.preset import (
     binary,
     home_dir,
     link_config_packages,
+    merged,
     model_name,
     preset_settings,
     refuse,
@@ -54,11 +55,11 @@ class OpencodeHarness:
     name: ClassVar[str] = "opencode"
 
     def launch(self, context: HarnessContext) -> HarnessLaunch:
-        settings = preset_settings(context)
+        settings = preset_settings(context, accepts_config=True)
         refuse(context, settings, "max_turns")
         program, model = binary(context), model_name(context)
         home = home_dir(context)
-        config = opencode_config(context, model, settings.mcp_servers)
+        config = merged(opencode_config(context, model, settings.mcp_servers), settings.config)
         config_dir = home_dir(context, ".config", "opencode")
         write_json(context, config_dir / "opencode.json", config)
         link_config_packages(context, config_dir)

@@ -6,7 +6,10 @@ Every preset runs its CLI from the install cache (``polar.harnesses.install``) w
 
 - ``max_turns`` (int): the CLI's own turn limit;
 - ``extra_args`` (list of str): appended to the command line before the instruction;
-- ``mcp_servers`` (object): MCP servers in the CLI's own config format, keyed by server name.
+- ``mcp_servers`` (object): MCP servers in the CLI's own config format, keyed by server name;
+- ``config`` (object): merged into the config file the preset writes (Gemini CLI's and Qwen Code's
+  ``settings.json``, ``opencode.json``, Codex's ``config.toml`` top-level keys), objects key by key: e.g. a
+  context window and compaction threshold. Refused by presets that write no such file.
 
 Other keys are refused, so a typo does not pass silently.
 """
@@ -24,7 +27,7 @@ from polar.harnesses.install import config_packages_dir, require_binary
 from polar.runtimes.session_files import make_dirs, write_file
 
 DEFAULT_MODEL = "polar-policy"
-SETTINGS = ("max_turns", "extra_args", "mcp_servers")
+SETTINGS = ("max_turns", "extra_args", "mcp_servers", "config")
 
 
 @dataclass(frozen=True)
@@ -34,10 +37,12 @@ class PresetSettings:
     max_turns: int | None = None
     extra_args: tuple[str, ...] = ()
     mcp_servers: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
 
 
-def preset_settings(context: HarnessContext) -> PresetSettings:
-    """The preset settings of ``context.spec``; RuntimeFailure naming a bad or unknown key."""
+def preset_settings(context: HarnessContext, accepts_config: bool = False) -> PresetSettings:
+    """The preset settings of ``context.spec``; RuntimeFailure naming a bad or unknown key, or ``config`` for a
+    preset that writes no config file to merge it into."""
     raw = context.spec.settings
     name = context.spec.name
     unknown = sorted(set(raw) - set(SETTINGS))
@@ -52,7 +57,20 @@ def preset_settings(context: HarnessContext) -> PresetSettings:
     servers = raw.get("mcp_servers") or {}
     if not isinstance(servers, dict):
         raise RuntimeFailure(f"harness {name!r}: settings.mcp_servers must be an object keyed by server name")
-    return PresetSettings(max_turns, tuple(extra), dict(servers))
+    config = raw.get("config") or {}
+    if not isinstance(config, dict):
+        raise RuntimeFailure(f"harness {name!r}: settings.config must be an object")
+    if config and not accepts_config:
+        raise RuntimeFailure(f"harness {name!r} writes no config file to merge settings.config into")
+    return PresetSettings(max_turns, tuple(extra), dict(servers), dict(config))
+
+
+def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra`` merged in: objects key by key, anything else replaced."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = merged(out[key], value) if isinstance(out.get(key), dict) and isinstance(value, dict) else value
+    return out
 
 
 def refuse(context: HarnessContext, settings: PresetSettings, *unsupported: str) -> None:

@@ -4,7 +4,7 @@
 
 Pointed at the proxy by ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and ``OPENAI_MODEL`` (it has no ``--model``
 flag); ``<home>/.qwen/settings.json`` selects OpenAI auth. Settings: ``max_turns`` (``model.maxSessionTurns``),
-``extra_args``, ``mcp_servers`` (the ``mcpServers`` format).
+``extra_args``, ``mcp_servers`` (the ``mcpServers`` format), ``config`` (merged into settings.json).
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class Scenario:
 # tokens, which its ~18k-token first prompt reaches after two long 'run' steps (150 lines each; it cuts longer
 # outputs), and the ~20k its continuation starts at stays under it for the steps left.
 COMPACTION: dict[str, Scenario] = {
-    "claude_code": Scenario(14, {"long_output_lines": 150},
+    "claude_code": Scenario(14, {"long_output_lines": 150, "after_summary": "finish"},
                             {"CLAUDE_CODE_MAX_CONTEXT_TOKENS": "38000", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "4000"}),
 }  # fmt: skip
 # Step 1 of the plan calls the CLI's sub-agent tool (Claude Code's Agent, opencode's task).

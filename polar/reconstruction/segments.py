@@ -16,8 +16,9 @@ other conversations of their own are side calls or unexplained. The edges:
   sampled earlier in another segment (a Task/Agent/task tool's ``prompt``): ``parent`` is that segment, ``call_id``
   the call, ``tool_call_id`` the tool call; ``evidence.returned`` says whether its last answer came back in that
   tool call's result.
-- ``compaction``: a user, system or tool message of its first prompt holds the text of an answer sampled earlier in
-  another segment (the summary): ``parent`` is that segment and ``call_id`` the summary's call.
+- ``compaction``: its first prompt holds text sampled earlier in another segment (the summary, in a user message or
+  an assistant turn; or, for a summariser sent the conversation serialised, its earlier answers and tool calls):
+  ``parent`` is that segment and ``call_id`` the latest such call.
 - ``rewrite``: the break, inside sampled tokens or the opening, is explained from the messages (``break_reasons``: a
   rewritten answer or history, dropped reasoning, re-tokenisation, changed tools).
 - ``side``: a conversation of its own whose answers never reappear in a later prompt (a title request, a
@@ -228,16 +229,26 @@ def _parts(content: Any) -> list[str]:
 
 def _summary(opening: Sequence[Mapping[str, Any]], earlier: Sequence[str],
              texts: Mapping[str, CallText]) -> tuple[str, int] | None:  # fmt: skip
-    """The latest earlier call whose answer text the opening's user, system or tool messages reuse."""
-    told = "\n".join(text_of(m.get("content")) for m in opening if m.get("role") != "assistant")
-    said = {text_of(m.get("content")).strip() for m in opening if m.get("role") == "assistant"}
+    """The latest earlier call whose sampled text (its answer, reasoning, or a tool call's string argument: a
+    summariser may be sent the conversation serialised, tool calls and all) the opening reuses, in any message (only
+    a prompt that shares no sampled history with its nearest trajectory is asked: opencode sends its summary back as
+    an assistant turn)."""
+    told = "\n".join(text_of(m.get("content")) for m in opening)
     for call_id in earlier:
-        answer = text_of((texts.get(call_id, CallText()).answer or {}).get("content")).strip()
-        if answer and answer not in said:
-            chars = reused(answer, told)
-            if chars:
-                return call_id, chars
+        chars = sum(reused(piece, told) for piece in sampled_texts(texts.get(call_id, CallText()).answer))
+        if chars >= _MIN_REUSED:
+            return call_id, chars
     return None
+
+
+def sampled_texts(answer: Mapping[str, Any] | None) -> list[str]:
+    """What the model wrote in an answer, piece by piece: its text, its reasoning, its tool calls' string
+    arguments."""
+    if not answer:
+        return []
+    pieces = [text_of(answer.get("content")), str(answer.get("reasoning") or answer.get("reasoning_content") or "")]
+    pieces += [value for tool_call in tool_calls_of(answer) for _, value in _string_arguments(tool_call)]
+    return [piece.strip() for piece in pieces if piece and piece.strip()]
 
 
 def _returned(tool_call_id: str | None, answer: str, messages: Sequence[Mapping[str, Any]] | None) -> bool:

@@ -4,6 +4,7 @@
         "steps": 20,              # tool calls before the final answer
         "reasoning": true,        # a reasoning block on every turn (false: none)
         "long_output_lines": 0,   # > 0: every "run" step prints this many lines (to trigger compaction)
+        "after_summary": "resume",  # resume: a compacted conversation goes on with the plan; finish: it answers
         "subagent": false,        # true: step 1 hands a smaller file task to the harness's sub-agent tool
         "subagent_steps": 2,      # the sub-agent's own plan steps
     }
@@ -24,9 +25,12 @@ harness's submit command ends it.
 A summary request (the harness compacting its context: a last user message or system prompt asking to summarise
 the conversation, ``SUMMARY_REQUEST``) is answered with a summary that restates the task and the steps done so far
 (``[plan: K steps done]``), whatever tools it offers; a continuation that carries it resumes the plan there, so a
-compacted session still ends after ``steps`` steps. With ``subagent``, step 1 is a call of the harness's sub-agent
-tool (Claude Code's ``Agent``/``Task``, opencode's ``task``) asking it to create ``SUBAGENT_FILE``; the sub-agent's
-conversation, whose task is that file, runs ``subagent_steps`` steps and answers.
+compacted session still ends after ``steps`` steps, or, with ``after_summary: finish``, answers at once (a check
+that needs one compaction, not a harness's every way of keeping recent turns beside the summary).
+
+With ``subagent``, step 1 is a call of the harness's sub-agent tool (Claude Code's ``Agent``/``Task``, opencode's
+``task``) asking it to create ``SUBAGENT_FILE``; the sub-agent's conversation, whose task is that file, runs
+``subagent_steps`` steps and answers.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ from polar.refengine.policies.tool_fitting import (
     shell_call,
     write_script,
 )
-from polar.refengine.policies.tool_user import FileTask, choose_call, last_task, working_directory
+from polar.refengine.policies.tool_user import FileTask, choose_call, last_task, parse_file_task, working_directory
 
 SCRATCH = "polar-plan-notes.txt"
 SUBAGENT_FILE = "polar-subagent.txt"
@@ -69,13 +73,14 @@ SUBAGENT_TOOLS = ("agent", "task")
 # so far"), Codex ("CONTEXT CHECKPOINT COMPACTION ... Create a handoff summary"), Gemini CLI and Qwen Code ("generate
 # the <state_snapshot>"), opencode's compaction agent ("summarize ... conversation").
 SUMMARY_REQUEST = re.compile(
-    r"(?i)(create|write|provide|produce|generate)\b[^.\n]{0,60}\bsummary|summari[sz]e\b[^.\n]{0,60}\bconversation"
+    r"(?i)(create|write|provide|produce|generate|update)\b[^.\n]{0,60}\bsummary"
+    r"|summari[sz]e\b[^.\n]{0,60}\bconversation"
     r"|context checkpoint compaction|<state_snapshot>"
 )
 # A summariser's own system prompt (a main system prompt may well ask for a summary of changes: not this).
 SUMMARY_SYSTEM = re.compile(
     r"(?i)<state_snapshot>|summari[sz]es? (the |internal )?chat history|tasked with summari[sz]ing"
-    r"|context checkpoint compaction"
+    r"|context checkpoint compaction|context summari[sz]ation agent"
 )
 _STEPS_DONE = re.compile(r"\[plan: (\d+) steps done\]")
 CYCLE = ("read", "list", "run", "write", "edit", "read_scratch")
@@ -90,6 +95,9 @@ class PlanPolicy:
         self.steps = int(config.get("steps", 20))
         self.reasoning = bool(config.get("reasoning", True))
         self.long_output_lines = int(config.get("long_output_lines", 0))
+        self.after_summary = str(config.get("after_summary", "resume"))
+        if self.after_summary not in ("resume", "finish"):
+            raise ValueError("plan policy: 'after_summary' must be 'resume' or 'finish'")
         self.subagent = bool(config.get("subagent", False))
         self.subagent_steps = int(config.get("subagent_steps", 2))
         if self.steps < 1 or self.long_output_lines < 0 or self.subagent_steps < 1:
@@ -97,15 +105,17 @@ class PlanPolicy:
 
     def respond(self, request: PolicyRequest) -> AssistantTurn:
         """The next step's tool call, or the closing answer."""
-        found = last_task(request.messages)
+        found = _task(request.messages)
         if found is None:
             return AssistantTurn(content="Nothing to do: no file was asked for.")
         index, task = found
-        done = _steps_done(request.messages[index].content) + sum(
+        done = _steps_done(request.messages[index].content, task) + sum(
             1 for message in request.messages[index + 1 :] if message.role == "tool"
         )
         if _asks_for_summary(request.messages):
             return AssistantTurn(content=summary(task, done))
+        if self.after_summary == "finish" and any(_STEPS_DONE.search(m.content) for m in request.messages):
+            return self._turn("The conversation was compacted.", content=f"Done: created {task.path} in {done} steps.")
         steps = self.subagent_steps if task.path == SUBAGENT_FILE else self.steps
         offered = functions(request.tools) if request.tool_names else []
         if not request.tools and (protocol := block_protocol(request.messages)) is not None:
@@ -186,10 +196,22 @@ def _asks_for_summary(messages: tuple[Any, ...]) -> bool:
                 or SUMMARY_SYSTEM.search(system))  # fmt: skip
 
 
-def _steps_done(text: str) -> int:
-    """The steps a summary in ``text`` says were done before it (0 without one)."""
+def _task(messages: tuple[Any, ...]) -> tuple[int, FileTask] | None:
+    """The message that holds the task and its index: the last user message with one (``last_task``), or a later
+    summary of the plan (``[plan: K steps done]``) in any role: opencode sends its summary back as the assistant's."""
+    found = last_task(messages)
+    for index in range(len(messages) - 1, found[0] if found else -1, -1):
+        if _STEPS_DONE.search(messages[index].content) and (task := parse_file_task(messages[index].content)):
+            return index, task
+    return found
+
+
+def _steps_done(text: str, task: FileTask) -> int:
+    """The steps done before the message ``text``: what a summary in it says, plus the tool results a conversation
+    serialised into it (opencode's summary request: ``[Tool result]:`` lines) holds after the task."""
     found = _STEPS_DONE.findall(text)
-    return int(found[-1]) if found else 0
+    after = text.rsplit(f"Create {task.path} containing", 1)[-1]
+    return (int(found[-1]) if found else 0) + after.count("[Tool result]:")
 
 
 def _spawn(offered: list[Function]) -> ToolCall | None:
