@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from polar.local.harness_check import MAX_MODEL_LEN
+from polar.local.harness_check import COMPACT_PLAN, COMPACTION, MAX_MODEL_LEN, SUBAGENT
 from tests.stacks import RunningStack, running_stack
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,11 +97,16 @@ SCRIPTS: dict[str, dict[str, Any]] = {
 # tests/e2e/test_harness_long_sessions.py: tool steps before the final answer, the file and then two rounds of the
 # plan's six other kinds of step (polar.refengine.policies.plan), so every kind is re-sent in a later call's history
 PLAN_STEPS = 13
+COMPACTION_STEPS = COMPACTION["claude_code"].turns
+SUBAGENT_STEPS = SUBAGENT["claude_code"].turns
 POLICY_ROUTES: dict[str, dict[str, Any]] = {
     # the long sessions, marked with ``routed("plan", …)``
     "plan": {"policy": "plan", "config": {"steps": PLAN_STEPS}},
     # the file task in its own words, unmarked (tests/e2e/file_task.py, the Harbor task folders' instructions)
     "tool_user": {"match": r"(?i)\bcreate\s+\S+\s+containing\s", "policy": "tool_user", "config": {}},
+    # tests/e2e/test_harness_segments.py: the compaction and sub-agent scenarios of ``polar harness check``
+    "plan_compaction": {"policy": "plan", "config": {"steps": COMPACTION_STEPS, **COMPACT_PLAN}},
+    "plan_subagent": {"policy": "plan", "config": {"steps": SUBAGENT_STEPS, "subagent": True}},
     # tests/e2e/test_generate.py: about half the answers wrong, so the acceptance threshold has something to drop
     "half_right": {"policy": "arithmetic", "config": {"accuracy": 0.5}},
 }

@@ -35,7 +35,7 @@ class GeminiCliHarness:
     name: ClassVar[str] = "gemini_cli"
 
     def launch(self, context: HarnessContext) -> HarnessLaunch:
-        settings = preset_settings(context)
+        settings = preset_settings(context, accepts_config=True)
         program, model = binary(context), model_name(context)
         write_json(context, home_dir(context, ".gemini") / "settings.json", gemini_settings(settings, "gemini-api-key"))
         command = [program, "--approval-mode=yolo", f"--model={model}", *settings.extra_args]

@@ -20,7 +20,7 @@ class QwenCodeHarness:
     name: ClassVar[str] = "qwen_code"
 
     def launch(self, context: HarnessContext) -> HarnessLaunch:
-        settings = preset_settings(context)
+        settings = preset_settings(context, accepts_config=True)
         program, model = binary(context), model_name(context)
         write_json(context, home_dir(context, ".qwen") / "settings.json", gemini_settings(settings, "openai"))
         command = [program, "--yolo", *settings.extra_args, f"--prompt={context.instruction}"]

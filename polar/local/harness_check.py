@@ -83,12 +83,24 @@ class Scenario:
     settings: Mapping[str, Any] = field(default_factory=dict)
 
 
-# Claude Code compacts at its window - min(max output, 20k) - 13k: a 38k window and 4k of output compact at ~21k
-# tokens, which its ~18k-token first prompt reaches after two long 'run' steps (150 lines each; it cuts longer
-# outputs), and the ~20k its continuation starts at stays under it for the steps left.
+# Each CLI's context made small enough that the plan's long 'run' steps (150 lines each) reach its compaction, and
+# the compacted conversation, which starts well under it, answers at once (after_summary: finish). The prompts the
+# reference engine counts at the first call: Claude Code ~18k tokens, Codex ~13k, opencode ~11k, Qwen Code ~27k.
+COMPACT_PLAN = {"long_output_lines": 150, "after_summary": "finish"}
 COMPACTION: dict[str, Scenario] = {
-    "claude_code": Scenario(14, {"long_output_lines": 150, "after_summary": "finish"},
+    # window - min(max output, 20k) - 13k: compacts at ~21k (CLAUDE_CODE_AUTO_COMPACT_WINDOW has a 100k floor).
+    "claude_code": Scenario(14, COMPACT_PLAN,
                             {"CLAUDE_CODE_MAX_CONTEXT_TOKENS": "38000", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "4000"}),
+    # min(model_auto_compact_token_limit, 90 % of the window); its own provider, so the summary is a local request.
+    "codex": Scenario(14, COMPACT_PLAN,
+                      settings={"config": {"model_context_window": 40000, "model_auto_compact_token_limit": 15500}}),
+    # limit.context - min(limit.output, 32k): compacts at 14k; a model without limit.context never compacts.
+    "opencode": Scenario(14, COMPACT_PLAN, settings={"config": {
+        "provider": {"polar": {"models": {"polar-policy": {"limit": {"context": 16000, "output": 2000}}}}},
+        "compaction": {"auto": True, "prune": False}}}),
+    # 0.85 x contextWindowSize for a window of 33k or less (min(0.85 W, W - 33k) above it): compacts at ~28k.
+    "qwen_code": Scenario(14, COMPACT_PLAN,
+                          settings={"config": {"model": {"generationConfig": {"contextWindowSize": 33000}}}}),
 }  # fmt: skip
 # Step 1 of the plan calls the CLI's sub-agent tool (Claude Code's Agent, opencode's task).
 SUBAGENT: dict[str, Scenario] = {

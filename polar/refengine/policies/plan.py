@@ -113,7 +113,7 @@ class PlanPolicy:
             1 for message in request.messages[index + 1 :] if message.role == "tool"
         )
         if _asks_for_summary(request.messages):
-            return AssistantTurn(content=summary(task, done))
+            return AssistantTurn(content=summary(task, done, request.messages[index].content))
         if self.after_summary == "finish" and any(_STEPS_DONE.search(m.content) for m in request.messages):
             return self._turn("The conversation was compacted.", content=f"Done: created {task.path} in {done} steps.")
         steps = self.subagent_steps if task.path == SUBAGENT_FILE else self.steps
@@ -179,10 +179,14 @@ class PlanPolicy:
         )
 
 
-def summary(task: FileTask, done: int) -> str:
-    """The answer to a summary request: the task in its own words and how far the plan got, so a continuation that
-    carries it resumes the plan."""
-    return (f"<summary>\n1. Primary request: Create {task.path} containing {task.content}\n"
+def summary(task: FileTask, done: int, told: str = "") -> str:
+    """The answer to a summary request: the task in its own words (the line of ``told``, the message that gave it,
+    that holds it: with whatever marks it, such as an engine route), and how far the plan got, so a continuation
+    that carries it resumes the plan."""
+    start = f"Create {task.path}"
+    line = next((line for line in reversed(told.splitlines()) if start in line), f"{start} containing {task.content}")
+    asked = line[line.index(start) :].strip().rstrip("\"'")  # from the sentence on: opencode quotes what it serialises
+    return (f"<summary>\n1. Primary request: {asked}\n"
             f"2. Progress: the file was created and the plan went on with its steps [plan: {done} steps done]\n"
             f"3. Next: carry on with step {done + 1} of the plan, then answer.\n</summary>")  # fmt: skip
 
