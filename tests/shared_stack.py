@@ -102,11 +102,11 @@ SUBAGENT_STEPS = SUBAGENT["claude_code"].turns
 POLICY_ROUTES: dict[str, dict[str, Any]] = {
     # the long sessions, marked with ``routed("plan", …)``
     "plan": {"policy": "plan", "config": {"steps": PLAN_STEPS}},
-    # the file task in its own words, unmarked (tests/e2e/file_task.py, the Harbor task folders' instructions)
-    "tool_user": {"match": r"(?i)\bcreate\s+\S+\s+containing\s", "policy": "tool_user", "config": {}},
     # tests/e2e/test_harness_segments.py: the compaction and sub-agent scenarios of ``polar harness check``
     "plan_compaction": {"policy": "plan", "config": {"steps": COMPACTION_STEPS, **COMPACT_PLAN}},
     "plan_subagent": {"policy": "plan", "config": {"steps": SUBAGENT_STEPS, "subagent": True}},
+    # the file task in its own words, unmarked (tests/e2e/file_task.py, the Harbor task folders' instructions)
+    "tool_user": {"match": r"(?i)\bcreate\s+\S+\s+containing\s", "policy": "tool_user", "config": {}},
     # tests/e2e/test_generate.py: about half the answers wrong, so the acceptance threshold has something to drop
     "half_right": {"policy": "arithmetic", "config": {"accuracy": 0.5}},
 }
