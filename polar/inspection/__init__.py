@@ -21,6 +21,7 @@ from polar.inspection.trajectory_view import (
     TrajectoryPage,
     load_trajectory,
     page_window,
+    segment_tree,
     trajectory_page,
     trajectory_summaries,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "list_batches",
     "load_trajectory",
     "page_window",
+    "segment_tree",
     "session_timeline",
     "timeline",
     "trajectory_page",

@@ -229,11 +229,38 @@ def trajectory_summaries(services: Services, session_id: uuid.UUID) -> list[dict
                 "reconstruction": row.reconstruction,
                 "reward": row.reward,
                 "stats": row.stats or {},
+                "segment": row.segment,
                 "num_tokens": int((row.stats or {}).get("prompt_tokens") or 0)
                 + int((row.stats or {}).get("completion_tokens") or 0),
             }
             for row in rows
         ]
+
+
+def segment_tree(summaries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The session's segments as a tree for the console (``trajectory_summaries``' rows): each node its ``index``,
+    ``edge``, ``parent``, ``trainable``, ``calls`` and ``sampled`` (summed over its rows: a per-request session has
+    one per call), the first row's ``trajectory_id``, and its ``children`` in index order (a side call under the
+    segment it was made beside). Empty when no row has a segment (stored before segments)."""
+    nodes: dict[int, dict[str, Any]] = {}
+    for row in summaries:
+        segment = row.get("segment")
+        if not segment:
+            continue
+        stats = row.get("stats") or {}
+        node = nodes.setdefault(int(segment["index"]), {
+            "index": int(segment["index"]), "edge": segment.get("edge"), "parent": segment.get("parent"),
+            "trainable": bool(segment.get("trainable")), "trajectory_id": row["trajectory_id"], "calls": 0,
+            "sampled": 0, "children": [],
+        })  # fmt: skip
+        node["calls"] += int(stats.get("num_calls") or 1)
+        node["sampled"] += int(stats.get("completion_tokens") or 0)
+    tops = []
+    for index in sorted(nodes):
+        node = nodes[index]
+        parent = nodes.get(node["parent"]) if node["parent"] is not None else None
+        (parent["children"] if parent is not None and parent is not node else tops).append(node)
+    return tops
 
 
 def page_window(total: int, number: int, size: int = PAGE_TOKENS) -> Window:

@@ -167,6 +167,13 @@ def test_session_page_lists_events_and_calls(stack: RunningStack, batch: dict[st
         "1", "2", "3",
     ]  # fmt: skip
     assert page.evaluate("document.querySelectorAll('#trajectories tr[data-trajectory-id]').length") == 2
+    # The segments as a tree: the rewritten answer's trajectory a rewrite under the root.
+    nodes = "[...document.querySelectorAll('#segments li')]"
+    tree = page.evaluate(
+        f"{nodes}.map(li => [li.dataset.segment, li.dataset.edge, li.dataset.parent, "
+        "li.parentElement.closest('li')?.dataset.segment ?? null])"
+    )
+    assert tree == [["0", "root", "", None], ["1", "rewrite", "0", "0"]]
     page.evaluate("document.querySelector('button[data-expand]').click()")  # the script opens every call
     assert page.evaluate("[...document.querySelectorAll('details.call')].every(d => d.open)")
     assert REWRITTEN in text(page, "details.call[data-seq='3']")

@@ -2,7 +2,7 @@
 
 /ui/                          batches, newest first (paged: ?offset=)
 /ui/batches/<id>              progress, per task and per node, reward histograms, acceptance, sessions
-/ui/sessions/<id>             facts, timeline of session_events, trajectories, calls (paged: ?calls=)
+/ui/sessions/<id>             facts, timeline of session_events, segments, trajectories, calls (paged: ?calls=)
 /ui/calls/<id>                one call in full
 /ui/trajectories/<id>         the trajectory viewer (paged: ?page=, PAGE_TOKENS tokens a page)
 """
@@ -24,6 +24,7 @@ from polar.inspection import (
     list_batches,
     load_trajectory,
     page_window,
+    segment_tree,
     session_timeline,
     trajectory_page,
     trajectory_summaries,
@@ -97,12 +98,14 @@ def batch(batch_id: str) -> str:
 def session_page(session_id: str) -> str:
     identifier = parse_id(session_id, "session")
     session = get_session(services(), identifier)
+    trajectories = trajectory_summaries(services(), identifier)
     return render_template(
         "console/session.html",
         session=session,
         live=session["state"] not in TERMINAL,
         timeline=session_timeline(services(), identifier),
-        trajectories=trajectory_summaries(services(), identifier),
+        trajectories=trajectories,
+        segment_tree=segment_tree(trajectories),
         calls=call_page(services(), identifier, offset=_offset("calls"), limit=CALLS_PER_PAGE),
         calls_offset=_offset("calls"),
         calls_per_page=CALLS_PER_PAGE,

@@ -13,6 +13,7 @@ from polar.inspection.trajectory_view import (
     _breaks,
     call_spans,
     page_window,
+    segment_tree,
     trajectory_page,
 )
 
@@ -105,3 +106,24 @@ def test_breaks_are_marked_on_both_sides() -> None:
     assert (left.started_here, left.other_id, left.other_position, left.reason) == (False, "new", 1, "diverged")
     broken = SimpleNamespace(id="x", position=2, stats={"breaks": [{"reason": "odd"}, "junk"]}, token_ids=[1])
     assert _breaks(broken, [broken]) == ()  # records without a position are skipped, not fatal
+
+
+def _row(index: int, edge: str | None, parent: int | None, calls: int = 1, sampled: int = 5) -> dict:
+    segment = {"index": index, "edge": edge, "parent": parent, "trainable": edge != "side"}
+    return {
+        "trajectory_id": f"t{index}",
+        "segment": segment,
+        "stats": {"num_calls": calls, "completion_tokens": sampled},
+    }
+
+
+def test_segment_tree_nests_children_under_their_parents() -> None:
+    rows = [_row(0, "side", 1), _row(1, None, None, calls=6), _row(2, "fork", 1), _row(3, "compaction", 2),
+            _row(3, "compaction", 2)]  # fmt: skip
+    (root,) = segment_tree(rows)
+    assert (root["index"], root["edge"], root["calls"]) == (1, None, 6)
+    assert [(c["index"], c["edge"]) for c in root["children"]] == [(0, "side"), (2, "fork")]
+    (compaction,) = root["children"][1]["children"]
+    assert (compaction["calls"], compaction["sampled"], compaction["trajectory_id"]) == (2, 10, "t3")
+    assert not root["children"][0]["trainable"]
+    assert segment_tree([{"trajectory_id": "t", "segment": None, "stats": {}}]) == []
