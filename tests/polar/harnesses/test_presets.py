@@ -416,3 +416,26 @@ def test_a_linked_home_is_not_written_through(cache: Path, tmp_path: Path) -> No
     refused = _launch_refused(tmp_path, "codex")
     outside.assert_unchanged()
     assert refused is not None and "home" in refused
+
+
+def test_settings_config_is_merged_into_the_config_file_each_preset_writes(cache: Path, tmp_path: Path) -> None:
+    _, home = launch(tmp_path / "g", "gemini_cli", settings={"max_turns": 5, "config": {
+        "model": {"compressionThreshold": 0.3}, "general": {"vimMode": True}}})  # fmt: skip
+    settings = json.loads((home / ".gemini" / "settings.json").read_text())
+    assert settings["model"] == {"maxSessionTurns": 5, "compressionThreshold": 0.3}  # merged key by key
+    assert settings["general"] == {"disableAutoUpdate": True, "disableUpdateNag": True, "vimMode": True}
+    _, home = launch(tmp_path / "q", "qwen_code", settings={"config": {"model": {"generationConfig": {"a": 1}}}})
+    assert json.loads((home / ".qwen" / "settings.json").read_text())["model"] == {"generationConfig": {"a": 1}}
+    limit = {"limit": {"context": 16000, "output": 2000}}
+    _, home = launch(tmp_path / "o", "opencode", settings={"config": {"provider": {"polar": {"models": {
+        "polar-policy": limit}}}}})  # fmt: skip
+    opencode = json.loads((home / ".config" / "opencode" / "opencode.json").read_text())
+    assert opencode["provider"]["polar"]["models"]["polar-policy"] == {"name": "polar-policy", **limit}
+    assert opencode["provider"]["polar"]["npm"] == "@ai-sdk/openai-compatible"  # the rest kept
+    _, home = launch(tmp_path / "c", "codex", settings={"config": {"model_auto_compact_token_limit": 15500}})
+    config = tomllib.loads((home / ".codex" / "config.toml").read_text())
+    assert config["model_auto_compact_token_limit"] == 15500 and config["model_providers"]["polar"]["name"] == "polar"
+    with pytest.raises(RuntimeFailure, match=r"writes no config file to merge settings\.config into"):
+        launch(tmp_path / "cc", "claude_code", settings={"config": {"a": 1}})
+    with pytest.raises(RuntimeFailure, match=r"settings\.config must be an object"):
+        launch(tmp_path / "bad", "gemini_cli", settings={"config": [1]})
