@@ -84,13 +84,9 @@ class RequestHead:
 
     @property
     def path(self) -> str:
-        """The target's path (origin-form or absolute-form), without its query."""
-        target = self.target
-        if _ABSOLUTE.match(target):
-            rest = target.split("://", 1)[1]
-            slash = rest.find("/")
-            target = rest[slash:] if slash >= 0 else "/"
-        return target.split("?", 1)[0]
+        """The target's path (origin-form or absolute-form), without its query: that of ``origin_form``, so whoever
+        routes on the path and whoever forwards the request read the same one."""
+        return self.origin_form.split("?", 1)[0]
 
     @property
     def origin_form(self) -> str:

@@ -86,6 +86,8 @@ def test_a_head_that_never_ends_is_refused_past_64_KiB() -> None:
         ("http://vllm.internal/v1/models", "/v1/models", "/v1/models"),
         ("http://vllm.internal", "/", "/"),
         ("http://h?q=1", "/?q=1", "/"),
+        # A slash after the query is query, not path: the path routed on is the one forwarded.
+        ("http://h?x/s/KEY/v1/models", "/?x/s/KEY/v1/models", "/"),
     ],
 )
 def test_an_absolute_form_target_is_sent_on_in_origin_form(target: str, origin: str, path: str) -> None:
