@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from polar.reconstruction import CapturedCall, TrajectoryData, prefix_merging
 from polar.reconstruction.break_reasons import explain
+from polar.reconstruction.main_chain import main_flags
 from polar.reconstruction.segments import CallText, Segment, reused, segments
 
 START, END, NL = 1, 2, 3
@@ -174,6 +175,13 @@ def test_every_sampled_token_is_in_exactly_one_trainable_or_excluded_segment(ses
         segment = first[call_id]
         assert (segment.edge, segment.call_id, segment.tool_call_id) == ("spawn", parent, tool_call_id)
         assert segment.evidence["returned"] is True
+    main = dict(zip((s.index for s in found), main_flags(found), strict=True))
+    assert main[next(s.index for s in found if s.edge is None)]
+    for segment in found:  # a sub-agent and a side call are off the main chain; a compaction of it is on it
+        if segment.edge in ("spawn", "side"):
+            assert not main[segment.index]
+        elif segment.edge == "compaction" and main[segment.parent]:
+            assert main[segment.index]
     for call_id in session.sides:  # the first title request is a side call; asked again, a fork of it
         if call_id in first:
             assert first[call_id].edge in ("side", "fork") and not first[call_id].trainable
