@@ -42,8 +42,6 @@ from typing import Any, Literal
 from polar.reconstruction.base import CapturedCall, TrajectoryData
 from polar.reconstruction.break_reasons import NEW_CHAIN, UNEXPLAINED
 
-Edge = Literal["compaction", "spawn", "fork", "side", "rewrite", "unexplained"]
-EDGES: tuple[str, ...] = ("compaction", "spawn", "fork", "side", "rewrite", "unexplained")
 Mode = Literal["strict", "lenient"]
 # What sub-agent tools call their task: Claude Code's Agent, opencode's task, Gemini's invoke_agent and Qwen's agent
 # ``prompt``, Codex's spawn_agent ``message``, cline's spawn_agent ``task``.
@@ -51,6 +49,9 @@ PROMPT_ARGUMENTS = frozenset({"prompt", "message", "task"})
 _MIN_ARGUMENT = 16  # a tool argument shorter than this is too common to prove a spawn
 _MIN_LINE = 24  # lines of an answer shorter than this are not matched on their own
 _MIN_REUSED = 48  # characters of an earlier answer a prompt must hold to reuse it
+# How many of the latest earlier calls a conversation of its own is matched against: the Task call that opened a
+# sub-agent and the summary a compaction reuses come just before it; this bounds a long session's postrun.
+_LOOKBACK = 256
 
 
 @dataclass(frozen=True)
@@ -132,8 +133,6 @@ def _judge(
     trajectory = trajectories[index]
     first = trajectory.call_ids[0]
     record = (trajectory.stats.get("breaks") or [None])[0]
-    earlier = sorted((c for c in seqs if seqs[c] < seqs[first] and owner.get(c, index) != index),
-                     key=lambda c: seqs[c], reverse=True)  # fmt: skip
     reason = record.get("reason") if record else None
     facts = {k: record[k] for k in ("reason", "detail", "position", "message_index") if record and k in record}
     boundary = record.get("boundary") if record else None
@@ -146,6 +145,8 @@ def _judge(
         nearest = record["trajectory_index"]
         return Segment(index, "rewrite", nearest, _last_before(trajectories[nearest], seqs, seqs[first]), None, facts)
     opening = texts.get(first, CallText()).messages
+    earlier = sorted((c for c in seqs if seqs[c] < seqs[first] and owner.get(c, index) != index),
+                     key=lambda c: seqs[c], reverse=True)[:_LOOKBACK]  # fmt: skip
     spawned = _spawn(index, trajectory, opening, earlier, owner, trajectories, texts) if opening else None
     if spawned is not None:
         return spawned
