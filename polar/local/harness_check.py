@@ -98,6 +98,17 @@ COMPACTION: dict[str, Scenario] = {
     "opencode": Scenario(14, COMPACT_PLAN, settings={"config": {
         "provider": {"polar": {"models": {"polar-policy": {"limit": {"context": 16000, "output": 2000}}}}},
         "compaction": {"auto": True, "prune": False}}}),
+    # Gemini CLI only cuts its history before a plain user message, and in `gemini -p` with a model not named
+    # gemini-* every later user message is a tool result (its first two user messages are merged): it cannot
+    # compress inside the tool loop. An AfterAgent hook that asks it once to go on gives it that message: then it
+    # compresses (threshold x 1,048,576 ≈ 18k, its summariser mapped to the model) and the continuation answers.
+    "gemini_cli": Scenario(14, COMPACT_PLAN, settings={"config": {
+        "model": {"compressionThreshold": 0.0172},
+        "modelConfigs": {"customAliases": {"chat-compression-default": {"modelConfig": {"model": "polar-policy"}}}},
+        "hooksConfig": {"enabled": True},
+        "hooks": {"AfterAgent": [{"hooks": [{"name": "continue-once", "type": "command", "timeout": 10000,
+            "command": 'grep -q "stop_hook_active\\":true" && echo {} '
+                       '|| echo {\\"decision\\":\\"deny\\",\\"reason\\":\\"Please continue.\\"}'}]}]}}}),
     # 0.85 x contextWindowSize for a window of 33k or less (min(0.85 W, W - 33k) above it): compacts at ~28k.
     "qwen_code": Scenario(14, COMPACT_PLAN,
                           settings={"config": {"model": {"generationConfig": {"contextWindowSize": 33000}}}}),
