@@ -3,9 +3,10 @@
 
 Each CLI that compacts (``polar.local.harness_check.COMPACTION``: Claude Code, Codex, Gemini CLI, opencode, Qwen
 Code) runs with its context made small enough that the plan's long steps reach its compaction (Gemini CLI with a hook
-that asks it once to go on); its session must compact at least once, with a ``compaction`` edge to the segment whose sampled summary it reuses. Claude Code and opencode hand step 1
-to their sub-agent tool (``SUBAGENT``): a ``spawn`` edge with the parent's tool call id, and the child's last answer
-in the parent's tool result. No edge in any of these sessions is ``unexplained``. All in one batch.
+that asks it once to go on); its session must compact at least once, with a ``compaction`` edge to the segment whose
+sampled summary it reuses. Claude Code and opencode hand step 1 to their sub-agent tool (``SUBAGENT``): a ``spawn``
+edge with the parent's tool call id, and the child's last answer in the parent's tool result. No edge in any of these
+sessions is ``unexplained``. All in one batch.
 """
 
 from __future__ import annotations
