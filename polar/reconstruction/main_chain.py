@@ -8,7 +8,7 @@ sub-agent it spawned.
 
 The rule reads the session's segments (``polar.reconstruction.segments``): the main chain is the root segment (what
 the main agent's longest trajectory descends from) and every segment that descends from it through edges that say
-the same conversation went on (``MAIN_EDGES``: a compaction, a fork, a rewrite, or a break nothing explains). A spawned
+the same conversation went on (``GOES_ON``: a compaction, a fork, a rewrite, or a break nothing explains). A spawned
 sub-agent, a side call, and what descends from them are not main. A reconstruction that is not prefix merging
 (``per_request``: one trajectory per call) is marked by its calls: a trajectory is main when one of its calls is in a
 main chain of the same calls merged (``main_calls``, ``marked``).
@@ -20,20 +20,17 @@ from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from polar.reconstruction.base import CapturedCall, TrajectoryData
-from polar.reconstruction.segments import Segment
-
-# Edges that continue the parent's conversation (a spawned sub-agent and a side call do not).
-MAIN_EDGES = frozenset({"compaction", "fork", "rewrite", "unexplained"})
+from polar.reconstruction.segments import GOES_ON, Segment
 
 
 def main_flags(found: Sequence[Segment]) -> list[bool]:
     """Per segment (in trajectory order), whether it is the session's main chain: the root and what descends from it
-    through ``MAIN_EDGES``."""
+    through ``GOES_ON``."""
     flags: dict[int, bool] = {}
     for segment in found:
         path, at = [], segment
         # Up through continuing edges to the root, a segment already judged, or an edge that does not continue.
-        while at.index not in flags and at.edge in MAIN_EDGES and at.parent is not None and len(path) < len(found):
+        while at.index not in flags and at.edge in GOES_ON and at.parent is not None and len(path) < len(found):
             path.append(at.index)
             at = found[at.parent]
         verdict = flags.get(at.index, at.edge is None and len(path) < len(found))

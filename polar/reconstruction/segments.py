@@ -14,8 +14,8 @@ other conversations of their own are side calls or unexplained. The edges:
   branch repeats its parent's opening, summary and spawn prompt as they were.
 - ``spawn``: the segment's first user message (or one of its text parts) is a string argument of a tool call
   sampled earlier in another segment (a Task/Agent/task tool's ``prompt``): ``parent`` is that segment, ``call_id``
-  the call, ``tool_call_id`` the tool call; ``evidence.returned`` says whether its last answer came back in that
-  tool call's result.
+  the call, ``tool_call_id`` the tool call; ``evidence.returned`` says whether its conversation's last answer (in it
+  or in the segments it went on in) came back in that tool call's result.
 - ``compaction``: its first prompt holds text sampled earlier in another segment (the summary, in a user message or
   an assistant turn; or, for a summariser sent the conversation serialised, its earlier answers and tool calls):
   ``parent`` is that segment and ``call_id`` the latest such call.
@@ -111,6 +111,7 @@ def segments(
     while found[root].parent is not None:  # parents are always created earlier: this ends
         root = found[root].parent
     found = [_own(s, root, trajectories, seqs, texts) for s in found]
+    found = [_with_return(s, found, trajectories, seqs, texts) if s.edge == "spawn" else s for s in found]
     for position, segment in enumerate(found):  # what branches off a side call is one too (parents come first)
         if segment.parent is not None and segment.parent < position and not found[segment.parent].trainable:
             found[position] = replace(segment, trainable=False)
@@ -211,13 +212,8 @@ def _spawn(
         for tool_call in tool_calls_of(texts.get(call_id, CallText()).answer):
             for name, value in _string_arguments(tool_call):
                 if len(value) >= _MIN_ARGUMENT and (value in parts or (name in PROMPT_ARGUMENTS and value in whole)):
-                    parent = owner[call_id]
-                    last = texts.get(trajectory.call_ids[-1], CallText()).answer
-                    returned = _returned(tool_call["id"], text_of((last or {}).get("content")),
-                                         texts.get(trajectories[parent].call_ids[-1], CallText()).messages)  # fmt: skip
-                    evidence = {"spawn_call": call_id, "tool": tool_call["name"], "argument": name,
-                                "returned": returned}  # fmt: skip
-                    return Segment(index, "spawn", parent, call_id, tool_call["id"], evidence)
+                    evidence = {"spawn_call": call_id, "tool": tool_call["name"], "argument": name}
+                    return Segment(index, "spawn", owner[call_id], call_id, tool_call["id"], evidence)
     return None
 
 
@@ -252,14 +248,41 @@ def sampled_texts(answer: Mapping[str, Any] | None) -> list[str]:
     return [piece.strip() for piece in pieces if piece and piece.strip()]
 
 
-def _returned(tool_call_id: str | None, answer: str, messages: Sequence[Mapping[str, Any]] | None) -> bool:
-    """Whether the spawned segment's last answer came back as the parent's tool result for ``tool_call_id``."""
-    if not answer.strip() or not messages:
-        return False
-    answer = answer.strip()
-    results = [text_of(m.get("content")) for m in messages if m.get("role") == "tool"
-               and (tool_call_id is None or m.get("tool_call_id") == tool_call_id)]  # fmt: skip
-    return any(reused(answer, result) or answer in result for result in results)
+# Edges along which a segment's conversation goes on in another trajectory (a spawn and a side call do not).
+GOES_ON = frozenset({"compaction", "fork", "rewrite", "unexplained"})
+
+
+def _line(start: int, found: Sequence[Segment]) -> list[int]:
+    """``start`` and the segments its conversation goes on in (``GOES_ON`` edges, transitively)."""
+    line, frontier = [start], [start]
+    while frontier:
+        at = frontier.pop()
+        for segment in found:
+            if segment.parent == at and segment.edge in GOES_ON and segment.index not in line:
+                line.append(segment.index)
+                frontier.append(segment.index)
+    return line
+
+
+def _with_return(
+    spawn: Segment,
+    found: Sequence[Segment],
+    trajectories: Sequence[TrajectoryData],
+    seqs: Mapping[str, int],
+    texts: Mapping[str, CallText],
+) -> Segment:
+    """``spawn`` with ``evidence.returned``: whether the sub-agent's last answer (the last call of its conversation,
+    which a re-tokenised or compacted turn may have carried into other segments) came back as the parent
+    conversation's tool result for the spawning tool call."""
+    child = [c for i in _line(spawn.index, found) for c in trajectories[i].call_ids]
+    last = max(child, key=seqs.__getitem__)
+    answer = text_of((texts.get(last, CallText()).answer or {}).get("content")).strip()
+    later = [trajectories[i].call_ids[-1] for i in _line(spawn.parent or 0, found)]  # a spawn always has a parent
+    results = [text_of(m.get("content")) for c in later if seqs[c] > seqs[last]
+               for m in texts.get(c, CallText()).messages or ()
+               if m.get("role") == "tool" and m.get("tool_call_id") == spawn.tool_call_id]  # fmt: skip
+    returned = bool(answer) and any(reused(answer, result) or answer in result for result in results)
+    return replace(spawn, evidence={**spawn.evidence, "returned": returned})
 
 
 def _reappears(
