@@ -15,9 +15,15 @@ from polar.storage.calls.read import rebuild, session_rows
 
 
 def explain_breaks(
-    connection: Any, session_id: uuid.UUID, calls: Sequence[CapturedCall], trajectories: list[TrajectoryData]
+    connection: Any,
+    session_id: uuid.UUID,
+    calls: Sequence[CapturedCall],
+    trajectories: list[TrajectoryData],
+    rows: Sequence[Any] | None = None,
 ) -> list[TrajectoryData]:
-    """``trajectories`` with every break's reason judged from the calls' messages (``break_reasons``)."""
+    """``trajectories`` with every break's reason judged from the calls' messages (``break_reasons``); ``rows``: the
+    session's stored rows with both payload parts, when the caller has read them already (else read here, up to the
+    last call a break needs)."""
     records = [record for t in trajectories for record in t.stats.get("breaks") or []]
     if not records:
         return trajectories
@@ -26,7 +32,8 @@ def explain_breaks(
              for record in records}  # fmt: skip
     wanted = {uuid.UUID(call_id) for pair in pairs.values() for call_id in pair if call_id is not None}
     last = max(seqs[str(call_id)] for call_id in wanted)
-    rows = session_rows(connection, session_id, up_to_seq=last, parts=["normalized_request", "response"])
+    if rows is None:
+        rows = session_rows(connection, session_id, up_to_seq=last, parts=["normalized_request", "response"])
     whole = rebuild(rows, wanted, prompts=False, parts=["normalized_request", "response"])
     judged = []
     for trajectory in trajectories:

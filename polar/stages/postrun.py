@@ -52,7 +52,6 @@ from polar.reconstruction import RECONSTRUCTIONS, CapturedCall, TrajectoryData
 from polar.reconstruction.main_chain import answer_call
 from polar.runtimes import Runtime, attach_runtime
 from polar.services import Services
-from polar.stages.breaks import explain_breaks
 from polar.stages.lease import Claimed, claim, heartbeat
 from polar.stages.segments import annotate
 from polar.storage.calls.read import answered_calls, engine_failures, last_answer_at, rebuild, session_rows
@@ -374,8 +373,7 @@ def postrun_session(services: Services, session_id: uuid.UUID) -> None:
         if tries <= MAX_POSTRUN_CLAIMS + 1:  # beyond that, rebuilding the trajectories is what keeps failing
             calls = captured_calls(services, session_id)
             trajectories = RECONSTRUCTIONS[claimed.task.reconstruction](calls)
-            with services.db.unit() as db:
-                trajectories = explain_breaks(db, session_id, calls, trajectories)
+            with services.db.unit() as db:  # breaks explained, main chain and segments marked
                 trajectories = annotate(
                     db, session_id, calls, trajectories, claimed.task.reconstruction, claimed.task.segments
                 )

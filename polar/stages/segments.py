@@ -1,11 +1,11 @@
-"""The main chain and the segments marked on a session's trajectories in postrun (``polar.reconstruction.main_chain``
-and ``polar.reconstruction.segments`` decide them).
+"""The breaks explained, and the main chain and the segments marked, on a session's trajectories in postrun
+(``polar.stages.breaks``, ``polar.reconstruction.main_chain`` and ``polar.reconstruction.segments`` decide them).
 
 Both rules read prefix-merged chains with their breaks explained; a session reconstructed another way
 (``per_request``) is merged here too, only to tell which of its calls are the main chain's and which segment each
 call belongs to (breaks explained the same way, so the cost is that of its breaks: none for one conversation).
 Segment evidence reads every call's answer and the prompts of each chain's first and last call, and only when the
-session has more than one chain."""
+session has more than one chain; the session's stored rows are then read once, for the breaks and the evidence."""
 
 from __future__ import annotations
 
@@ -30,11 +30,14 @@ def annotate(
     reconstruction: str,
     mode: Mode = "strict",
 ) -> list[TrajectoryData]:
-    """``trajectories`` (breaks explained) with ``main`` and ``segment`` set on each."""
-    chains = trajectories
-    if reconstruction != "prefix_merging":
-        chains = explain_breaks(connection, session_id, calls, prefix_merging.reconstruct(calls))
-    found = segments(chains, calls, _texts(connection, session_id, calls, chains), mode)
+    """``trajectories`` with their breaks explained (prefix merging's) and ``main`` and ``segment`` set on each."""
+    merged = prefix_merging.reconstruct(calls) if reconstruction != "prefix_merging" else trajectories
+    # More than one chain is what breaks and evidence need: a session of one conversation reads nothing here.
+    rows = _stored_rows(connection, session_id, calls) if needs_text(merged) else None
+    chains = explain_breaks(connection, session_id, calls, merged, rows)
+    if reconstruction == "prefix_merging":
+        trajectories = chains
+    found = segments(chains, calls, _texts(rows, calls, chains), mode)
     main = marked(trajectories, main_calls(chains, main_flags(found)))
     if chains is trajectories:
         return [replace(t, segment=s.as_json()) for t, s in zip(main, found, strict=True)]
@@ -48,14 +51,18 @@ def _of(trajectory: TrajectoryData, of_call: dict[str, Segment]) -> dict[str, An
     return segment.as_json() if segment is not None else None
 
 
-def _texts(
-    connection: Any, session_id: uuid.UUID, calls: Sequence[CapturedCall], chains: Sequence[TrajectoryData]
-) -> dict[str, CallText]:
-    """Every call's answer, and the prompt messages of each chain's first and last call."""
-    if not needs_text(chains) or not calls:
-        return {}
+def _stored_rows(connection: Any, session_id: uuid.UUID, calls: Sequence[CapturedCall]) -> Sequence[Any]:
+    """The session's stored rows with both payload parts, up to its last captured call."""
     last = max(call.seq for call in calls)
-    rows = session_rows(connection, session_id, up_to_seq=last, parts=["normalized_request", "response"])
+    return session_rows(connection, session_id, up_to_seq=last, parts=["normalized_request", "response"])
+
+
+def _texts(
+    rows: Sequence[Any] | None, calls: Sequence[CapturedCall], chains: Sequence[TrajectoryData]
+) -> dict[str, CallText]:
+    """Every call's answer, and the prompt messages of each chain's first and last call (nothing without ``rows``)."""
+    if rows is None:
+        return {}
     answers = rebuild(rows, None, prompts=False, parts=["response"])
     prompts = rebuild(rows, {uuid.UUID(c) for c in loaded_prompts(chains)}, prompts=False, parts=["normalized_request"])
     texts = {}
