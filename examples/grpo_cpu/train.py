@@ -41,7 +41,7 @@ from examples.warm_start_cache import warm_started
 from polar.chat.chat_template import ChatTemplate
 from polar.chat.tokenizer import load_tokenizer
 from polar.client import PolarClient
-from polar.integrations.adapter import PolarRollouts
+from polar.integrations.adapter import PolarRollouts, trainable
 from polar.refengine.generation import Generator
 from polar.refengine.protocol import parse_chat_request
 from polar.refengine.settings import EngineSettings
@@ -154,13 +154,6 @@ class Sample:
     captured: torch.Tensor  # the logprobs Polar captured (0 where the mask is 0)
     advantage: float  # the session's: every segment of one rollout gets the same
     sampler: int | None  # the policy version that sampled every call, None when its calls spanned an update
-
-
-def trainable(item: dict[str, Any]) -> bool:
-    """Whether a feed item is a segment the session's reward trains: its segment says so (a side call, or a sample
-    masked for an unexplained break, is not); items stored before segments fall back to the main chain."""
-    segment = item.get("segment")
-    return bool(segment["trainable"]) if segment else bool(item.get("main", True))
 
 
 CallsOf = Callable[[str], list[dict[str, Any]]]  # a session's calls, as ``PolarClient.calls`` gives them

@@ -65,6 +65,11 @@ class Settled:
     # Its segments (``polar.gym.traces.SegmentCalls``); empty for sessions stored before segments.
     segments: tuple[SegmentCalls, ...] = ()
 
+    @property
+    def masked(self) -> str | None:
+        """Why its segments mask the sample (an unexplained edge under ``segments: strict``), or None."""
+        return next((s.masked for s in self.segments if s.masked), None)
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -147,9 +152,8 @@ def _segmented(
     sample is split where a segment's calls are not one sequence): the trainable segments (every one with
     ``all_chains``), or the main one alone when the sample is masked."""
     by_id = {call["call_id"]: call for call in answered}
-    masked = next((s.masked for s in settled.segments if s.masked), None)
     root = next((s for s in settled.segments if s.edge is None), settled.segments[0])
-    chosen = [s for s in settled.segments if all_chains or s.trainable] if masked is None else [root]
+    chosen = [s for s in settled.segments if all_chains or s.trainable] if settled.masked is None else [root]
     order = {call["call_id"]: position for position, call in enumerate(answered)}
     chosen = [SegmentCalls(s.index, s.edge, s.parent, s.trainable, tuple(sorted(
         (c for c in s.call_ids if c in by_id), key=order.__getitem__)), s.masked) for s in chosen]  # fmt: skip
@@ -168,9 +172,9 @@ def _masks(settled: Settled, kept: Sequence[CallJSON], split: str | None) -> lis
     if settled.state == "cancelled":
         masks.append((CANCELLED, f"the session was cancelled ({settled.error or 'no error recorded'}); a cancelled "
                                  "attempt is never training signal"))  # fmt: skip
-    masked = next((s.masked for s in settled.segments if s.masked), None)
-    if masked:
-        masks.append((UNEXPLAINED_SEGMENT, f"a break no edge explains ({masked}); the main segment is returned"))
+    if settled.masked:
+        masks.append((UNEXPLAINED_SEGMENT, f"a break no edge explains ({settled.masked}); the main segment is "
+                                           "returned"))  # fmt: skip
     spanning = [call for call in kept if call.get("spans_policy_update")]
     if spanning:
         masks.append((SPANS_POLICY_UPDATE, f"{len(spanning)} returned call(s) were sampled across a policy update "

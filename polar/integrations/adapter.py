@@ -114,7 +114,7 @@ def sample_of(items: Sequence[Mapping[str, Any]], all_chains: bool = False) -> S
     """The sample a session's feed items (its trajectories, with the feed's context) stand for: its trainable
     segments (every trajectory with ``all_chains``), the main one's sequence as the sample's own."""
     items = sorted(items, key=_segment_index)
-    taken = [item for item in items if all_chains or _trainable(item)]
+    taken = [item for item in items if all_chains or trainable(item)]
     masked = None
     if not taken:
         reasons = {str((item.get("segment") or {}).get("evidence", {}).get("masked") or "") for item in items}
@@ -132,7 +132,9 @@ def sample_of(items: Sequence[Mapping[str, Any]], all_chains: bool = False) -> S
                   tuple(_segment(item) for item in taken), masked)  # fmt: skip
 
 
-def _trainable(item: Mapping[str, Any]) -> bool:
+def trainable(item: Mapping[str, Any]) -> bool:
+    """Whether a feed item is a segment its session's reward trains: its segment says so (a side call, or a sample
+    masked for an unexplained break, is not); items stored before segments fall back to the main chain."""
     segment = item.get("segment")
     return bool(segment["trainable"]) if segment else bool(item.get("main", True))
 
