@@ -129,9 +129,10 @@ def warm_start(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]], 
 
 
 def version_of(call: dict[str, Any]) -> int | None:
-    """The policy version that sampled a call; None when the engine had none set (a stack not run by this loop)."""
+    """The policy version that sampled a call; None when it is not one of this loop's (none set, or another trainer's
+    name for its weights, on a stack this loop did not run)."""
     version = call.get("policy_version")
-    return None if version is None else int(version)
+    return int(version) if isinstance(version, str | int) and str(version).isdigit() else None
 
 
 def pull_groups(groups: Iterator[list[dict[str, Any]]], count: int) -> list[list[dict[str, Any]]]:
