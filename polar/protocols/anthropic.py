@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from polar.errors import ValidationError
-from polar.protocols import anthropic_stream
+from polar.protocols import anthropic_stream, images
 from polar.protocols._base import (
     ClientRequest,
     EngineAnswer,
@@ -40,8 +40,7 @@ ROUTES = (
 )
 
 MAX_TOKENS = 32768
-UNSUPPORTED_INPUT = "image input is not supported by this model"
-MEDIA_BLOCKS = frozenset({"image", "document"})
+UNSUPPORTED_DOCUMENT = "document input is not supported by this model (text and images only)"
 TOOL_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 ENCODED_ID = "polarb64_"
 # Claude Code (≥2.1.x) opens ``system`` with ``x-anthropic-billing-header: cc_version=…; cch=<hash>;``, which
@@ -92,7 +91,8 @@ def engine_tool_id(client_id: str) -> str:
 # --- request -------------------------------------------------------------------------------------------------
 
 
-def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+def _blocks(content: Any, where: str, media: bool = False) -> list[dict[str, Any]]:
+    """Content blocks (a string is one text block); ``image`` blocks only where ``media`` allows them."""
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
@@ -100,8 +100,10 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     for index, block in enumerate(content):
         if not isinstance(block, dict) or not isinstance(block.get("type"), str):
             raise _fail("must be a content block object with a type", f"{where}[{index}]")
-        if block["type"] in MEDIA_BLOCKS:
-            raise _fail(UNSUPPORTED_INPUT, f"{where}[{index}]")
+        if block["type"] == "document":
+            raise _fail(UNSUPPORTED_DOCUMENT, f"{where}[{index}]")
+        if block["type"] == "image" and not media:
+            raise _fail("image blocks are only accepted in user messages and tool results", f"{where}[{index}]")
         if block["type"] == "text" and not isinstance(block.get("text"), str):
             raise _fail("text: required, a string", f"{where}[{index}]")
     return content
@@ -116,39 +118,73 @@ def _system(system: Any) -> str | None:
     return "\n".join(text for text in texts if text) or None
 
 
-def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
+def _image(block: dict[str, Any], where: str, found: images.Found, origin: str) -> dict[str, Any]:
+    """An ``image`` block as a chat image part: a ``base64`` or ``url`` source (``file`` needs a file store)."""
+    raw = block.get("source")
+    source: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    kind = source.get("type")
+    if kind == "base64":
+        chat, image = images.from_base64(source.get("data"), source.get("media_type"), f"{where}.source.data", origin)
+    elif kind == "url":
+        chat, image = images.from_url(source.get("url"), f"{where}.source.url", origin)
+    elif kind == "file":
+        raise _fail("file sources are not supported (this proxy has no file store); send the image as base64",
+                    f"{where}.source")  # fmt: skip
+    else:
+        raise _fail("required, {type: 'base64', media_type, data} or {type: 'url', url}", f"{where}.source")
+    found.append((chat, image))
+    return chat
+
+
+def _tool_result(block: dict[str, Any], where: str, found: images.Found) -> tuple[dict[str, Any], list[Any]]:
+    """The tool message (its text blocks only) and the result's images as chat parts, for a user message after
+    the turn's tool messages."""
     tool_use_id = block.get("tool_use_id")
     if not isinstance(tool_use_id, str) or not tool_use_id:
         raise _fail("tool_use_id: required, a string", where)
     content = block.get("content")
     texts: list[str] = []
-    for index, part in enumerate(_blocks(content, f"{where}.content") if content is not None else []):
+    moved: list[Any] = []
+    for index, part in enumerate(_blocks(content, f"{where}.content", media=True) if content is not None else []):
+        if part["type"] == "image":
+            moved.append(_image(part, f"{where}.content[{index}]", found, "tool_result"))
+            continue
         if part["type"] != "text":
-            raise _fail(f"a tool_result may hold only text blocks, not {part['type']!r}", f"{where}.content[{index}]")
+            raise _fail(f"a tool_result may hold only text and image blocks, not {part['type']!r}",
+                        f"{where}.content[{index}]")  # fmt: skip
         texts.append(part["text"])
     text = "\n".join(texts)
     if block.get("is_error"):
         text = f"Error: {text}" if text else "Error"
-    return {"role": "tool", "tool_call_id": engine_tool_id(tool_use_id), "content": text}
+    return {"role": "tool", "tool_call_id": engine_tool_id(tool_use_id), "content": text}, moved
 
 
-def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
-    """A user turn: text blocks between tool results become user messages of their own, in order."""
+def _user_messages(content: Any, where: str, found: images.Found) -> list[dict[str, Any]]:
+    """A user turn: text and image blocks between tool results become user messages of their own, in order.
+
+    Images inside tool results open the turn's last user message, after its last tool message: the tool
+    messages must follow the assistant's calls with nothing between them."""
     messages: list[dict[str, Any]] = []
-    texts: list[str] = []
-    for index, block in enumerate(_blocks(content, f"{where}.content")):
-        kind = block["type"]
+    pieces: list[str | dict[str, Any]] = []
+    moved: list[str | dict[str, Any]] = []
+    for index, block in enumerate(_blocks(content, f"{where}.content", media=True)):
+        kind, at = block["type"], f"{where}.content[{index}]"
         if kind == "text":
-            texts.append(block["text"])
+            pieces.append(block["text"])
+        elif kind == "image":
+            pieces.append(_image(block, at, found, "user"))
         elif kind == "tool_result":
-            if texts:
-                messages.append({"role": "user", "content": "\n".join(texts)})
-                texts = []
-            messages.append(_tool_result(block, f"{where}.content[{index}]"))
+            if pieces:
+                messages.append({"role": "user", "content": images.content(pieces)})
+                pieces = []
+            tool, parts = _tool_result(block, at, found)
+            messages.append(tool)
+            moved += parts
         else:
-            raise _fail(f"block type {kind!r} is not allowed in a user message", f"{where}.content[{index}]")
-    if texts or not messages:
-        messages.append({"role": "user", "content": "\n".join(texts)})
+            raise _fail(f"block type {kind!r} is not allowed in a user message", at)
+    pieces = [*moved, *pieces]
+    if pieces or not messages:
+        messages.append({"role": "user", "content": images.content(pieces)})
     return messages
 
 
@@ -178,7 +214,7 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any]:
     return assistant_message("".join(texts), "\n".join(reasoning), calls)
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+def _messages(body: dict[str, Any], found: images.Found) -> list[dict[str, Any]]:
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise _fail("required, a non-empty array", "messages")
@@ -189,7 +225,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(message, dict):
             raise _fail("must be an object", where)
         if message.get("role") == "user":
-            messages.extend(_user_messages(message.get("content"), where))
+            messages.extend(_user_messages(message.get("content"), where, found))
         elif message.get("role") == "assistant":
             messages.append(_assistant_message(message.get("content"), where))
         elif message.get("role") == "system":
@@ -251,13 +287,15 @@ def _thinking(raw: Any) -> dict[str, Any]:
     return {"chat_template_kwargs": {"enable_thinking": raw["type"] == "enabled"}}
 
 
-def _conversation(body: Any) -> dict[str, Any]:
-    """The part of the engine body a count-tokens call shares: messages, tools, template switches."""
+def _conversation(body: Any) -> tuple[dict[str, Any], tuple[images.ImageInput, ...]]:
+    """The part of the engine body a count-tokens call shares (messages, tools, template switches), and the
+    images its messages hold."""
     if not isinstance(body, dict):
         raise ValidationError("request body must be a JSON object")
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise _fail("required, a non-empty string", "model")
-    engine: dict[str, Any] = {"messages": _messages(body)}
+    found: images.Found = []
+    engine: dict[str, Any] = {"messages": _messages(body, found)}
     if tools := _tools(body.get("tools")):
         engine["tools"] = tools
         if body.get("tool_choice") is not None:
@@ -267,11 +305,11 @@ def _conversation(body: Any) -> dict[str, Any]:
     if engine["messages"][-1]["role"] == "assistant":
         engine.update(add_generation_prompt=False, continue_final_message=True)
     engine.update(_thinking(body.get("thinking")))
-    return engine
+    return engine, images.placed(engine["messages"], found)
 
 
 def normalize(body: Any, context: RequestContext | None = None) -> ClientRequest:
-    engine_body = _conversation(body)
+    engine_body, found = _conversation(body)
     engine_body["max_tokens"] = min(_positive_int(body.get("max_tokens"), "max_tokens"), MAX_TOKENS)
     stops = body.get("stop_sequences")
     if stops is not None and (not isinstance(stops, list) or not all(isinstance(s, str) for s in stops)):
@@ -283,7 +321,8 @@ def normalize(body: Any, context: RequestContext | None = None) -> ClientRequest
             engine_body[name] = value
     if not isinstance(body.get("stream", False), bool):
         raise _fail("must be a boolean", "stream")
-    return ClientRequest(PROVIDER, engine_body, bool(body.get("stream")), body["model"], {"stop": stops or []})
+    options = {"stop": stops or [], "images": found}
+    return ClientRequest(PROVIDER, engine_body, bool(body.get("stream")), body["model"], options)
 
 
 # --- response ------------------------------------------------------------------------------------------------
@@ -398,7 +437,7 @@ def render_stream_error(status: int, message: str) -> bytes:
 
 
 def count_tokens_request(body: Any, context: RequestContext | None = None) -> dict[str, Any]:
-    engine = _conversation(body)
+    engine, _ = _conversation(body)
     keys = ("messages", "tools", "add_generation_prompt", "continue_final_message", "chat_template_kwargs")
     return {"add_generation_prompt": True, **{key: engine[key] for key in keys if key in engine}}
 

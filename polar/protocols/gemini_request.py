@@ -3,10 +3,12 @@
     engine_body, options = translate(body)
 
 ``contents`` become messages (thought parts → the assistant's ``reasoning``, ``functionCall`` → ``tool_calls``,
-``functionResponse`` → a tool message holding the compact JSON of ``response``), ``functionDeclarations``
-become function tools (OpenAPI-subset ``parameters`` turned into lower-case JSON Schema), ``toolConfig`` becomes
-``tool_choice`` and ``generationConfig`` the sampling fields. Field names are read in lowerCamelCase or
-snake_case, as Google's JSON parser accepts both; a repeated field given as one object is read as a list of one.
+``functionResponse`` → a tool message holding the compact JSON of ``response``, ``inlineData`` / ``fileData``
+images → chat image parts, a tool result's in a user message after the turn's tool messages),
+``functionDeclarations`` become function tools (OpenAPI-subset ``parameters`` turned into lower-case JSON Schema),
+``toolConfig`` becomes ``tool_choice`` and ``generationConfig`` the sampling fields. Field names are read in
+lowerCamelCase or snake_case, as Google's JSON parser accepts both; a repeated field given as one object is read as
+a list of one.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from polar.errors import ValidationError
+from polar.protocols import images
 from polar.protocols._base import assistant_message
 
 MAX_OUTPUT_TOKENS = 32768
-# Part fields that carry data the engine cannot read (media, server-side tool traffic).
-UNSUPPORTED_PARTS = ("inlineData", "fileData", "executableCode", "codeExecutionResult", "toolCall", "toolResponse")
+# Part fields that carry data the engine cannot read (server-side tool traffic).
+UNSUPPORTED_PARTS = ("executableCode", "codeExecutionResult", "toolCall", "toolResponse")
+IMAGE_PARTS = ("inlineData", "fileData")
 _SCHEMA_DROPPED = frozenset({"propertyOrdering", "nullable"})
 
 
@@ -55,12 +59,14 @@ def _number(config: Mapping[str, Any], name: str, integer: bool = False, signed:
 
 
 def _part_kind(part: Any, where: str) -> str | None:
-    """``text``, ``functionCall``, ``functionResponse``, or None for a part holding only metadata."""
+    """``text``, ``image``, ``functionCall``, ``functionResponse``, or None for a part holding only metadata."""
     if not isinstance(part, dict):
         raise ValidationError(f"{where}: must be an object", field=where)
     for name in UNSUPPORTED_PARTS:
         if field(part, name) is not None:
-            raise ValidationError(f"{where}: {name} parts are not supported by this model (text only)", field=where)
+            raise ValidationError(f"{where}: {name} parts are not supported by this model", field=where)
+    if any(field(part, name) is not None for name in IMAGE_PARTS):
+        return "image"
     for name in ("functionCall", "functionResponse"):
         if field(part, name) is not None:
             if not isinstance(field(part, name), dict):
@@ -136,6 +142,34 @@ class _CallIds:
         return sent or f"call_{position}"
 
 
+def _image(part: Mapping[str, Any], where: str, found: images.Found, source: str) -> dict[str, Any]:
+    """An ``inlineData`` {mimeType, data} or ``fileData`` {mimeType, fileUri} part (or ``FunctionResponsePart``)
+    as a chat image part."""
+    for name in IMAGE_PARTS:
+        if (value := field(part, name)) is not None and not isinstance(value, dict):
+            raise ValidationError(f"{where}.{name}: must be an object", field=f"{where}.{name}")
+    if (inline := field(part, "inlineData")) is not None:
+        data, mime = inline.get("data"), field(inline, "mimeType")
+        chat, image = images.from_base64(data, mime, f"{where}.inlineData.data", source, urlsafe=True)
+    else:
+        data_file = field(part, "fileData")
+        uri, mime = field(data_file, "fileUri"), field(data_file, "mimeType")
+        chat, image = images.from_uri(uri, mime, f"{where}.fileData.fileUri", source)
+    found.append((chat, image))
+    return chat
+
+
+def _response_images(raw: Mapping[str, Any], where: str, found: images.Found) -> list[dict[str, Any]]:
+    """The images of ``functionResponse.parts`` (the API's multimodal function responses)."""
+    moved = []
+    for index, part in enumerate(_as_list(field(raw, "parts") or [], f"{where}.parts")):
+        at = f"{where}.parts[{index}]"
+        if not isinstance(part, dict) or all(field(part, name) is None for name in IMAGE_PARTS):
+            raise ValidationError(f"{at}: only inlineData and fileData image parts are supported", field=at)
+        moved.append(_image(part, at, found, "tool_result"))
+    return moved
+
+
 def _model_message(parts: list[tuple[str, dict[str, Any], str]], ids: _CallIds, index: int) -> dict[str, Any]:
     reasoning: list[str] = []
     texts: list[str] = []
@@ -147,6 +181,8 @@ def _model_message(parts: list[tuple[str, dict[str, Any], str]], ids: _CallIds, 
             continue
         if kind == "functionResponse":
             raise ValidationError(f"{where}: functionResponse parts belong in a user turn", field=where)
+        if kind == "image":
+            raise ValidationError(f"{where}: image parts are only accepted in user turns", field=where)
         raw = field(part, "functionCall")
         if not isinstance(raw.get("name"), str) or not raw["name"]:
             raise ValidationError(f"{where}.functionCall.name: required", field=f"{where}.functionCall.name")
@@ -159,34 +195,47 @@ def _model_message(parts: list[tuple[str, dict[str, Any], str]], ids: _CallIds, 
     return assistant_message("".join(texts), "".join(reasoning), calls)
 
 
-def _user_messages(parts: list[tuple[str, dict[str, Any], str]], ids: _CallIds, index: int) -> list[dict[str, Any]]:
-    """Text parts become user messages, each ``functionResponse`` a tool message, in the parts' order."""
+def _user_messages(
+    parts: list[tuple[str, dict[str, Any], str]], ids: _CallIds, index: int, found: images.Found
+) -> list[dict[str, Any]]:
+    """Text and image parts become user messages, each ``functionResponse`` a tool message, in the parts' order.
+
+    In a turn that answers calls, images (in ``functionResponse.parts``, or beside the responses as Gemini CLI
+    sends a tool's media) are the tool results': they open the turn's last user message, after its last tool
+    message, as the tool messages must follow the assistant's calls with nothing between them."""
+    answers = any(kind == "functionResponse" for kind, _, _ in parts)
     messages: list[dict[str, Any]] = []
-    texts: list[str] = []
+    pieces: list[str | dict[str, Any]] = []
+    moved: list[str | dict[str, Any]] = []
     for position, (kind, part, where) in enumerate(parts):
         if kind == "text":
-            texts.append(part["text"])
+            pieces.append(part["text"])
+            continue
+        if kind == "image":
+            (moved if answers else pieces).append(_image(part, where, found, "tool_result" if answers else "user"))
             continue
         if kind == "functionCall":
             raise ValidationError(f"{where}: functionCall parts belong in a model turn", field=where)
-        if texts:
-            messages.append({"role": "user", "content": _text(texts)})
-            texts = []
+        if pieces:
+            messages.append({"role": "user", "content": images.content(pieces)})
+            pieces = []
         raw = field(part, "functionResponse")
         response = raw.get("response") if raw.get("response") is not None else {}
         if not isinstance(response, dict):
             raise ValidationError(f"{where}.functionResponse.response: must be an object", field=where)
-        if raw.get("parts"):
-            raise ValidationError(f"{where}.functionResponse.parts: media results are not supported", field=where)
+        moved += _response_images(raw, f"{where}.functionResponse", found)
         content = json.dumps(response, separators=(",", ":"), ensure_ascii=False)
         messages.append({"role": "tool", "tool_call_id": ids.response(raw, f"{index}_{position}"), "content": content})
-    if texts:
-        messages.append({"role": "user", "content": _text(texts)})
+    pieces = [*moved, *pieces]
+    if pieces:
+        messages.append({"role": "user", "content": images.content(pieces)})
     return messages
 
 
-def messages(contents: Any, system: Any = None) -> list[dict[str, Any]]:
-    """The chat messages for ``contents`` (roles user/model) after an optional system instruction."""
+def messages(contents: Any, system: Any = None, found: images.Found | None = None) -> list[dict[str, Any]]:
+    """The chat messages for ``contents`` (roles user/model) after an optional system instruction; ``found``
+    collects the images (chat part, image) as they are met."""
+    found = [] if found is None else found
     if contents is None or contents == []:
         raise ValidationError("contents: required, a non-empty array of Content objects", field="contents")
     result = [message] if system is not None and (message := _system(system)) else []
@@ -199,7 +248,7 @@ def messages(contents: Any, system: Any = None) -> list[dict[str, Any]]:
         if role == "model":
             result.append(_model_message(_parts(content, where), ids, index))
         elif role in ("user", "function"):
-            result.extend(_user_messages(_parts(content, where), ids, index))
+            result.extend(_user_messages(_parts(content, where), ids, index, found))
         else:
             raise ValidationError(f"{where}.role: must be 'user' or 'model', got {role!r}", field=f"{where}.role")
     if all(message["role"] == "system" for message in result):  # e.g. every Content had empty parts
@@ -331,7 +380,10 @@ def translate(body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(engine chat body without capture fields, rendering options) for a ``generateContent`` body."""
     if not isinstance(body, dict):
         raise ValidationError("request body must be a JSON object")
-    engine_body: dict[str, Any] = {"messages": messages(field(body, "contents"), field(body, "systemInstruction"))}
+    found: images.Found = []
+    engine_body: dict[str, Any] = {
+        "messages": messages(field(body, "contents"), field(body, "systemInstruction"), found)
+    }
     declared = tools(field(body, "tools"))
     if declared:
         engine_body["tools"] = declared
@@ -342,4 +394,5 @@ def translate(body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     engine_body.update(fields)
     if engine_body["messages"][-1]["role"] == "assistant":  # a trailing model turn is a prefill to continue
         engine_body.update(continue_final_message=True, add_generation_prompt=False)
+    options["images"] = images.placed(engine_body["messages"], found)
     return engine_body, options

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from polar.errors import ValidationError
+from polar.protocols import images
 from polar.protocols._base import ClientRequest, EngineAnswer, RequestContext, name_in, route, sse
 
 PROVIDER = "openai_chat"
@@ -46,7 +47,7 @@ CAPTURE_FIELDS = ("prompt_token_ids", "prompt_logprobs", "kv_transfer_params")
 CHOICE_CAPTURE_FIELDS = ("token_ids", "stop_reason", "routed_experts")
 
 
-def _check_content(content: Any, field: str) -> None:
+def _check_content(content: Any, field: str, role: str) -> None:
     if content is None or isinstance(content, str):
         return
     if not isinstance(content, list):
@@ -55,7 +56,12 @@ def _check_content(content: Any, field: str) -> None:
         kind = name_in(part.get("type")) if isinstance(part, dict) else None
         if kind in {"text", "refusal"} and isinstance(part.get("text", part.get("refusal")), str):
             continue
-        if kind in {"image_url", "input_audio", "file"}:
+        if kind == "image_url" and role == "user":
+            continue  # read (and checked) by _with_images
+        if kind == "image_url":
+            where = f"{field}[{index}]"
+            raise ValidationError(f"{where}: image_url parts are only accepted in user messages", field=where)
+        if kind in {"input_audio", "file"}:
             raise ValidationError(f"{field}[{index}]: {kind} input is not supported by this model", field=field)
         raise ValidationError(f"{field}[{index}]: must be a text content part", field=f"{field}[{index}]")
 
@@ -73,7 +79,7 @@ def _check_types(body: dict[str, Any]) -> None:
             raise ValidationError(
                 f"messages[{index}].role: must be one of {', '.join(sorted(ROLES))}", field=f"messages[{index}].role"
             )
-        _check_content(message.get("content"), f"messages[{index}].content")
+        _check_content(message.get("content"), f"messages[{index}].content", message["role"])
     for name, kind in (("stream", bool), ("tools", list), ("stop", (str, list)), ("stream_options", dict)):
         if name in body and body[name] is not None and not isinstance(body[name], kind):
             raise ValidationError(f"{name}: wrong type", field=name)
@@ -108,13 +114,41 @@ def _current_reasoning_name(message: dict[str, Any]) -> dict[str, Any]:
     return renamed
 
 
+def _image(part: dict[str, Any], where: str, found: images.Found) -> dict[str, Any]:
+    """An ``image_url`` part as the engine takes it: ``image_url`` a string or ``{url, detail}``, a data URL's
+    media type the bytes' own, ``detail`` only when vLLM knows it."""
+    raw = part.get("image_url")
+    if isinstance(raw, str):
+        chat, image = images.from_url(raw, f"{where}.image_url", "user")
+    elif isinstance(raw, dict):
+        chat, image = images.from_url(raw.get("url"), f"{where}.image_url.url", "user", raw.get("detail"))
+    else:
+        raise ValidationError(f"{where}.image_url: required, {{url, detail?}}", field=f"{where}.image_url")
+    found.append((chat, image))
+    return chat
+
+
+def _with_images(message: dict[str, Any], index: int, found: images.Found) -> dict[str, Any]:
+    """``message`` with its image parts normalised (a new dict); a message without any stays the client's."""
+    content = message.get("content")
+    if not isinstance(content, list) or not any(part.get("type") == "image_url" for part in content):
+        return message
+    where = f"messages[{index}].content"
+    parts = [_image(part, f"{where}[{at}]", found) if part.get("type") == "image_url" else part
+             for at, part in enumerate(content)]  # fmt: skip
+    return {**message, "content": parts}
+
+
 def normalize(body: Any, context: RequestContext | None = None) -> ClientRequest:
     if not isinstance(body, dict):
         raise ValidationError("request body must be a JSON object")
     _check_types(body)
     # No copies: nothing downstream mutates the client's objects (the proxy builds new dicts around them).
     engine_body = {name: body[name] for name in FORWARDED if name in body and body[name] is not None}
-    engine_body["messages"] = [_current_reasoning_name(message) for message in body["messages"]]
+    found: images.Found = []
+    engine_body["messages"] = [
+        _with_images(_current_reasoning_name(message), index, found) for index, message in enumerate(body["messages"])
+    ]
     for name in ("max_tokens", "max_completion_tokens"):
         if name in engine_body:
             engine_body[name] = min(engine_body[name], MAX_OUTPUT_TOKENS)
@@ -123,6 +157,7 @@ def normalize(body: Any, context: RequestContext | None = None) -> ClientRequest
         "include_usage": bool((body.get("stream_options") or {}).get("include_usage")),
         "logprobs": bool(body.get("logprobs")),
         "return_token_ids": bool(body.get("return_token_ids")),
+        "images": images.placed(engine_body["messages"], found),
     }
     return ClientRequest(PROVIDER, engine_body, stream, body["model"], options)
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from polar.errors import ValidationError
-from polar.protocols import openai_chat
+from polar.protocols import images, openai_chat
 from polar.protocols._base import ClientRequest, EngineAnswer, RequestContext, name_in, parse_arguments, route
 from polar.protocols.openai_responses_stream import failed_events, stream_events
 
@@ -34,7 +34,7 @@ MAX_OUTPUT_TOKENS = 32768
 # Hosted tools Codex offers depending on model and features; no engine can run them, so they are left out.
 DROPPED_TOOLS = frozenset({"web_search", "web_search_preview", "local_shell", "image_generation", "tool_search"})
 CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
-UNSUPPORTED_PARTS = frozenset({"input_image", "input_file", "input_audio"})
+UNSUPPORTED_PARTS = frozenset({"input_file", "input_audio"})
 TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text"})
 SYSTEM_ROLES = frozenset({"system", "developer"})
 ROLES = frozenset({"user", "assistant", *SYSTEM_ROLES})
@@ -77,21 +77,44 @@ def _check_types(body: dict[str, Any]) -> None:
         raise _fail("max_output_tokens: must be a positive integer", "max_output_tokens")
 
 
-def _text(content: Any, where: str) -> str:
-    """The text of a string or a list of text parts; images and files are refused."""
+def _image(part: dict[str, Any], where: str, found: images.Found, source: str) -> dict[str, Any]:
+    if part.get("file_id") is not None:
+        raise _fail(
+            f"{where}.file_id: uploaded files are not supported (this proxy has no file store); send the image "
+            "in image_url as a data URL",
+            f"{where}.file_id",
+        )
+    chat, image = images.from_url(part.get("image_url"), f"{where}.image_url", source, part.get("detail"))
+    found.append((chat, image))
+    return chat
+
+
+def _pieces(content: Any, where: str, found: images.Found | None, source: str = "user") -> list[str | dict[str, Any]]:
+    """The texts and image parts of a string or a list of content parts, in order. Images only where ``found``
+    collects them (user messages, tool outputs); files and audio are refused."""
     if isinstance(content, str):
-        return content
+        return [content]
     if not isinstance(content, list):
         raise _fail(f"{where}: must be a string or an array of content parts", where)
-    texts = []
+    pieces: list[str | dict[str, Any]] = []
     for index, part in enumerate(content):
-        kind = name_in(part.get("type")) if isinstance(part, dict) else None
+        kind, at = (name_in(part.get("type")) if isinstance(part, dict) else None), f"{where}[{index}]"
+        if kind == "input_image" and found is not None:
+            pieces.append(_image(part, at, found, source))
+            continue
+        if kind == "input_image":
+            raise _fail(f"{at}: input_image is only accepted in user messages and tool call outputs", at)
         if kind in UNSUPPORTED_PARTS:
-            raise _fail(f"{where}[{index}]: {kind} is not supported by this model (text only)", f"{where}[{index}]")
+            raise _fail(f"{at}: {kind} is not supported by this model (text and images only)", at)
         if kind not in TEXT_PARTS or not isinstance(part.get("text", part.get("refusal")), str):
-            raise _fail(f"{where}[{index}]: expected a text part, got {kind!r}", f"{where}[{index}]")
-        texts.append(part.get("text", part.get("refusal")))
-    return "\n".join(texts)
+            raise _fail(f"{at}: expected a text part, got {kind!r}", at)
+        pieces.append(part.get("text", part.get("refusal")))
+    return pieces
+
+
+def _text(content: Any, where: str) -> str:
+    """The text of a string or a list of text parts; images are refused here (assistant, system, reasoning)."""
+    return "\n".join(piece for piece in _pieces(content, where, None) if isinstance(piece, str))
 
 
 class _Tools:
@@ -150,6 +173,15 @@ class _Messages:
         self.tools = tools
         self.messages: list[dict[str, Any]] = []
         self.turn: dict[str, Any] | None = None
+        self.found: images.Found = []
+        # Tool-output images wait for the end of their turn's tool messages (which must stay together after the
+        # assistant's calls), then become one user message.
+        self.moved: list[dict[str, Any]] = []
+
+    def _place_moved(self) -> None:
+        if self.moved:
+            self.messages.append({"role": "user", "content": self.moved})
+            self.moved = []
 
     def flush(self) -> None:
         if self.turn is not None:
@@ -163,6 +195,8 @@ class _Messages:
             or (content is not None and ("content" in turn or "tool_calls" in turn))
         ):
             self.flush()
+        if self.turn is None:
+            self._place_moved()
         self.turn = turn = self.turn or {"role": "assistant"}
         if reasoning is not None:
             turn["reasoning"] = reasoning
@@ -171,8 +205,11 @@ class _Messages:
         if call is not None:
             turn.setdefault("tool_calls", []).append(call)
 
-    def other(self, message: dict[str, Any]) -> None:
+    def other(self, message: dict[str, Any], moved: list[dict[str, Any]] | None = None) -> None:
         self.flush()
+        if message["role"] != "tool":
+            self._place_moved()
+        self.moved += moved or []
         last = self.messages[-1] if self.messages else None
         if message["role"] == "system" and last is not None and last["role"] == "system":
             last["content"] += "\n\n" + message["content"]  # consecutive system texts merge, in order
@@ -181,6 +218,7 @@ class _Messages:
 
     def done(self) -> list[dict[str, Any]]:
         self.flush()
+        self._place_moved()
         for message in self.messages:
             if message["role"] == "assistant":
                 message.setdefault("content", "")
@@ -218,11 +256,13 @@ def _add_item(out: _Messages, item: Any, where: str) -> None:
         role = name_in(item.get("role"))
         if role not in ROLES:
             raise _fail(f"{where}.role: must be one of {', '.join(sorted(ROLES))}", f"{where}.role")
-        text = _text(item.get("content"), f"{where}.content")
-        if role == "assistant":
-            out.assistant(content=text)
+        if role == "user":
+            pieces = _pieces(item.get("content"), f"{where}.content", out.found)
+            out.other({"role": "user", "content": images.content(pieces)})
+        elif role == "assistant":
+            out.assistant(content=_text(item.get("content"), f"{where}.content"))
         else:
-            out.other({"role": "system" if role in SYSTEM_ROLES else "user", "content": text})
+            out.other({"role": "system", "content": _text(item.get("content"), f"{where}.content")})
     elif kind == "reasoning":
         if text := _reasoning_text(item, where):  # an opaque (encrypted-only) reasoning item adds nothing
             out.assistant(reasoning=text)
@@ -231,7 +271,10 @@ def _add_item(out: _Messages, item: Any, where: str) -> None:
     elif kind in ("function_call_output", "custom_tool_call_output"):
         if not isinstance(item.get("call_id"), str) or "output" not in item:
             raise _fail(f"{where}: call_id and output are required", where)
-        out.other({"role": "tool", "tool_call_id": item["call_id"], "content": _text(item["output"], where)})
+        pieces = _pieces(item["output"], f"{where}.output", out.found, "tool_result")
+        texts = [piece for piece in pieces if isinstance(piece, str)]
+        moved = [piece for piece in pieces if not isinstance(piece, str)]
+        out.other({"role": "tool", "tool_call_id": item["call_id"], "content": "\n".join(texts)}, moved)
     else:
         raise _fail(f"{where}: input item type {kind!r} is not supported", where)
 
@@ -262,6 +305,7 @@ def normalize(body: Any, context: RequestContext | None = None) -> ClientRequest
     for index, item in enumerate(items):
         _add_item(out, item, f"input[{index}]")
     engine_body: dict[str, Any] = {"messages": out.done()}
+    found = images.placed(engine_body["messages"], out.found)
     if tools.engine:
         engine_body["tools"] = tools.engine
         if body.get("tool_choice") is not None:
@@ -281,7 +325,7 @@ def normalize(body: Any, context: RequestContext | None = None) -> ClientRequest
     echo["tools"] = copy.deepcopy(body.get("tools") or [])
     echo["tool_choice"] = copy.deepcopy(body.get("tool_choice") or "auto")
     echo["parallel_tool_calls"] = body.get("parallel_tool_calls", True)
-    options = {"tools": tools.by_engine, "echo": echo}
+    options = {"tools": tools.by_engine, "echo": echo, "images": found}
     return ClientRequest(PROVIDER, engine_body, bool(body.get("stream")), body["model"], options)
 
 

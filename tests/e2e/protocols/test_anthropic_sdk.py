@@ -208,7 +208,7 @@ def test_models_head_and_bad_input(proxy: LiveProxy) -> None:
     assert "max_tokens" in str(bad_request({"model": MODEL, "messages": hi}))
     assert "messages" in str(bad_request({"model": MODEL, "max_tokens": 5, "messages": "hi"}))
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
-    assert "image input is not supported" in str(
+    assert "messages[0].content[0].source.data: the image cannot be read" in str(
         bad_request({"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": [image]}]})
     )
     with pytest.raises(anthropic.BadRequestError):

@@ -193,7 +193,8 @@ def test_errors(proxy: LiveProxy) -> None:
         client.models.generate_content(
             model=MODEL, contents=[types.Part.from_bytes(data=b"\x89PNG", mime_type="image/png"), "what is this?"]
         )
-    assert image.value.code == 400 and "not supported" in image.value.message
+    # A malformed image: the protocol's 400 naming the part (images are taken: tests/e2e/test_images_sdks.py).
+    assert image.value.code == 400 and "contents[0].parts[0].inlineData.data" in image.value.message
     with pytest.raises(errors.ClientError) as search:
         client.models.generate_content(
             model=MODEL, contents="news?", config=_config(tools=[types.Tool(google_search=types.GoogleSearch())])

@@ -178,7 +178,7 @@ def test_bad_input(proxy: LiveProxy) -> None:
         {"input": "hi", "tools": [{"type": "file_search", "vector_store_ids": []}]},
     ]
     for params, word in zip(
-        bad, ["full history", "input", "max_output_tokens", "not supported", "file_search"], strict=True
+        bad, ["full history", "input", "max_output_tokens", "input[0].content[0].image_url", "file_search"], strict=True
     ):
         with pytest.raises(openai.BadRequestError) as caught:
             client.responses.create(model="my-model", **params)

@@ -224,12 +224,15 @@ def test_bad_input_names_the_field(overrides: dict[str, Any], field: str) -> Non
     assert caught.value.field == field and str(caught.value).startswith(field)
 
 
-def test_images_and_documents_are_refused() -> None:
+def test_documents_and_undecodable_images_are_refused() -> None:
+    """Images are read (tests/polar/protocols/test_images.py); bytes that are no image, and documents, are not."""
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
     document = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}
-    for content in ([image], [{"type": "tool_result", "tool_use_id": "t", "content": [image]}], [document]):
-        with pytest.raises(ValidationError, match="image input is not supported by this model"):
+    for content in ([image], [{"type": "tool_result", "tool_use_id": "t", "content": [image]}]):
+        with pytest.raises(ValidationError, match="not a PNG, JPEG, GIF or WEBP image"):
             request(messages=[{"role": "user", "content": content}])
+    with pytest.raises(ValidationError, match="document input is not supported by this model"):
+        request(messages=[{"role": "user", "content": [document]}])
     with pytest.raises(ValidationError, match="JSON object"):
         anthropic.normalize([1, 2])
 

@@ -102,7 +102,7 @@ def test_routes_are_detected() -> None:
 def test_normalizes_a_gemini_cli_turn() -> None:
     request = gemini.normalize(CLI_REQUEST, STREAM)
     assert (request.provider, request.stream, request.model) == ("gemini", True, "gemini-2.5-pro")
-    assert request.options == {"include_thoughts": True, "sse": True}
+    assert request.options == {"include_thoughts": True, "sse": True, "images": ()}
     assert request.engine_body == {
         "messages": [
             {"role": "system", "content": "You are a CLI agent."},
@@ -277,14 +277,19 @@ def test_function_calling_modes(config: dict[str, Any], choice: Any) -> None:
         ),
         ({"contents": [{"role": "system", "parts": [{"text": "x"}]}]}, "role"),
         ({"contents": [{"parts": [{"text": 1}]}]}, "text"),
-        ({"contents": [{"parts": [{"inlineData": {"mimeType": "image/png", "data": "AA=="}}]}]}, "inlineData"),
-        ({"contents": [{"parts": [{"file_data": {"fileUri": "gs://x"}}]}]}, "not supported"),
+        ({"contents": [{"parts": [{"inlineData": {"mimeType": "image/png", "data": "AA=="}}]}]}, "not a PNG"),
+        (
+            {"contents": [{"parts": [{"file_data": {"fileUri": "gs://x", "mimeType": "application/pdf"}}]}]},
+            "not supported",
+        ),
+        ({"contents": [{"parts": [{"executableCode": {"code": "1"}}]}]}, "not supported"),
         ({"contents": [{"parts": [{"functionCall": {"name": "f"}}]}]}, "model turn"),
         ({"contents": [{"role": "model", "parts": [{"functionResponse": {"name": "f"}}]}]}, "user turn"),
         ({"contents": [{"role": "model", "parts": [{"functionCall": {"name": "f", "args": [1]}}]}]}, "args"),
         ({"contents": [{"role": "model", "parts": [{"functionCall": {"args": {}}}]}]}, "name"),
         ({"contents": [{"parts": [{"functionResponse": {"name": "f", "response": "ok"}}]}]}, "response"),
-        ({"contents": [{"parts": [{"functionResponse": {"name": "f", "parts": [{"inlineData": {}}]}}]}]}, "media"),
+        ({"contents": [{"parts": [{"functionResponse": {"name": "f", "parts": [{"inlineData": {}}]}}]}]}, "base64"),
+        ({"contents": [{"parts": [{"functionResponse": {"name": "f", "parts": [{"text": "x"}]}}]}]}, "image parts"),
         (
             {
                 "contents": [{"parts": [{"text": "x"}]}],

@@ -66,6 +66,8 @@ def test_normalize_forwards_what_the_engine_takes_and_drops_vendor_extras() -> N
         (request(messages=[{"role": "robot", "content": "x"}]), "messages[0].role"),
         (request(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
         (request(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+         "messages[0].content[0].image_url.url"),
+        (request(messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]),
          "messages[0].content"),
         (request(stream="yes"), "stream"),
         (request(max_tokens=0), "max_tokens"),
@@ -80,9 +82,10 @@ def test_bad_requests_name_the_field(body: dict[str, Any], field: str) -> None:
     assert caught.value.field == field
 
 
-def test_image_input_says_it_is_not_supported() -> None:
-    with pytest.raises(ValidationError, match="image_url input is not supported"):
-        openai_chat.normalize(request(messages=[{"role": "user", "content": [{"type": "image_url"}]}]))
+def test_audio_and_file_input_say_they_are_not_supported() -> None:
+    for kind in ("input_audio", "file"):
+        with pytest.raises(ValidationError, match=f"{kind} input is not supported"):
+            openai_chat.normalize(request(messages=[{"role": "user", "content": [{"type": kind}]}]))
 
 
 def test_render_response_echoes_the_model_and_hides_capture_fields() -> None:
