@@ -6,6 +6,8 @@
     <|im_start|>user\\n<tool_response>\\n{result}\\n</tool_response><|im_end|>\\n
     <|im_start|>assistant\\n
 
+An image renders as `<image>` where it sits in its message (`polar.chat.images`).
+
 `render_assistant_body` is the single place an assistant turn becomes text: the engine samples exactly that text,
 and the template writes it again when the turn comes back as history, so prompt + sampled tokens stay a token
 prefix of the next prompt (unless earlier reasoning is stripped, as Qwen3 does).
@@ -20,6 +22,7 @@ from typing import Any
 
 from polar.chat.conversation import Message, ToolCall
 from polar.chat.errors import EngineRequestError
+from polar.chat.images import with_placeholders
 from polar.chat.tokenizer import (
     IM_END,
     IM_START,
@@ -102,7 +105,7 @@ class ChatTemplate:
         parts: list[str] = []
         if tools:
             first_is_system = bool(messages) and messages[0].role == "system"
-            system = messages[0].content + "\n\n" if first_is_system else ""
+            system = _text(messages[0]) + "\n\n" if first_is_system else ""
             parts.append(f"{IM_START}system\n{system}{tools_block(tools)}{IM_END}\n")
             if first_is_system:
                 messages = messages[1:]
@@ -129,11 +132,16 @@ def _render_message(message: Message, previous: str | None, following: str | Non
     if message.role == "tool":
         opening = f"{IM_START}user" if previous != "tool" else ""
         closing = f"{IM_END}\n" if following != "tool" else ""
-        return f"{opening}\n{TOOL_RESPONSE_START}\n{message.content}\n{TOOL_RESPONSE_END}{closing}"
+        return f"{opening}\n{TOOL_RESPONSE_START}\n{_text(message)}\n{TOOL_RESPONSE_END}{closing}"
     if message.role == "assistant":
         body = render_assistant_body(message.reasoning, message.content, message.tool_calls)
         return f"{IM_START}assistant\n{body}{IM_END}\n"
-    return f"{IM_START}{message.role}\n{message.content}{IM_END}\n"
+    return f"{IM_START}{message.role}\n{_text(message)}{IM_END}\n"
+
+
+def _text(message: Message) -> str:
+    """A message's content with `<image>` where its images sit."""
+    return with_placeholders(message.content, message.images)
 
 
 def _strip_reasoning(messages: Sequence[Message]) -> list[Message]:

@@ -2,7 +2,8 @@
 
 The chat template, the policies and the prompt parser all speak `Message`; only this module reads the
 loose JSON a client sends (string or text-part content, `developer` as `system`, tool-call arguments as a JSON
-string, `reasoning` or `reasoning_content`).
+string, `reasoning` or `reasoning_content`). An `image_url` part becomes an `ImagePart` of its message
+(`polar.chat.images`): `content` keeps the text, the part where in it the image sits.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polar.chat.errors import MessageFormatError
+from polar.chat.images import IMAGE_PART_TYPES, ImagePart, image_part
 
 ROLES = ("system", "user", "assistant", "tool")
 _ROLE_ALIASES = {"developer": "system"}
@@ -38,7 +40,7 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Message:
-    """One chat message with its content already flattened to text."""
+    """One chat message with its content already flattened to text; `images` sit at their offsets in it."""
 
     role: str
     content: str = ""
@@ -46,6 +48,7 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
+    images: tuple[ImagePart, ...] = ()
 
 
 def normalise_messages(raw: Any) -> tuple[Message, ...]:
@@ -92,9 +95,14 @@ def _normalise_message(item: Any, index: int) -> Message:
         raise MessageFormatError(f"{where}.reasoning must be a string", param="messages")
     tool_call_id = item.get("tool_call_id")
     name = item.get("name")
+    content, images = _flatten_content(item.get("content"), where)
+    if images and role == "assistant":
+        # The model's own turns are text: what it samples must render back as the same text.
+        raise MessageFormatError(f"{where}: an assistant message cannot hold images", param="messages")
     return Message(
         role=role,
-        content=_flatten_content(item.get("content"), where),
+        content=content,
+        images=images,
         reasoning=reasoning if role == "assistant" else None,
         tool_calls=_tool_calls(item.get("tool_calls"), where) if role == "assistant" else (),
         tool_call_id=tool_call_id if isinstance(tool_call_id, str) else None,
@@ -102,26 +110,33 @@ def _normalise_message(item: Any, index: int) -> Message:
     )
 
 
-def _flatten_content(content: Any, where: str) -> str:
+def _flatten_content(content: Any, where: str) -> tuple[str, tuple[ImagePart, ...]]:
     if content is None:
-        return ""
+        return "", ()
     if isinstance(content, str):
-        return content
+        return content, ()
     if not isinstance(content, list):
         raise MessageFormatError(f"{where}.content must be a string or a list of parts", param="messages")
     texts: list[str] = []
+    images: list[ImagePart] = []
+    length = 0
     for part in content:
         if isinstance(part, str):
             texts.append(part)
+            length += len(part)
             continue
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind in IMAGE_PART_TYPES and isinstance(part, dict):
+            images.append(image_part(part, where, length))
+            continue
         if kind not in ("text", "input_text", "output_text") or not isinstance(part.get("text"), str):
             raise MessageFormatError(
-                f"{where}.content part of type {kind!r} is not supported: this model only reads text parts",
+                f"{where}.content part of type {kind!r} is not supported: this model reads text and image_url parts",
                 param="messages",
             )
         texts.append(part["text"])
-    return "".join(texts)
+        length += len(part["text"])
+    return "".join(texts), tuple(images)
 
 
 def _tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:

@@ -4,6 +4,10 @@ Byte-level pre-tokenisation and decoding mean any Unicode text round-trips exact
 tokens are added tokens, so they are recognised in text and never split; the three ChatML control tokens are
 "special" (dropped by `skip_special_tokens`), while the `<think>`/`<tool_call>` markup is not, as in Qwen.
 
+The image placeholder `<image>` is NOT in the vocabulary (its text ids stay those of a text-only model): it is
+`IMAGE_TOKEN_ID`, one past the last id (`polar.chat.images`), which `encode_images` splices in where a prompt that
+came with images holds the placeholder, and which decodes to `<image>` where a caller allows it (`images=True`).
+
     tok = load_tokenizer()
     ids = tok.encode("<|im_start|>user\\nhi<|im_end|>")
     assert tok.decode(ids) == "<|im_start|>user\\nhi<|im_end|>"
@@ -22,6 +26,7 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as _HFTokenizer
 
 from polar.chat.errors import EngineRequestError
+from polar.chat.images import IMAGE_TOKEN, IMAGE_TOKEN_ID
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -76,8 +81,12 @@ class Tokenizer:
                 table.append(token.encode("utf-8"))
             else:
                 table.append(bytes(byte_of[ch] for ch in token))
+        tokens = [backend.id_to_token(i) or "" for i in range(self._vocab_size)]
+        if self._vocab_size == IMAGE_TOKEN_ID:  # the image id follows the vocabulary (one of another size has none)
+            table.append(IMAGE_TOKEN.encode("utf-8"))
+            tokens.append(IMAGE_TOKEN)
         self._bytes = tuple(table)
-        self._tokens = tuple(backend.id_to_token(i) or "" for i in range(self._vocab_size))
+        self._tokens = tuple(tokens)
         self._eos_token_id = self.token_to_id(IM_END)
         self._encode_cached = functools.lru_cache(maxsize=_ENCODE_CACHE_SIZE)(self._encode_uncached)
         self._prompts = _DecodedPrompts(_DECODED_PROMPTS)
@@ -108,20 +117,38 @@ class Tokenizer:
     def _encode_uncached(self, text: str) -> tuple[int, ...]:
         return tuple(self._backend.encode(text, add_special_tokens=False).ids)
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        """Text of `ids`; invalid UTF-8 (a sequence cut inside a character) decodes to U+FFFD."""
-        self.check_ids(ids)
+    def encode_images(self, text: str, images: int) -> list[int]:
+        """Token ids of a prompt that came with ``images`` images: each `<image>` in ``text`` is the one id
+        ``IMAGE_TOKEN_ID`` and the text between is encoded as ``encode`` would (an added token in a VLM's
+        tokenizer splits the text the same way). EngineRequestError when the placeholders are not one per image."""
+        pieces = text.split(IMAGE_TOKEN)
+        if len(pieces) - 1 != images:
+            raise EngineRequestError(
+                f"The prompt holds {len(pieces) - 1} {IMAGE_TOKEN} placeholders for {images} images: "
+                f"a message's text must not write {IMAGE_TOKEN} itself",
+                param="messages",
+            )
+        ids = self.encode(pieces[0])
+        for piece in pieces[1:]:
+            ids.append(IMAGE_TOKEN_ID)
+            ids += self._encode_cached(piece)
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False, images: bool = False) -> str:
+        """Text of `ids`; invalid UTF-8 (a sequence cut inside a character) decodes to U+FFFD. ``images``: the
+        image id is allowed and decodes to `<image>`."""
+        self._check_ids(ids, images)
         if skip_special_tokens:
             ids = [i for i in ids if i not in self._special_ids]
         return b"".join(map(self._bytes.__getitem__, ids)).decode("utf-8", errors="replace")
 
-    def decode_prompt(self, ids: Sequence[int]) -> str:
+    def decode_prompt(self, ids: Sequence[int], images: bool = False) -> str:
         """``decode(ids)`` for a token prompt: an agent's next prompt extends its last one, so only the ids after
         the longest recently decoded prefix are checked and joined (the rest is the bytes kept from then)."""
         ids = tuple(ids)
         known, data = self._prompts.longest_prefix(ids)
         tail = ids[known:]
-        self.check_ids(tail)
+        self._check_ids(tail, images)
         if tail:  # a prompt kept whole already is not kept twice
             data += b"".join(map(self._bytes.__getitem__, tail))
             self._prompts.add(ids, data)
@@ -130,14 +157,23 @@ class Tokenizer:
     def check_ids(self, ids: Sequence[int]) -> None:
         """Raise EngineRequestError unless every id is an int inside the vocabulary (checked in C-level passes; the
         loop only names the first bad id)."""
-        if not ids or (set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < self._vocab_size):
+        self._check(ids, self._vocab_size)
+
+    def _check_ids(self, ids: Sequence[int], images: bool) -> None:
+        if images:
+            self._check(ids, len(self._bytes))  # the image id too
+        else:
+            self.check_ids(ids)
+
+    def _check(self, ids: Sequence[int], end: int) -> None:
+        if not ids or (set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < end):
             return
         for token_id in ids:
-            if not isinstance(token_id, int) or isinstance(token_id, bool) or not 0 <= token_id < self._vocab_size:
+            if not isinstance(token_id, int) or isinstance(token_id, bool) or not 0 <= token_id < end:
                 raise EngineRequestError(f"Token id {token_id!r} is out of vocabulary (size {self._vocab_size})")
 
     def id_to_token(self, token_id: int) -> str:
-        """The vocabulary string of `token_id` (byte-level form, e.g. 'Ġhello')."""
+        """The vocabulary string of `token_id` (byte-level form, e.g. 'Ġhello'; `<image>` for the image id)."""
         return self._tokens[token_id]
 
     def token_to_id(self, token: str) -> int:

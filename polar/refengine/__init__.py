@@ -9,7 +9,8 @@ How the parts fit, from the wire inward:
 - `generation` turns a request into sampled tokens: `polar.chat.chat_template` renders the conversation (ChatML,
   Hermes tool calls, `<think>` reasoning), a policy from `policies` decides the assistant turn,
   `polar.chat.tokenizer` (byte-level BPE trained from the shipped corpus) turns it into ids, and max_tokens / stop
-  rules cut them.
+  rules cut them. Images (`image_url` data URLs) render as `<image>` and are 4 ids of 8192 each in the prompt ids,
+  as vLLM serves a VLM (`polar.chat.images`); policies see their pixels (`PolicyRequest.images`).
 - `polar.chat.completion_parser` splits sampled text into reasoning, content and tool calls as vLLM's parsers do;
   `polar.chat.prompt_parser` reads a ChatML prompt back into messages for `/v1/completions`.
 - `capacity` simulates a GPU (`max_num_seqs`, prefill/decode rates) and keeps the `/metrics` counters;

@@ -18,9 +18,10 @@ from typing import Any
 from polar.chat.chat_template import EMPTY_THINK, ChatTemplate, render_assistant_body
 from polar.chat.conversation import Message
 from polar.chat.errors import ContextLengthError, EngineRequestError
-from polar.chat.prompt_parser import parse_prompt
+from polar.chat.images import IMAGE_TOKEN, IMAGE_TOKEN_ID, expand_image_ids, load_image, split_placeholders
+from polar.chat.prompt_parser import ParsedPrompt, parse_prompt
 from polar.chat.tokenizer import IM_END, IM_START, Tokenizer
-from polar.refengine.policies import AssistantTurn, ModelSamples, Policy, PolicyRequest, SamplingParams
+from polar.refengine.policies import AssistantTurn, ModelSamples, Policy, PolicyRequest, SamplingParams, SeenImage
 from polar.refengine.protocol import ChatRequest, CompletionRequest
 from polar.refengine.settings import EngineSettings
 
@@ -66,6 +67,7 @@ class GenerationInput:
     open_prefix: str = ""
     sampling: SamplingParams = field(default_factory=SamplingParams)
     top_logprobs: int = 0
+    images: tuple[SeenImage, ...] = ()  # in the order of their placeholders in the prompt
 
 
 class Generator:
@@ -101,6 +103,7 @@ class Generator:
             request.continue_final_message,
             request.template_kwargs,
         )
+        ids, images = self.tokenize_chat(prompt, request.messages)
         messages, open_prefix = request.messages, ""
         if request.continue_final_message:
             messages, open_prefix = messages[:-1], self._template.open_prefix(messages)
@@ -108,7 +111,8 @@ class Generator:
             open_prefix = EMPTY_THINK
         return GenerationInput(
             prompt_text=prompt,
-            prompt_token_ids=tuple(self._tokenizer.encode(prompt)),
+            prompt_token_ids=tuple(expand_image_ids(ids) if images else ids),
+            images=images,
             messages=messages,
             tools=request.tools,
             tool_choice=request.tool_choice,
@@ -117,17 +121,36 @@ class Generator:
             top_logprobs=request.output.top_logprobs,
         )
 
+    def tokenize_chat(self, prompt: str, messages: Sequence[Message]) -> tuple[list[int], tuple[SeenImage, ...]]:
+        """The ids of a rendered chat prompt, one image id per image (``expand_image_ids`` gives the engine's
+        expanded ids), and the messages' images decoded (a 400 for one that is not an image)."""
+        images = tuple(
+            SeenImage(index, load_image(part, f"messages[{index}]"))
+            for index, message in enumerate(messages)
+            for part in message.images
+        )
+        if not images:
+            return self._tokenizer.encode(prompt), ()
+        return self._tokenizer.encode_images(prompt, len(images)), images
+
     def completion_input(self, request: CompletionRequest) -> GenerationInput:
-        """Read a completion prompt (text or ids) back into the conversation it renders."""
+        """Read a completion prompt (text or ids) back into the conversation it renders. Ids may hold the image id
+        (a VLM's prompt resent as tokens, or vLLM's in ``polar.refengine.vllm``): its images come without pixels."""
         if isinstance(request.prompt, str):
             prompt, ids = request.prompt, tuple(self._tokenizer.encode(request.prompt))
         else:
             ids = request.prompt
-            prompt = self._tokenizer.decode_prompt(ids)
+            prompt = self._tokenizer.decode_prompt(ids, images=True)
         parsed = parse_prompt(prompt)
+        images: tuple[SeenImage, ...] = ()
+        # The text test first: it is cheap, and an agent's token prompt holds tens of thousands of ids. A text prompt
+        # writing <image> holds no image id: it stays text.
+        if IMAGE_TOKEN in prompt and IMAGE_TOKEN_ID in ids:
+            parsed, images = _placeholders(parsed)
         return GenerationInput(
             prompt_text=prompt,
             prompt_token_ids=ids,
+            images=images,
             messages=parsed.messages,
             tools=parsed.tools,
             tool_choice="auto" if parsed.tools else "none",
@@ -203,6 +226,7 @@ class Generator:
             rng=rng,
             thinking=thinking,
             model=self._settings.model,
+            images=job.images,
         )
         turn = self._policy.respond(request)
         if always_think and thinking and turn.reasoning is None and not job.open_prefix:
@@ -281,6 +305,20 @@ class Generator:
                 value = max(_LOGPROB_FLOOR, value - top_rng.expovariate(1.0))
                 alternatives.append((other, value))
         return TokenLogprob(token_id, logprob, tuple(alternatives))
+
+
+def _placeholders(parsed: ParsedPrompt) -> tuple[ParsedPrompt, tuple[SeenImage, ...]]:
+    """The conversation with the image placeholders of its text made images without pixels (the model's own turns
+    hold none)."""
+    messages: list[Message] = []
+    images: list[SeenImage] = []
+    for index, message in enumerate(parsed.messages):
+        if message.role != "assistant":
+            text, parts = split_placeholders(message.content)
+            message = replace(message, content=text, images=parts)
+            images += [SeenImage(index, None) for _ in parts]
+        messages.append(message)
+    return replace(parsed, messages=tuple(messages)), tuple(images)
 
 
 def find_stop(text: str, new_chars: int, stops: Sequence[str]) -> str | None:

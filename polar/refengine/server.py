@@ -22,6 +22,7 @@ from aiohttp import web
 from polar.chat.chat_template import ChatTemplate
 from polar.chat.completion_parser import parse_completion
 from polar.chat.errors import EngineRequestError
+from polar.chat.images import expand_image_ids
 from polar.chat.json_codec import dumps, loads
 from polar.chat.tokenizer import load_tokenizer
 from polar.codec.instance import instance_headers
@@ -188,12 +189,15 @@ async def _tokenize(request: web.Request) -> web.StreamResponse:
     check_model(body.get("model") if isinstance(body, dict) else None, engine.settings.model)
     req = parse_tokenize_request(body)
     tok = engine.generator.tokenizer
-    text = req.prompt
-    if text is None:
+    if req.prompt is not None:
+        ids = tok.encode(req.prompt)
+    else:
         text = engine.generator.template.render(
             req.messages, req.tools, req.add_generation_prompt, req.continue_final_message, req.template_kwargs
         )
-    ids = tok.encode(text)
+        ids, images = engine.generator.tokenize_chat(text, req.messages)
+        if images:  # expanded, as vLLM 0.32's /tokenize of messages is (measured: the same ids as its answer's)
+            ids = expand_image_ids(ids)
     strs = [tok.id_to_token(i) for i in ids] if req.return_token_strs else None
     return web.json_response(
         {"count": len(ids), "max_model_len": engine.settings.max_model_len, "tokens": ids, "token_strs": strs},
@@ -206,7 +210,8 @@ async def _detokenize(request: web.Request) -> web.StreamResponse:
     body = await _body(request)
     check_model(body.get("model") if isinstance(body, dict) else None, engine.settings.model)
     ids = parse_detokenize_request(body)
-    return web.json_response({"prompt": engine.generator.tokenizer.decode(ids)}, dumps=dumps)
+    # The image id decodes to its placeholder, as a VLM's tokenizer (where it is an added token) decodes it.
+    return web.json_response({"prompt": engine.generator.tokenizer.decode(ids, images=True)}, dumps=dumps)
 
 
 async def _models(request: web.Request) -> web.StreamResponse:

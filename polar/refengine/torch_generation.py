@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from polar.chat.chat_template import ChatTemplate
+from polar.chat.errors import EngineRequestError
 from polar.chat.tokenizer import Tokenizer
 from polar.refengine.generation import TOP_LOGPROBS_MAX, Generation, GenerationInput, Generator, TokenLogprob, find_stop
 from polar.refengine.policies import SamplingParams
@@ -65,6 +66,8 @@ class TorchGenerator(Generator):
     def generate(self, job: GenerationInput) -> Generation:
         import torch
 
+        if job.images:
+            raise EngineRequestError("The torch backend's model reads text only: it cannot take images")
         max_tokens = self.check_length(len(job.prompt_token_ids), job.sampling.max_tokens)
         with self._lock, torch.inference_mode():
             self._requests += 1

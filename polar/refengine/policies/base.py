@@ -4,6 +4,10 @@ A policy decides what the reference "model" says. The engine renders the returne
 tokenises it and applies max_tokens / stop strings, so a policy never deals with tokens or the wire protocol.
 Policies are built once per engine from `policy_config` and must be safe to call concurrently (keep no
 per-request state on `self`; use `request.rng` for randomness so a request `seed` reproduces the answer).
+
+A policy sees the conversation's images in `request.images` (`SeenImage`: the message holding each, and its
+pixels and mean colour, `polar.chat.images.LoadedImage`), in the order they appear; a tool result's images arrive in
+the user message after the tool message(s).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from polar.chat.conversation import Message, ToolCall, tool_names
+from polar.chat.images import LoadedImage
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,15 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class SeenImage:
+    """One image of the conversation: the index in `PolicyRequest.messages` of the message holding it, and its
+    pixels; `image` is None where only its placeholder came (a token prompt: ids carry no pixels)."""
+
+    message_index: int
+    image: LoadedImage | None
+
+
+@dataclass(frozen=True)
 class PolicyRequest:
     """Everything a policy sees of one generation request.
 
@@ -46,6 +60,11 @@ class PolicyRequest:
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     thinking: bool = True
     model: str = "polar-reference"
+    images: tuple[SeenImage, ...] = ()
+
+    def images_in(self, index: int) -> tuple[SeenImage, ...]:
+        """The images of message `index`."""
+        return tuple(seen for seen in self.images if seen.message_index == index)
 
     @property
     def tool_names(self) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from polar.errors import PluginNotAllowed
 from polar.refengine.policies.arithmetic import ArithmeticPolicy
 from polar.refengine.policies.base import Policy
 from polar.refengine.policies.echo import EchoPolicy
+from polar.refengine.policies.image_colour import ImageColourPolicy
 from polar.refengine.policies.plan import PlanPolicy
 from polar.refengine.policies.route import RoutePolicy
 from polar.refengine.policies.scripted import ScriptedPolicy
@@ -24,6 +25,7 @@ POLICIES: Mapping[str, PolicyFactory] = {
     "echo": EchoPolicy,
     "tool_user": ToolUserPolicy,
     "plan": PlanPolicy,
+    "image_colour": ImageColourPolicy,
 }
 
 
