@@ -17,7 +17,8 @@ from polar.config import load_config
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--model", default=None,
               help="The served model name (default polar-reference); with --backend vllm, the model directory "
-                   "(default: the tiny local model, built once into the engine cache).")  # fmt: skip
+                   "(default: the tiny local model, built once into the engine cache), or tiny-vlm: the tiny "
+                   "vision-language model (built once too, served as tiny-vlm).")  # fmt: skip
 @click.option("--served-model-name", default=None, help="The served model name (any backend; wins over --model).")
 @click.option("--backend", type=click.Choice(["policy", "torch", "vllm"]), default="policy", show_default=True,
               help="policy: a scripted policy writes the turns; torch: a small seeded Qwen2-style model samples "
@@ -113,13 +114,16 @@ def _serve_vllm(options: dict[str, Any], policy_config: dict[str, Any]) -> None:
             python = install()
             click.echo(f"vLLM {vllm.VLLM_VERSION}: {python}")
             click.echo(f"tiny model: {vllm.ensure_tiny_model(python, seed=options['seed'])}")
+            if options["model"] == vllm.TINY_VLM:
+                click.echo(f"tiny VLM: {vllm.ensure_tiny_vlm(python, seed=options['seed'])}")
             return
-        model = Path(options["model"]) if options["model"] else None
+        tiny_vlm = options["model"] == vllm.TINY_VLM
+        model = Path(options["model"]) if options["model"] and not tiny_vlm else None
         if model is not None and not (model / "config.json").is_file():
             raise click.BadParameter(f"{model} is not a model directory (no config.json)", param_hint="--model")
         server = vllm.VllmServer(
-            host=options["host"], port=options["port"], model=model,
-            served_model_name=options["served_model_name"] or "polar-reference",
+            host=options["host"], port=options["port"], model=model, tiny_vlm=tiny_vlm,
+            served_model_name=options["served_model_name"],
             policy=options["policy"], policy_config=policy_config, plugin_modules=load_config().plugin_modules,
             log_path=options["log_path"], seed=options["seed"], max_model_len=options["max_model_len"],
             extra_args=tuple(shlex.split(options["vllm_args"] or "")),

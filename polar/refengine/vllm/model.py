@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from polar.chat.hf_export import chat_template
@@ -36,16 +37,28 @@ def tiny_model_dir(cache: Path | None = None, seed: int = 0) -> Path:
     from polar.chat.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer().to_json()
-    recipe = json.dumps([_FORMAT, ARCHITECTURE, MAX_MODEL_LEN, seed, chat_template(), tokenizer], sort_keys=True)
-    digest = hashlib.sha256(recipe.encode()).hexdigest()[:12]
-    return (cache or cache_dir()) / "models" / f"polar-tiny-{digest}"
+    recipe = [_FORMAT, ARCHITECTURE, MAX_MODEL_LEN, seed, chat_template(), tokenizer]
+    return recipe_dir(cache, "polar-tiny", recipe)
 
 
 def ensure_tiny_model(python: Path, cache: Path | None = None, seed: int = 0) -> Path:
     """The tiny model's directory, built first by ``python`` (an interpreter with torch and transformers) when the
-    cache lacks it. Built under a lock into a scratch directory that is renamed into place, so a reader never
-    sees half a model."""
-    directory = tiny_model_dir(cache, seed)
+    cache lacks it (see :func:`ensure_built`)."""
+    return ensure_built(
+        tiny_model_dir(cache, seed), python, "polar.refengine.vllm.model", seed, cache, "the tiny model"
+    )
+
+
+def recipe_dir(cache: Path | None, prefix: str, recipe: object) -> Path:
+    """``<cache>/models/<prefix>-<digest>``, the digest (12 hex digits) over ``recipe`` as sorted JSON: everything
+    that goes into the model's directory."""
+    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    return (cache or cache_dir()) / "models" / f"{prefix}-{digest}"
+
+
+def ensure_built(directory: Path, python: Path, module: str, seed: int, cache: Path | None, what: str) -> Path:
+    """``directory``, built first by ``python -m module SCRATCH --seed N`` when it has no ``config.json``. Built
+    under a lock into a scratch directory that is renamed into place, so a reader never sees half a model."""
     if (directory / "config.json").exists():
         return directory
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -54,11 +67,11 @@ def ensure_tiny_model(python: Path, cache: Path | None = None, seed: int = 0) ->
         if not (directory / "config.json").exists():
             scratch = directory.with_name(directory.name + ".partial")
             shutil.rmtree(scratch, ignore_errors=True)
-            command = [str(python), "-m", "polar.refengine.vllm.model", str(scratch), "--seed", str(seed)]
+            command = [str(python), "-m", module, str(scratch), "--seed", str(seed)]
             env = {**os.environ, "PYTHONPATH": pythonpath(os.environ, cache)}
             done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, timeout=600)
             if done.returncode != 0:
-                raise RuntimeFailure(f"building the tiny model failed: {done.stderr.strip()[-2000:]}")
+                raise RuntimeFailure(f"building {what} failed: {done.stderr.strip()[-2000:]}")
             scratch.rename(directory)
     return directory
 
@@ -73,12 +86,17 @@ def build(directory: Path, seed: int = 0) -> Path:
     return directory
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Build the tiny model real vLLM serves (polar engine --backend vllm).")
+def build_main(builder: Callable[[Path, int], Path], description: str) -> None:
+    """The command line of a model's builder: ``DIRECTORY [--seed N]``; prints the directory built."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("directory", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     arguments = parser.parse_args()
-    print(build(arguments.directory, arguments.seed))
+    print(builder(arguments.directory, arguments.seed))
+
+
+def main() -> None:
+    build_main(build, "Build the tiny model real vLLM serves (polar engine --backend vllm).")
 
 
 if __name__ == "__main__":
