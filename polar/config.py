@@ -99,6 +99,15 @@ class Config:
     max_json_values: int = 1_000_000
     # The bytes of bodies one proxy process parses at once, across sessions (polar.proxy.parse_budget).
     proxy_parse_bytes: int = 256 * 1024 * 1024
+    # Images a call may carry (polar.proxy.images): bytes and pixels of one, how many in one call (its whole
+    # conversation), how many different ones in a session; whether URLs may be sent for the engine to fetch (off: a
+    # sandboxed policy must not make Polar's engines fetch for it); the image token when the engine's is not probed.
+    max_image_bytes: int = 10 * 1024 * 1024
+    max_image_pixels: int = 40_000_000
+    max_images_per_call: int = 32
+    max_images_per_session: int = 256
+    image_urls: bool = False
+    image_token_id: int | None = None
     # Module prefixes whose ``module:attr`` import paths tasks may name (polar.codec.import_path); none by default.
     plugin_modules: tuple[str, ...] = ()
     # The ``chat_template_kwargs`` keys clients may send the engine (polar.proxy.template_kwargs).
@@ -392,6 +401,12 @@ def load_config(env: Mapping[str, str] | None = None, cwd: Path | None = None) -
         max_count_tokens_bytes=_positive_int(env, "POLAR_MAX_COUNT_TOKENS_BYTES", base.max_count_tokens_bytes),
         max_json_values=_positive_int(env, "POLAR_MAX_JSON_VALUES", base.max_json_values),
         proxy_parse_bytes=_positive_int(env, "POLAR_PROXY_PARSE_BYTES", base.proxy_parse_bytes),
+        max_image_bytes=_positive_int(env, "POLAR_MAX_IMAGE_BYTES", base.max_image_bytes),
+        max_image_pixels=_positive_int(env, "POLAR_MAX_IMAGE_PIXELS", base.max_image_pixels),
+        max_images_per_call=_positive_int(env, "POLAR_MAX_IMAGES_PER_CALL", base.max_images_per_call),
+        max_images_per_session=_positive_int(env, "POLAR_MAX_IMAGES_PER_SESSION", base.max_images_per_session),
+        image_urls=_flag(env, "POLAR_IMAGE_URLS", base.image_urls),
+        image_token_id=_optional_positive_int(env, "POLAR_IMAGE_TOKEN_ID"),
         plugin_modules=_names(env, "POLAR_PLUGIN_MODULES"),
         chat_template_kwargs=_names(env, "POLAR_CHAT_TEMPLATE_KWARGS", base.chat_template_kwargs),
         callback_allow=_callback_allow(env),

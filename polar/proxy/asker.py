@@ -20,6 +20,7 @@ from polar.fleet.renderers import ChatRenderer
 from polar.protocols import EngineAnswer
 from polar.proxy import tito, tito_tails
 from polar.proxy.call import ProxyCall
+from polar.proxy.images import ImageTokens
 from polar.proxy.prompt_ids import KnownPrompts
 from polar.proxy.tito_tips import TipStore, tip_store
 from polar.storage.database import Database
@@ -37,6 +38,7 @@ class EngineAsker:
         self.tips: TipStore = tip_store(config.redis_url)
         self.tails = tito_tails.TailRenders()
         self.prompts = KnownPrompts()
+        self.image_tokens = ImageTokens(config)
         self._renderer: ChatRenderer | None = None
 
     def renderer(self) -> ChatRenderer:
@@ -71,8 +73,11 @@ class EngineAsker:
         return self._tito[session_id]
 
     def link(self, engine: ModuleType, call: ProxyCall, chat_body: dict[str, Any]) -> tito.ChainLink | None:
-        """The TITO chain this call continues, when its task asked for TITO and its engine takes token prompts."""
-        if not engine.TOKEN_IN or not self.tito_enabled(call.session_id):
+        """The TITO chain this call continues, when its task asked for TITO and its engine takes token prompts.
+        None for a call with images: a token prompt carries no pixels, and the ids the engine reports for one are
+        expanded (one per vision embedding) where its processor expects one placeholder; such a call is asked from
+        its messages, and its media entries say so (``tito``)."""
+        if not engine.TOKEN_IN or not self.tito_enabled(call.session_id) or call.request.options.get("images"):
             return None
         messages, tools = chat_body.get("messages") or [], chat_body.get("tools") or []
         session_id, agent = call.session_id, call.agent
@@ -109,8 +114,8 @@ class EngineAsker:
     ) -> None:
         """Keep this answered call as its agent's newest TITO chain tip, so the next call finds it without reading
         the session back."""
-        if not engine.TOKEN_IN or not self.tito_enabled(call.session_id):
-            return
+        if not engine.TOKEN_IN or not self.tito_enabled(call.session_id) or call.request.options.get("images"):
+            return  # a later token prompt must not continue expanded image ids (see ``link``)
         found = tito.tip_of(call_id, chat_body, answer)
         if found is not None:
             self.tips.remember(call.session_id, call.agent, found, call.keep_s)
@@ -119,6 +124,21 @@ class EngineAsker:
         engine = self.backend(session_id)
         request = EngineRequest(self.engines, session_id, body, self.config.served_model, self.renderer)
         return engine.count_tokens(request, body)
+
+    def image_token(self, session_id: uuid.UUID, model: str | None) -> int | None:
+        """The id of the image token the session's engine expands images into (``polar.proxy.images``); None when
+        it cannot be told. An engine that cannot answer the probe only leaves this call's spans out."""
+        address = self.route(session_id)
+
+        def tokenize(body: dict[str, Any]) -> list[int] | None:
+            try:
+                reply = self.count_tokens(session_id, {**body, **({"model": model} if model else {})})
+            except EngineError:
+                return None
+            tokens = reply.body.get("tokens") if reply.status_code == 200 and isinstance(reply.body, dict) else None
+            return tokens if isinstance(tokens, list) else None
+
+        return self.image_tokens.of(address.url, model, tokenize)
 
     def model_names(self) -> list[str]:
         if self.config.served_model:

@@ -20,6 +20,8 @@ from polar.errors import EngineError, PolarError
 from polar.fleet.engines import EngineReply
 from polar.protocols import EngineAnswer, without_routed_experts
 from polar.proxy.call import ProxyCall
+from polar.proxy.images import stored_images
+from polar.storage import media
 from polar.storage.calls.recent import RecentCalls
 from polar.storage.calls.write import CallRecord, Parents, mark_undelivered, read_parents, record_call
 from polar.storage.database import Database
@@ -63,6 +65,7 @@ class CallRecorder:
         self.config = config
         self.db = db
         self.recent = RecentCalls()  # each session's latest calls, as parents of its next (polar.storage.calls.recent)
+        self.media = media.MediaStore()
         self._parent_readers = ThreadPoolExecutor(PARENT_READERS, thread_name_prefix="proxy-parents")
         self._parent_slots = threading.BoundedSemaphore(PARENT_READERS)
 
@@ -76,8 +79,24 @@ class CallRecorder:
         parents: Parents | None = None,
         insert_on: EarlyConnection | None = None,
         failure_kind: str | None = None,
+        image_token_id: int | None = None,
+        tito_fallback: bool = False,
     ) -> uuid.UUID:
+        """Store the call (riding out an outage, then refusing). A call with images stores their bytes once and
+        references in its payloads, and lists them with their spans in the prompt (``image_token_id``: the engine's
+        image token; ``tito_fallback``: asked from its messages although its session uses TITO)."""
         answer = EngineAnswer(reply.body) if reply.status_code == 200 else None
+        images = call.request.options.get("images") or ()
+        request, normalized = call.body, engine_body
+        entries = None
+        if images:  # the bytes stored once, the payloads holding references (polar.storage.media)
+            stored = stored_images(images)
+            ride_out_or_refuse(lambda: self._store_media(stored), self.config.db_outage_s)
+            request, normalized = media.stripped(call.body, stored), media.stripped(engine_body, stored)
+            model = (reply.body or {}).get("model") if answer else call.request.model
+            entries = media.media_entries(images, answer.prompt_token_ids if answer else [], image_token_id, model)
+            if tito_fallback:
+                entries = [{**entry, "tito": "chat"} for entry in entries]
         record = CallRecord(
             session_id=call.session_id,
             agent=call.agent,
@@ -93,20 +112,28 @@ class CallRecorder:
             engine_latency_ms=reply.latency_ms,
             engine_url=reply.url,
             policy_version=call.policy_version,
-            request=call.body,
-            normalized_request=engine_body,
+            request=request,
+            normalized_request=normalized,
             response=without_routed_experts(reply.body),
             engine_kind=reply.kind if reply.url is not None else None,
             routed_experts=answer.routed_experts if answer else None,
             sampling=sampling,
             synthesized=synthesized,
             failure_kind=failure_kind,
+            media=entries,
         )
         # The same call id on every try: a commit whose acknowledgement was lost is not stored twice.
         call_id = uuid.uuid4()
         within_s = self.config.db_outage_s
         ride_out_or_refuse(lambda: record_call(self.db, record, call_id, parents, self.recent, insert_on), within_s)
         return call_id
+
+    def _store_media(self, images: list[media.StoredImage]) -> None:
+        if not self.media.unknown(images):
+            return
+        with self.db.engine.begin() as connection:
+            self.media.store(connection, images)
+        self.media.remember(image.sha256 for image in images)
 
     def record_failure(
         self, call: ProxyCall, engine_body: dict[str, Any], exc: EngineError, sampling: dict[str, Any],

@@ -58,6 +58,7 @@ from polar.fleet.engines import EnginePool, EngineReply
 from polar.observability.metrics import PAUSED, ProxyMetrics
 from polar.protocols import ClientRequest, Detected, EngineAnswer, RequestContext, continued_answer
 from polar.proxy import budget
+from polar.proxy import images as image_bounds
 from polar.proxy.admission import Admission
 from polar.proxy.asker import EngineAsker
 from polar.proxy.body_limits import check_length, check_values, request_cap
@@ -185,6 +186,7 @@ class ProxyService:
                 request = protocol.normalize(body, context)
                 _check_label(request.model, "model")
                 check_template_kwargs(request.engine_body, self.config.chat_template_kwargs)
+                self._check_images(session_id, request)
             return self._generate(protocol, session_id, limits, sampling_mode, agent, body, request, len(data))
         except PolarError as exc:
             return self._refuse(protocol, key, session_id, exc)
@@ -194,6 +196,12 @@ class ProxyService:
             # A read that reached for the database without riding out an outage: refused as an outage, on record.
             outage = CaptureFailed(f"Polar could not reach its database: {type(exc.orig).__name__}; retry")
             return self._refuse(protocol, key, session_id, outage)
+
+    def _check_images(self, session_id: uuid.UUID, request: ClientRequest) -> None:
+        images = request.options.get("images") or ()
+        if images:
+            image_bounds.check_call(images, self.config)
+            image_bounds.check_session(self.db, session_id, images, self.config.max_images_per_session)
 
     def _refuse(
         self, protocol: ModuleType, key: str | None, session_id: uuid.UUID | None, exc: PolarError
@@ -298,12 +306,14 @@ class ProxyService:
         link = self.asker.link(engine, call, chat_body)
         engine_body = capture_fields(chat_body)  # what a failed call is recorded as sent
         parents = None
+        images = call.request.options.get("images") or ()
         try:
             request = self.asker.request(call, chat_body, link)
             if call.size >= PREFETCH_FROM_BYTES:
                 # The parents are read while the engine works; what it is sent is stored with them when known now.
                 planned = engine.planned(request)
-                early = {} if planned is None else {"request": call.body, "normalized_request": planned}
+                # A call with images stores references in their place (polar.storage.media): not these bodies.
+                early = {} if planned is None or images else {"request": call.body, "normalized_request": planned}
                 parents = self.recorder.parents_soon(call.session_id, call.agent, early, request.prompt)
                 request = self.asker.waking(request, waking(insert_on, parents))
             asked = engine.ask(request)
@@ -322,7 +332,14 @@ class ProxyService:
         read = parents_read(parents)
         if read is not None and asked.refitted:
             read = replace(read, payloads={})  # asked again with its token cap fitted: not what was stored early
-        call_id = self.recorder.record(call, engine_body, reply, sampling, parents=read, insert_on=insert_on)
+        token_id, tito_fallback = None, False
+        if images and reply.status_code == 200:
+            token_id = self.asker.image_token(call.session_id, (reply.body or {}).get("model"))
+            tito_fallback = engine.TOKEN_IN and self.asker.tito_enabled(call.session_id)
+        call_id = self.recorder.record(
+            call, engine_body, reply, sampling, parents=read, insert_on=insert_on, image_token_id=token_id,
+            tito_fallback=tito_fallback,
+        )  # fmt: skip
         capture_s, total_s = time.perf_counter() - captured, time.perf_counter() - call.started
         self.metrics.timed(protocol.PROVIDER, reply.latency_ms / 1000, capture_s, total_s)
         # Where the proxy's time went, for clients and benchmarks (W3C Server-Timing).

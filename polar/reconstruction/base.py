@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -16,6 +16,8 @@ class CapturedCall:
     completion_token_ids: Sequence[int]
     logprobs: Sequence[float]
     finish_reason: str | None
+    # Its images (``ModelCall.media``: sha256, media_type, offset and length in its prompt ids, …), in prompt order.
+    media: Sequence[Mapping[str, Any]] = ()
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,9 @@ class TrajectoryData:
     main: bool = True
     # Its segment of the session's rollout: index, edge, parent, evidence (``polar.reconstruction.segments``).
     segment: dict[str, Any] | None = None
+    # Its images' spans: ``sha256``, ``call_id`` (the call that brought it in), ``offset`` and ``length`` in
+    # ``token_ids``, ``media_type``; empty without images.
+    media: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Reconstruction(Protocol):

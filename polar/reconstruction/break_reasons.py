@@ -14,6 +14,9 @@ saw and answered with what the breaking call sent.
   when the opening is the same, it is judged like any other break below (compaction right after the task looks
   like a new conversation to tokens alone).
 - ``tools_changed``: the offered tools differ (they are rendered into the prompt).
+- ``media_dropped`` / ``media_changed``: as many messages or more, and a message's images differ (the stored
+  messages refer to each image by its sha256, ``polar.storage.media``): one the chain saw is gone (a harness that
+  drops or elides old screenshots), or another image took its place.
 - ``compaction``: fewer messages than before and different ones: earlier turns replaced by a summary.
 - ``truncation``: the messages are a strict prefix of before: history cut back (a rewind, a retried turn).
 - ``tool_result_rewritten``, ``history_rewritten`` (a system or user message changed, e.g. an injected
@@ -39,6 +42,7 @@ import orjson
 from polar.chat.conversation import Message, ToolCall, normalise_messages
 from polar.chat.errors import MessageFormatError
 from polar.storage.calls.read import chat_form
+from polar.storage.media import references
 
 NEW_CHAIN = frozenset({"new_conversation", "parallel"})
 UNEXPLAINED = frozenset({"diverged", "shorter_prompt"})
@@ -115,7 +119,24 @@ def explain(
     if old is None or new is None:
         return record
     reason, index, detail = _judge(record["reason"], old, new, list(tools_before) != list(tools_after), sampled)
+    if reason not in NEW_CHAIN and reason != "tools_changed" and len(new) >= len(old):
+        reason, index, detail = _media_judged(before, after) or (reason, index, detail)
     return {**record, "reason": reason, "message_index": index, "detail": detail}
+
+
+def _media_judged(before: Sequence[Any] | None, after: Sequence[Any] | None) -> tuple[str, int, str] | None:
+    """``media_dropped`` or ``media_changed`` at the first message of ``before`` whose images ``after`` does not
+    send alike; None when every message sends the same images."""
+    old = [references(m) for m in before or ()]
+    new = [references(m) for m in after or ()]
+    for index, (was, now) in enumerate(zip(old, new, strict=False)):
+        if was == now:
+            continue
+        gone = [sha for sha in was if sha not in now]
+        if gone and len(now) < len(was):
+            return "media_dropped", index, f"message {index} no longer sends {len(gone)} of its {len(was)} images"
+        return "media_changed", index, f"message {index} sends other images than before"
+    return None
 
 
 def _plain(messages: Sequence[Any] | None) -> tuple[Message, ...] | None:

@@ -78,12 +78,20 @@ class _Chain:
     finish_reasons: list[str | None] = field(default_factory=list)
     breaks: list[dict[str, Any]] = field(default_factory=list)
     spans: list[list[int]] = field(default_factory=list)
+    media: list[dict[str, Any]] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
     def append(self, call: CapturedCall, prompt: list[int]) -> None:
         interstitial = prompt[len(self.token_ids) :]
         completion = list(call.completion_token_ids)
+        # The images this call's prompt adds (those before it were brought in by the calls it extends).
+        self.media += [
+            {"sha256": m["sha256"], "call_id": call.call_id, "offset": m["offset"], "length": m["length"],
+             "media_type": m.get("media_type")}
+            for m in call.media
+            if m.get("offset") is not None and m["offset"] >= len(self.token_ids)
+        ]  # fmt: skip
         self.token_ids += interstitial
         self.spans.append([len(self.token_ids), len(self.token_ids) + len(completion)])
         self.token_ids += completion
@@ -113,6 +121,7 @@ class _Chain:
                 "num_breaks": len(self.breaks),
                 "breaks": self.breaks,
             },
+            media=self.media,
         )
 
 

@@ -44,6 +44,7 @@ from polar.records.audit import record
 from polar.storage import db_clock
 from polar.storage.calls.retention import counted_calls, delete_calls, strip_bodies, strippable_calls
 from polar.storage.database import Database
+from polar.storage.media import delete_unreferenced
 from polar.storage.models import AuditEvent, Batch, CallbackEvent, Session, SessionEvent, Task, Trajectory
 
 ACTOR = "cli:gc"
@@ -100,6 +101,8 @@ class GcCounts:
     tasks: int = 0
     callback_events: int = 0
     payload_bytes: int = 0
+    images: int = 0  # stored images no call or trajectory names any more (``polar.storage.media``)
+    image_bytes: int = 0
 
     def __add__(self, other: GcCounts) -> GcCounts:
         return GcCounts(*(getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)))
@@ -108,12 +111,13 @@ class GcCounts:
         """``3 sessions, 6 calls, 3 trajectories, 21 events, 48.2 kB of call bodies`` (keeping trajectories: the
         calls emptied and their bytes)."""
         bodies = f"{_size(self.payload_bytes)} of call bodies"
+        images = f", {_plural(self.images, 'image')} ({_size(self.image_bytes)})" if self.images else ""
         if keep_trajectories:
-            return f"{_plural(self.calls, 'call')}, {bodies}"
+            return f"{_plural(self.calls, 'call')}, {bodies}{images}"
         return (
             f"{_plural(self.sessions, 'session')}, {_plural(self.calls, 'call')}, "
             f"{_plural(self.trajectories, 'trajectory', 'trajectories')}, {_plural(self.session_events, 'event')}, "
-            f"{bodies}"
+            f"{bodies}{images}"
         )
 
 
@@ -148,6 +152,12 @@ def collect_garbage(database: Database, policy: RetentionPolicy, progress: Progr
         if progress is not None:
             progress(batch_id, done, True)
         total += done
+    if not policy.dry_run and database.is_postgres:
+        # Images are shared across sessions and batches: one no call and no trajectory names any more goes
+        # (only one stored before the cutoff, so none a call being recorded now has just written).
+        with database.engine.begin() as connection:
+            images, image_bytes = delete_unreferenced(connection, cutoff)
+        total += GcCounts(images=images, image_bytes=image_bytes)
     return total
 
 

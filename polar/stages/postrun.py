@@ -70,7 +70,9 @@ def captured_calls(services: Services, session_id: uuid.UUID) -> list[CapturedCa
         rows = answered_calls(db, session_id)
     prompts = prompt_views(rows)
     return [
-        CapturedCall(str(r.id), r.seq, r.agent, prompts[r.id], r.completion_token_ids, r.logprobs, r.finish_reason)
+        CapturedCall(
+            str(r.id), r.seq, r.agent, prompts[r.id], r.completion_token_ids, r.logprobs, r.finish_reason, r.media or ()
+        )
         for r in rows
     ]
 
@@ -317,6 +319,7 @@ def _store(
                         stats=storable(trajectory.stats) if clean else trajectory.stats,
                         main=trajectory.main,
                         segment=storable(trajectory.segment) if clean and trajectory.segment else trajectory.segment,
+                        media=trajectory.media or None,
                     )
                 )
             retried = _settle(db, services, claimed, ending)

@@ -175,6 +175,7 @@ class ModelCall(Base):
         sa.Index("ix_model_calls_payload_parent_id", "payload_parent_id"),
         _partial_index("ix_model_calls_spans_policy_update", "session_id", where="spans_policy_update"),
         _partial_index("ix_model_calls_routed_experts", "session_id", where="routed_experts IS NOT NULL"),
+        _partial_index("ix_model_calls_media", "session_id", where="media IS NOT NULL"),
     )
 
     id: Mapped[uuid.UUID] = _uuid()
@@ -203,6 +204,9 @@ class ModelCall(Base):
     chain_hash: Mapped[str | None] = mapped_column(sa.Text())
     # vLLM's per-token expert routing of the call (.npy bytes; mixture-of-experts models only): migration 0014.
     routed_experts: Mapped[bytes | None] = mapped_column(sa.LargeBinary())
+    # Its images in prompt order (polar.storage.media): sha256, media_type, message_index, source, and the span
+    # (offset, length) of each in the expanded prompt ids. NULL without images (and before migration 0023).
+    media: Mapped[list[dict[str, Any]] | None] = mapped_column(json_document())
     # Set: request, normalized_request and response are deltas on this call's (polar.storage.payloads), which
     # payload_index (hashes of this call's own payloads) lets a later call diff against without reading them.
     payload_parent_id: Mapped[uuid.UUID | None] = mapped_column(sa.ForeignKey("model_calls.id"))
@@ -248,10 +252,27 @@ class Trajectory(Base):
     # Its segment of the rollout (polar.reconstruction.segments): index, edge, parent, call_id, tool_call_id,
     # evidence, trainable. NULL for rows stored before migration 0022.
     segment: Mapped[dict[str, Any] | None] = mapped_column(json_document())
+    # Its images' spans, offsets into token_ids (polar.reconstruction.prefix_merging): sha256, call_id, offset,
+    # length, media_type. NULL without images (and before migration 0023).
+    media: Mapped[list[dict[str, Any]] | None] = mapped_column(json_document())
     created_at: Mapped[datetime] = _created()
     # The row's part of its feed item as JSON text, written by a trigger on Postgres (migration 0019; the feed reads
     # it), NULL on SQLite and for rows stored before it. Not loaded with the row.
     feed_json: Mapped[str | None] = mapped_column(sa.Text(), deferred=True)
+
+
+class MediaObject(Base):
+    """An image's bytes, stored once per deployment under their sha256 (``polar.storage.media`` owns the table)."""
+
+    __tablename__ = "media_objects"
+
+    sha256: Mapped[str] = mapped_column(sa.Text(), primary_key=True)
+    media_type: Mapped[str] = mapped_column(sa.Text(), nullable=False)
+    size: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
+    width: Mapped[int | None] = mapped_column(sa.Integer())
+    height: Mapped[int | None] = mapped_column(sa.Integer())
+    data: Mapped[bytes] = mapped_column(sa.LargeBinary(), nullable=False)
+    created_at: Mapped[datetime] = _created()
 
 
 class SessionEvent(Base):

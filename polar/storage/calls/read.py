@@ -48,14 +48,14 @@ CALL_COLUMNS = (
     ModelCall.finish_reason, ModelCall.status_code, ModelCall.latency_ms, ModelCall.engine_latency_ms,
     ModelCall.policy_version, ModelCall.created_at, ModelCall.delivered, ModelCall.policy_version_end,
     ModelCall.spans_policy_update, ModelCall.engine_kind, ModelCall.routed_experts, ModelCall.sampling,
-    ModelCall.synthesized,
+    ModelCall.synthesized, ModelCall.media,
 )  # fmt: skip
 # What the inspection pages show of a call besides its payloads (``polar.inspection.calls``).
 SUMMARY_COLUMNS = (
     ModelCall.session_id, ModelCall.agent, ModelCall.provider, ModelCall.model, ModelCall.stream,
     ModelCall.prompt_len, ModelCall.finish_reason, ModelCall.status_code, ModelCall.latency_ms,
     ModelCall.engine_latency_ms, ModelCall.engine_url, ModelCall.policy_version, ModelCall.created_at,
-    ModelCall.policy_version_end, ModelCall.spans_policy_update, ModelCall.engine_kind,
+    ModelCall.policy_version_end, ModelCall.spans_policy_update, ModelCall.engine_kind, ModelCall.media,
 )  # fmt: skip
 # What TITO reads of every call of a session to find the answer a request resends (``polar.proxy.tito``).
 ANSWER_COLUMNS = (ModelCall.agent, ModelCall.status_code, ModelCall.finish_reason)
@@ -204,6 +204,7 @@ def answered_calls(db: Any, session_id: uuid.UUID) -> Sequence[Any]:
             ModelCall.completion_token_ids,
             ModelCall.logprobs,
             ModelCall.finish_reason,
+            ModelCall.media,
         )
         .where(*_answered(session_id))
         .order_by(ModelCall.seq)

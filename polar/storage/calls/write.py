@@ -184,6 +184,7 @@ class CallRecord:
     sampling: dict[str, Any] | None = None  # {"requested": …, "used": …} (polar.proxy.sampling)
     synthesized: bool = False  # Polar's own answer, no model tokens (polar.proxy.budget)
     failure_kind: str | None = None  # why the engine failed the call (``ModelCall.failure_kind``)
+    media: list[dict[str, Any]] | None = None  # its images and their spans (``polar.storage.media``)
 
 
 @dataclass(frozen=True)

@@ -98,3 +98,28 @@ def test_same_history_ignores_what_the_model_said_only() -> None:
     assert not same_history(
         BEFORE[:4], [SYSTEM, {"role": "user", "content": [{"type": "image_url"}]}, call(0), result(0)]
     )
+
+
+def _shot(sha: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": f"data:image/png;polar-media,{sha}"}}
+
+
+def _look(n: int, *shas: str) -> dict[str, Any]:
+    return {"role": "user", "content": [*(_shot(s) for s in shas), {"type": "text", "text": f"screen {n}"}]}
+
+
+RED, BLUE = "a" * 64, "b" * 64
+
+
+def test_an_old_screenshot_dropped_or_replaced_is_a_media_break() -> None:
+    before = [SYSTEM, TASK, call(0), _look(0, RED), call(1)]
+    elided = [SYSTEM, TASK, call(0), {"role": "user", "content": [{"type": "text", "text": "screen 0"}]}, call(1),
+              _look(1, BLUE)]  # fmt: skip
+    dropped = explain({"reason": "diverged", "position": 7}, before, elided)
+    assert dropped["reason"] == "media_dropped" and dropped["message_index"] == 3
+    swapped = [SYSTEM, TASK, call(0), _look(0, BLUE), call(1), _look(1, BLUE)]
+    changed = explain({"reason": "diverged", "position": 7}, before, swapped)
+    assert changed["reason"] == "media_changed" and changed["message_index"] == 3
+    # The same images resent: not a media break (the tokens differ for another reason).
+    same = explain({"reason": "diverged", "position": 7}, before, [*before, _look(1, BLUE)], sampled=True)
+    assert same["reason"] not in {"media_dropped", "media_changed"}

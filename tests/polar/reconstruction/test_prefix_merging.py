@@ -294,3 +294,29 @@ def test_logprobs_stay_aligned_with_tokens(logprobs: list[float]) -> None:
 
 def test_no_calls() -> None:
     assert reconstruct([]) == []
+
+
+IMAGE = 8192
+
+
+def _image(sha: str, offset: int) -> dict[str, object]:
+    return {"sha256": sha, "offset": offset, "length": 4, "media_type": "image/png", "source": "user"}
+
+
+def test_images_are_spans_of_the_trajectory_each_from_the_call_that_brought_it() -> None:
+    first_prompt = [*turn(SYSTEM, 100), *turn(USER, IMAGE, IMAGE, IMAGE, IMAGE, 101), *cue()]
+    first = CapturedCall("a", 1, None, first_prompt, [200, END], [-0.1, -0.2], "stop",
+                         [_image("red", first_prompt.index(IMAGE))])  # fmt: skip
+    second_prompt = [*first_prompt, 200, END, NL, *turn(USER, 102, IMAGE, IMAGE, IMAGE, IMAGE), *cue()]
+    offset = len(first_prompt) + 3 + 4  # after the answer, its END and NL, and the user turn's opening and 102
+    second = CapturedCall("b", 2, None, second_prompt, [201, END], [-0.3, -0.4], "stop",
+                          [_image("red", first_prompt.index(IMAGE)), _image("blue", offset)])  # fmt: skip
+    (trajectory,) = reconstruct([first, second])
+    assert [(m["sha256"], m["call_id"], m["offset"]) for m in trajectory.media] == [
+        ("red", "a", first_prompt.index(IMAGE)),
+        ("blue", "b", offset),
+    ]
+    for span in trajectory.media:
+        assert trajectory.token_ids[span["offset"] : span["offset"] + span["length"]] == [IMAGE] * 4
+        assert set(trajectory.loss_mask[span["offset"] : span["offset"] + span["length"]]) == {0}
+    assert reconstruct([call(1, first_prompt, [200, END])])[0].media == []
