@@ -122,6 +122,16 @@ class PolarClient:
     def trajectories(self, session_id: str) -> list[dict[str, Any]]:
         return self._call("GET", f"/v1/sessions/{session_id}/trajectories")["items"]  # type: ignore[no-any-return]
 
+    def media(self, sha256: str) -> tuple[bytes, str]:
+        """An image a trajectory's ``media`` names: its bytes and media type (``GET /v1/media/{sha256}``)."""
+        try:
+            response = self._http.get(f"/v1/media/{sha256}")
+        except httpx.HTTPError as exc:
+            raise APIError(0, f"cannot reach {self._http.base_url}: {exc}") from exc
+        if response.status_code >= 400:
+            raise APIError(response.status_code, _error_message(response))
+        return response.content, response.headers.get("content-type", "application/octet-stream")
+
     def download(
         self, batch_id: str, kind: str, fmt: str, min_reward: float | None, path: Path
     ) -> dict[str, float | int]:

@@ -4,7 +4,8 @@
 
     {"schema_version": 1, "rollout_id": <session id>, "builder": "prefix_merging",
      "traces": [{"trace_id", "model_call_ids", "token_ids", "generation_logprobs", "loss_mask",
-                 "sampled_spans": [{"model_call_id", "start", "end"}], "segment": {"index", "edge", "parent"}}]}
+                 "sampled_spans": [{"model_call_id", "start", "end"}], "segment": {"index", "edge", "parent"},
+                 "media_spans": [{"sha256", "model_call_id", "start", "end", "media_type"}]}]}
 
 One trace per trainable segment (``polar.reconstruction.segments``), built from the session's answered calls: a
 segment's calls form one growing sequence, its tokens are its last call's prompt and completion, and each call's
@@ -58,11 +59,23 @@ def training_traces(session_id: uuid.UUID, segments: Sequence[SegmentCalls],
             given = [float(x) if x is not None else 0.0 for x in call["logprobs"][: end - start]]
             logprobs[start:end] = given + [0.0] * (end - start - len(given))  # a capture without logprobs: 0.0
             spans.append({"model_call_id": call["call_id"], "start": start, "end": end})
+        # The trace is its last call's tokens: its images are that call's, each with the call that brought it in.
+        brought: dict[tuple[str, int], str] = {}
+        for call in mine:
+            for m in call.get("media") or ():
+                if m.get("offset") is not None:
+                    brought.setdefault((m["sha256"], m["offset"]), call["call_id"])
+        media = [
+            {"sha256": m["sha256"], "model_call_id": brought[(m["sha256"], m["offset"])], "start": m["offset"],
+             "end": m["offset"] + m["length"], "media_type": m.get("media_type")}
+            for m in last.get("media") or () if m.get("offset") is not None
+        ]  # fmt: skip
         traces.append({
             "trace_id": f"{session_id}:{segment.index}",
             "model_call_ids": [call["call_id"] for call in mine],
             "token_ids": tokens, "generation_logprobs": logprobs, "loss_mask": mask, "sampled_spans": spans,
             "segment": {"index": segment.index, "edge": segment.edge, "parent": segment.parent},
+            "media_spans": media,
         })  # fmt: skip
     return {"schema_version": SCHEMA_VERSION, "rollout_id": str(session_id), "builder": "prefix_merging",
             "traces": traces}  # fmt: skip

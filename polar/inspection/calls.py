@@ -48,6 +48,7 @@ def _summary(call: Any, whole: WholeCall) -> dict[str, Any]:
         "request": whole.request,
         "normalized_request": whole.normalized_request,
         "response": whole.response,
+        "media": call.media or [],  # its images (polar.storage.media), the payloads hold references to them
     }
 
 

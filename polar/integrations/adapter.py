@@ -56,6 +56,8 @@ class Segment:
     logprobs: list[float]
     env_mask: list[int]
     call_ids: list[str]
+    # Its images' spans, offsets into prompt_ids + completion_ids (``PolarClient.media`` fetches the bytes).
+    media: tuple[dict[str, Any], ...] = ()
 
     @property
     def sampled_tokens(self) -> int:
@@ -80,6 +82,8 @@ class Sample:
     left_out: int = 0  # of them, how many were not trainable and not taken (0 with all_chains)
     segments: tuple[Segment, ...] = ()  # every trainable segment, the main one included; empty when masked
     masked: str | None = None  # why no segment is trained on (an unexplained break under segments: strict)
+    # The main segment's images: offsets into prompt_ids + completion_ids, sha256 (``PolarClient.media``), call_id.
+    media: tuple[dict[str, Any], ...] = ()
 
     @property
     def dropped_share(self) -> float:
@@ -129,7 +133,8 @@ def sample_of(items: Sequence[Mapping[str, Any]], all_chains: bool = False) -> S
     return Sample(str(best["task_id"]), int(best["sample_index"]), str(best["session_id"]), int(best["attempt"]),
                   prompt, completion, logprobs, env_mask, None if reward is None else float(reward),
                   [str(c) for c in best["call_ids"]], len(items), len(items) - len(taken),
-                  tuple(_segment(item) for item in taken), masked)  # fmt: skip
+                  tuple(_segment(item) for item in taken), masked,
+                  tuple(best.get("media") or ()))  # fmt: skip
 
 
 def trainable(item: Mapping[str, Any]) -> bool:
@@ -148,7 +153,7 @@ def _segment(item: Mapping[str, Any]) -> Segment:
     prompt, completion, logprobs, env_mask = split_trajectory(item["token_ids"], item["loss_mask"], item["logprobs"])
     segment = item.get("segment") or {}
     return Segment(_segment_index(item), segment.get("edge"), prompt, completion, logprobs, env_mask,
-                   [str(c) for c in item["call_ids"]])  # fmt: skip
+                   [str(c) for c in item["call_ids"]], tuple(item.get("media") or ()))  # fmt: skip
 
 
 class PolarRollouts:

@@ -39,6 +39,8 @@ def schema(kind: Kind) -> pa.Schema:
         # Its segment of the rollout (polar.reconstruction.segments); the evidence as JSON text.
         segment = [("index", pa.int32()), ("edge", pa.string()), ("parent", pa.int32()), ("call_id", pa.string()),
                    ("tool_call_id", pa.string()), ("evidence", pa.string()), ("trainable", pa.bool_())]  # fmt: skip
+        media = [("sha256", pa.string()), ("call_id", pa.string()), ("offset", pa.int32()), ("length", pa.int32()),
+                 ("media_type", pa.string())]  # fmt: skip
         return pa.schema(
             [
                 pa.field("trajectory_id", pa.string(), nullable=False),
@@ -57,6 +59,8 @@ def schema(kind: Kind) -> pa.Schema:
                 pa.field("spans_policy_update", pa.bool_(), nullable=False),
                 pa.field("main", pa.bool_(), nullable=False),
                 pa.field("segment", pa.struct(segment)),
+                # Its images' spans in token_ids (polar.storage.media); the bytes: GET /v1/media/{sha256}.
+                pa.field("media", pa.list_(pa.struct(media)), nullable=False),
             ]
         )
     tool_call = pa.struct(
@@ -76,6 +80,7 @@ def schema(kind: Kind) -> pa.Schema:
             ("name", pa.string()),
         ]
     )
+    image = pa.struct([("sha256", pa.string()), ("media_type", pa.string()), ("data", pa.string())])
     return pa.schema(
         [
             pa.field("session_id", pa.string(), nullable=False),
@@ -84,6 +89,7 @@ def schema(kind: Kind) -> pa.Schema:
             pa.field("reward", pa.float64()),
             pa.field("messages", pa.list_(message), nullable=False),
             pa.field("tools", pa.list_(pa.string()), nullable=False),
+            pa.field("images", pa.list_(image), nullable=False),
         ]
     )
 

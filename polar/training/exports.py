@@ -27,6 +27,7 @@ followed by the assistant message that call returned: a side call made after it 
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from collections.abc import Iterator, Mapping
@@ -40,6 +41,7 @@ from polar.errors import NotFound, ValidationError
 from polar.lifecycle.attempts import is_training_signal
 from polar.lifecycle.groups import group_id
 from polar.services import Services
+from polar.storage import media
 from polar.storage.calls.exports import answer_calls, answer_totals, call_policy_version, spanning_calls, stored_rows
 from polar.storage.calls.read import chat_form, rebuild
 from polar.storage.columns import array_length
@@ -48,6 +50,8 @@ from polar.storage.models import Batch, Session, Task, Trajectory
 Kind = Literal["rl", "sft"]
 KINDS: tuple[Kind, ...] = ("rl", "sft")
 YIELD_PER = 200
+
+IMAGE_PLACEHOLDER = "<image>"  # where an SFT row's message held an image (its ``images`` list them)
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,7 @@ def _rl_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator
             Trajectory.call_ids,
             Trajectory.main,
             Trajectory.segment,
+            Trajectory.media,
         )
         .join(Session, Session.id == Trajectory.session_id)
         .join(Task, Task.id == Session.task_pk)
@@ -180,6 +185,8 @@ def _rl_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterator
             "main": bool(row.main),
             # Its segment of the session's rollout: one reward, one advantage for all of them (docs/training-data.md).
             "segment": row.segment,
+            # Its images' spans in token_ids; each image's bytes: GET /v1/media/{sha256} (docs/training-data.md).
+            "media": row.media or [],
         }
 
 
@@ -196,6 +203,8 @@ def _sft_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterato
             rows = [row for row in by_session.get(session.id, []) if row.seq <= session.seq]
             call = rebuild(rows, {session.call_id}, prompts=False)[session.call_id]
             chat = chat_form(call.normalized_request or {})
+            shas = media.references(chat.get("messages") or [])
+            found = media.load(db.connection(), shas) if shas else {}
             yield {
                 "session_id": str(session.id),
                 "task_id": session.task_id,
@@ -203,6 +212,8 @@ def _sft_rows(db: Any, batch_id: uuid.UUID, min_reward: float | None) -> Iterato
                 "reward": session.reward,
                 "messages": sft_messages(chat, call.response),
                 "tools": [json.dumps(tool, ensure_ascii=False) for tool in chat.get("tools") or []],
+                # The conversation's images in order, one per <image> in its messages' text (docs/training-data.md).
+                "images": [_image(sha, found.get(sha)) for sha in shas],
             }
 
 
@@ -215,14 +226,26 @@ def sft_messages(request: Mapping[str, Any], response: Mapping[str, Any]) -> lis
     return messages
 
 
+def _image(sha256: str, found: media.StoredImage | None) -> dict[str, Any]:
+    """An SFT row's image: its sha256, media type and bytes as base64 (null when it is no longer stored)."""
+    if found is None:
+        return {"sha256": sha256, "media_type": None, "data": None}
+    return {"sha256": sha256, "media_type": found.media_type, "data": base64.b64encode(found.data).decode("ascii")}
+
+
 def _text(content: Any) -> str:
-    """Message content as one string: OpenAI content parts are joined by their text (other parts are dropped)."""
+    """Message content as one string: OpenAI content parts are joined by their text, an image part is ``<image>``
+    where it stood (the row's ``images`` hold them in order), other parts are dropped."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping) and "text" in p)
+        return "".join(
+            IMAGE_PLACEHOLDER if p.get("type") == "image_url" else str(p.get("text", ""))
+            for p in content
+            if isinstance(p, Mapping) and ("text" in p or p.get("type") == "image_url")
+        )
     return json.dumps(content, ensure_ascii=False)
 
 

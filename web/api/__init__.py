@@ -9,7 +9,7 @@ from __future__ import annotations
 from flask import Flask
 
 from polar.config import Config, load_config
-from web.api import batches, engine, engines, exports, health, metrics, openapi, sessions, trajectories
+from web.api import batches, engine, engines, exports, health, media, metrics, openapi, sessions, trajectories
 from web.api.auth import require_tokens
 from web.errors import register_error_handlers
 from web.json_provider import FastJSONProvider
@@ -37,6 +37,7 @@ def create_app(config: Config | None = None) -> Flask:
         trajectories.blueprint,
         engine.blueprint,
         engines.blueprint,
+        media.blueprint,
     ):
         app.register_blueprint(blueprint)
     from web.console import register_console  # here: web.console imports web.api.auth

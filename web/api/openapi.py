@@ -30,7 +30,8 @@ IMPLICIT_METHODS = frozenset({"HEAD", "OPTIONS"})  # Flask answers them for ever
 _CACHE = "polar.openapi"
 _SCHEMAS = "#/components/schemas/{model}"
 _ARGUMENT = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
-_PATH_IDS = {"batch_id": "A batch id (a UUID).", "session_id": "A session id (a UUID)."}
+_PATH_IDS = {"batch_id": "A batch id (a UUID).", "session_id": "A session id (a UUID).",
+             "sha256": "An image's sha256 (64 lower-case hex digits)."}  # fmt: skip
 
 SECURITY = {
     "type": "http",

@@ -234,6 +234,21 @@ OPERATIONS: dict[str, Operation] = {
         },
         params=_EXPORT,
     ),
+    "media.image": Operation(
+        "An image a captured call sent",
+        "feed",
+        "read",
+        {
+            200: Reply(
+                "The image's bytes, with its media type.",
+                content={
+                    t: {"type": "string", "contentEncoding": "binary"}
+                    for t in ("image/png", "image/jpeg", "image/gif", "image/webp")
+                },
+            )
+        },
+        description="By the sha256 a trajectory's, call's or export row's ``media`` names (docs/training-data.md).",
+    ),
     "sessions.show": Operation("One session", "sessions", "read", {200: Reply("The session.", SessionJSON)}),
     "sessions.events": Operation(
         "A session's state changes",

@@ -3,7 +3,8 @@
 /ui/                          batches, newest first (paged: ?offset=)
 /ui/batches/<id>              progress, per task and per node, reward histograms, acceptance, sessions
 /ui/sessions/<id>             facts, timeline of session_events, segments, trajectories, calls (paged: ?calls=)
-/ui/calls/<id>                one call in full
+/ui/calls/<id>                one call in full, its images shown
+/ui/media/<sha256>            an image a call sent (for the call page)
 /ui/trajectories/<id>         the trajectory viewer (paged: ?page=, PAGE_TOKENS tokens a page)
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from flask import current_app, render_template, request
+from flask import Response, current_app, render_template, request
 
 from polar.contract.states import TERMINAL
 from polar.errors import ValidationError
@@ -115,6 +116,13 @@ def session_page(session_id: str) -> str:
 @blueprint.get("/calls/<call_id>")
 def call(call_id: str) -> str:
     return render_template("console/call.html", call=get_call(services(), parse_id(call_id, "call")))
+
+
+@blueprint.get("/media/<sha256>")
+def media(sha256: str) -> Response:
+    from web.api.media import image  # the API's view: the console's login guards it here
+
+    return image(sha256)
 
 
 @blueprint.get("/trajectories/<trajectory_id>")

@@ -22,7 +22,7 @@ from tests.stage_calls import domain_services
 
 RL_COLUMNS = ["trajectory_id", "session_id", "batch_id", "task_id", "sample_index", "group_id", "agent",
               "token_ids", "loss_mask", "logprobs", "reward", "policy_version", "num_calls",
-              "spans_policy_update", "main", "segment"]  # fmt: skip
+              "spans_policy_update", "main", "segment", "media"]  # fmt: skip
 TOOL = {"type": "function", "function": {"name": "calc", "parameters": {"type": "object", "properties": {}}}}
 
 
@@ -160,7 +160,8 @@ def test_sft_rows_use_last_successful_call(services: Services) -> None:
     rows = list(export_rows(services, f.batch_id, "sft", None))
     assert [r["session_id"] for r in rows] == [str(good), str(low)]
     row = rows[0]
-    assert list(row) == ["session_id", "task_id", "sample_index", "reward", "messages", "tools"]
+    assert list(row) == ["session_id", "task_id", "sample_index", "reward", "messages", "tools", "images"]
+    assert row["images"] == []  # a conversation without images (tests/e2e/test_images.py exports some)
     assert [json.loads(t) for t in row["tools"]] == [TOOL]
     roles = [m["role"] for m in row["messages"]]
     assert roles == ["system", "user", "assistant", "tool", "assistant"]
@@ -203,7 +204,7 @@ def test_writers_round_trip(services: Services, tmp_path: Path) -> None:
     write_jsonl(iter(rows), tmp_path / "rl.jsonl")
     assert [json.loads(line) for line in (tmp_path / "rl.jsonl").read_text().splitlines()] == rows
     assert write_parquet(iter([]), "sft", tmp_path / "empty.parquet") == 0
-    assert pq.read_table(tmp_path / "empty.parquet").column_names[-2:] == ["messages", "tools"]
+    assert pq.read_table(tmp_path / "empty.parquet").column_names[-3:] == ["messages", "tools", "images"]
 
 
 def test_unknown_batch_and_kind(services: Services) -> None:

@@ -188,3 +188,20 @@ def test_the_admin_token_leaves_an_audit_trail(app: Flask) -> None:
     assert trail == [("submit", "audited"), ("cancel", "audited"), ("export", "audited")]
     everything = str(sql(app, "SELECT * FROM audit_log")) + str(sql(app, "SELECT submitted_by FROM batches"))
     assert ADMIN not in everything and READ not in everything
+
+
+def test_an_image_is_served_to_both_tokens_and_to_no_one_else(app: Flask) -> None:
+    from polar.storage.media import MediaStore, StoredImage
+
+    data = b"\x89PNG\r\n\x1a\n" + uuid.uuid4().bytes  # the route serves what is stored; it does not decode it
+    sha = hashlib.sha256(data).hexdigest()
+    with app.extensions["polar"].db.engine.begin() as connection:
+        MediaStore().store(connection, [StoredImage(sha, "image/png", data)])
+    client = app.test_client()
+    for token in (ADMIN, READ):
+        answer = client.get(f"/v1/media/{sha}", headers=bearer(token))
+        assert answer.status_code == 200 and answer.data == data and answer.mimetype == "image/png"
+    assert client.get(f"/v1/media/{sha}").status_code == 401
+    assert client.get(f"/v1/media/{sha}", headers=bearer("wrong-" + "c" * 30)).status_code == 401
+    assert client.get(f"/v1/media/{'0' * 64}", headers=bearer(READ)).status_code == 404
+    assert client.get("/v1/media/not-a-sha", headers=bearer(READ)).status_code == 400
