@@ -27,6 +27,8 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+# The most images one task may carry (``TaskRequest.images``).
+MAX_TASK_IMAGES = 16
 # The most times a flaky prepare step may be run again after it failed (``retry_on_failure``).
 MAX_STEP_RETRIES = 5
 
@@ -192,6 +194,20 @@ class TaskRequest(_Strict):
     # min_p or penalties (on-policy RL). Both record what was asked and what was sent (polar.proxy.sampling).
     sampling: Literal["record", "neutralize"] = "record"
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # Images copied into the work directory before the harness starts (polar.runtimes.task_images): a data URL
+    # lands as image-<n>.<ext> (n from 1, its place in the list), a host path under POLAR_COPY_ROOTS under its own
+    # name.
+    images: list[str] = Field(default_factory=list, max_length=MAX_TASK_IMAGES)
+
+    @field_validator("images")
+    @classmethod
+    def _image_sources(cls, images: list[str]) -> list[str]:
+        for index, image in enumerate(images):
+            if "\x00" in image:
+                raise ValueError(f"[{index}]: must not contain a NUL character")
+            if not (image.startswith("data:") or image.startswith("/")):
+                raise ValueError(f"[{index}]: must be a data URL (data:image/png;base64,...) or an absolute host path")
+        return images
 
     @field_validator("task_id")
     @classmethod

@@ -36,6 +36,7 @@ from polar.records.audit import Caller, record
 from polar.records.provenance import batch_provenance
 from polar.runtimes import Availability, check_runtime
 from polar.runtimes.copy_steps import check_task_copies
+from polar.runtimes.task_images import check_task_images
 from polar.services import Services
 from polar.storage import db_clock
 from polar.storage.locks import FEED, exclusive
@@ -72,6 +73,7 @@ def _check_available(request: BatchRequest, config: Config) -> None:
         check_harness(task.harness, f"{prefix}.harness", config.plugin_modules)
         check_evaluator(task.evaluator, f"{prefix}.evaluator", config.plugin_modules)
         check_task_copies(task, config.copy_roots, prefix)
+        check_task_images(task, config.copy_roots, config.max_image_bytes, prefix)
         if task.reconstruction not in RECONSTRUCTIONS:
             available = ", ".join(repr(name) for name in sorted(RECONSTRUCTIONS))
             raise ValidationError(

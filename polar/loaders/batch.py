@@ -13,6 +13,7 @@ API, which knows the installed ones).
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,7 @@ from polar.errors import ValidationError
 from polar.loaders.rows import read_jsonl
 from polar.loaders.swebench import tasks_from_swebench
 from polar.loaders.template import tasks_from_template
+from polar.protocols.images import sniffed_type
 
 _TASK_FIELD = re.compile(r"tasks\[(\d+)\]\.?")
 
@@ -101,6 +103,33 @@ def _batch_file(path: Path, limit: int | None) -> tuple[list[Any], dict[str, Any
     return tasks[:limit] if limit is not None else tasks, batch
 
 
+def _inline_images(task: dict[str, Any], base: Path) -> dict[str, Any]:
+    """A task whose ``images`` name files relative to its rows' file (``red.png``) with those files as data URLs:
+    the submitting machine reads them, so the API needs no copy root for them. Absolute paths and data URLs stay."""
+    images = task.get("images")
+    if not isinstance(images, list) or not any(_relative(image) for image in images):
+        return task
+    inlined = []
+    for index, image in enumerate(images):
+        if not _relative(image):
+            inlined.append(image)
+            continue
+        path = base / image
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ValidationError(f"images[{index}]: cannot read {path}: {exc}", field="images") from exc
+        kind = sniffed_type(data)
+        if kind is None:
+            raise ValidationError(f"images[{index}]: {path} is not a PNG, JPEG, GIF or WEBP image", field="images")
+        inlined.append(f"data:{kind};base64,{base64.b64encode(data).decode('ascii')}")
+    return {**task, "images": inlined}
+
+
+def _relative(image: Any) -> bool:
+    return isinstance(image, str) and bool(image) and not image.startswith(("data:", "/"))
+
+
 def load_batch(
     data: Path,
     *,
@@ -127,7 +156,7 @@ def load_batch(
             text = template.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ValidationError(f"{template}: cannot read: {exc}", field="template") from exc
-        tasks = tasks_from_template(rows, text, str(template))
+        tasks = [_inline_images(task, data.parent) for task in tasks_from_template(rows, text, str(template))]
     else:
         tasks = tasks_from_swebench(rows, image_template)
     wheres = [row.where for row in rows]

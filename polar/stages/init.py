@@ -36,6 +36,7 @@ from polar.lifecycle.transitions import transition
 from polar.runtimes import EVALUATOR_ROLE, SESSION_ROLE, Runtime, create_runtime
 from polar.runtimes.base import command_env
 from polar.runtimes.copy_steps import copy_source
+from polar.runtimes.task_images import copy_task_images
 from polar.services import Services
 from polar.stages.handoff import send_to_postrun
 from polar.stages.lease import Claimed, NodeFull, claim, heartbeat, load
@@ -85,6 +86,15 @@ def _copy(runtime: Runtime, step: CopyStep, roots: Sequence[str]) -> None:
     if not source.exists():
         raise _StepFailed(f"nothing to copy at {step.copy_!r}")
     runtime.copy_in(source, step.to)
+
+
+def _copy_images(runtime: Runtime, claimed: Claimed, services: Services) -> None:
+    """The task's images into the work directory (``polar.runtimes.task_images``), before its prepare steps."""
+    config = services.config
+    try:
+        copy_task_images(runtime, claimed.task, config.copy_roots, config.max_image_bytes)
+    except (ValidationError, UnsafePath) as exc:
+        raise _StepFailed(f"task images: {exc}") from exc
 
 
 def _prepare(
@@ -185,6 +195,7 @@ def init_session(services: Services, session_id: uuid.UUID) -> None:
     with heartbeat(services, session_id, claimed.lease):
         try:
             made.append(_create(services, claimed, claimed.task.runtime, SESSION_ROLE, "runtime_handle"))
+            _copy_images(made[0], claimed, services)
             _prepare(made[0], claimed.task.runtime, claimed, services.config.copy_roots)
             made += [r for r in [_prepare_evaluator_runtime(services, claimed)] if r is not None]
         except _LeaseLost:
