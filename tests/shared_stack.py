@@ -109,6 +109,8 @@ POLICY_ROUTES: dict[str, dict[str, Any]] = {
     "tool_user": {"match": r"(?i)\bcreate\s+\S+\s+containing\s", "policy": "tool_user", "config": {}},
     # tests/e2e/test_generate.py: about half the answers wrong, so the acceptance threshold has something to drop
     "half_right": {"policy": "arithmetic", "config": {"accuracy": 0.5}},
+    # tests/e2e/test_images.py: the colour of the image asked about (sent, or read with the harness's tool)
+    "image_colour": {"policy": "image_colour", "config": {}},
 }
 # A route chosen by the harness's own prompt rather than the instruction (tests/e2e/agents/side_calls.py's title
 # request asks for a "short title").
