@@ -34,7 +34,10 @@ OLD_ROW_JSON = """CREATE OR REPLACE FUNCTION polar_trajectory_json(t trajectorie
             FROM unnest(t.logprobs) WITH ORDINALITY AS u(v, n) ORDER BY n) ELSE t.logprobs END,
         'call_ids', t.call_ids, 'reward', t.reward, 'stats', t.stats, 'main', t.main, 'segment', t.segment)::text
 $$"""
-ROW_JSON = OLD_ROW_JSON.replace("'segment', t.segment)", "'segment', t.segment, 'media', t.media)")
+# ``media`` is [] for a trajectory without images (and for rows stored before this revision).
+ROW_JSON = OLD_ROW_JSON.replace(
+    "'segment', t.segment)", "'segment', t.segment, 'media', coalesce(t.media, '[]'::jsonb))"
+)
 CALL_MEDIA = """CREATE VIEW call_media AS
         SELECT c.session_id, c.id AS call_id, c.seq, m.position - 1 AS position, m.item ->> 'sha256' AS sha256,
                m.item ->> 'media_type' AS media_type, m.item ->> 'source' AS source,

@@ -124,8 +124,8 @@ class CallJSON(TypedDict):
     sampling: dict[str, Any] | None
     synthesized: bool  # True: Polar's final stop reply over the call budget (over_budget: stop), not model tokens
     # Its images in prompt order (polar.storage.media): sha256, media_type, message_index, source, offset and length
-    # in prompt_token_ids, …; None without images. Its payloads hold references in place of the images' base64.
-    media: list[dict[str, Any]] | None
+    # in prompt_token_ids, …; [] without images. Its payloads hold references in place of the images' base64.
+    media: list[dict[str, Any]]
 
 
 @with_config(_CLOSED)
@@ -154,8 +154,8 @@ class TrajectoryJSON(TypedDict):
     # ``call_id``, ``tool_call_id``, ``evidence``, ``trainable``; None for trajectories stored before migration 0022.
     segment: NotRequired[dict[str, Any] | None]
     # Its images' spans (``polar.storage.media``): ``sha256``, ``call_id``, ``offset`` and ``length`` in
-    # ``token_ids``, ``media_type``; None without images (and for trajectories stored before migration 0023).
-    media: NotRequired[list[dict[str, Any]] | None]
+    # ``token_ids``, ``media_type``; [] without images (and for trajectories stored before migration 0023).
+    media: NotRequired[list[dict[str, Any]]]
     # Per call of ``call_ids``, its expert routing (``CallJSON.routed_experts``); None when no call has any. The
     # last call of a prefix-merged trajectory routes every token of the trajectory but the last.
     routed_experts: list[str | None] | None
@@ -293,7 +293,7 @@ def call_json(call: Any, whole: WholeCall) -> CallJSON:
         "routed_experts": _base64(call.routed_experts),
         "sampling": call.sampling,
         "synthesized": bool(call.synthesized),
-        "media": call.media,
+        "media": call.media or [],
     }
 
 
@@ -328,7 +328,7 @@ def stored_trajectory_json(trajectory: Trajectory | Row[Any]) -> dict[str, Any]:
         "stats": trajectory.stats,
         "main": bool(trajectory.main),
         "segment": trajectory.segment,
-        "media": trajectory.media,
+        "media": trajectory.media or [],
     }
 
 

@@ -13,7 +13,8 @@ from polar.contract.task_request import parse_batch_request
 from polar.lifecycle.batches import request_hash, submit_batch
 from polar.records.audit import Caller, actor
 from polar.services import Services
-from polar.storage.models import Trajectory
+from polar.storage.media import MediaStore, StoredImage
+from polar.storage.models import ModelCall, Trajectory
 from tests.polar.training.test_feed import finish, queued_sessions
 from tests.stage_calls import command_task, domain_services
 
@@ -40,6 +41,13 @@ def services(module_database_url: str, tmp_path_factory: pytest.TempPathFactory)
         break_ = {"call_id": trajectory.call_ids[0], "seq": 1, "agent": None, "reason": "diverged", "position": 2,
                   "expected_token": 3, "actual_token": 9, "trajectory_index": 0}  # fmt: skip
         trajectory.stats = {**trajectory.stats, "breaks": [break_], "num_breaks": 1}
+    with services.db.engine.begin() as connection:  # a call that sent an image, stored as the proxy stores it
+        image = StoredImage("ab" * 32, "image/png", b"\x89PNG\r\n\x1a\n", 28, 28)
+        MediaStore().store(connection, [image])
+        entry = {"sha256": image.sha256, "media_type": "image/png", "message_index": 0, "source": "user",
+                 "offset": 3, "length": 4, "width": 28, "height": 28, "image_token_id": 8192, "model": "m"}  # fmt: skip
+        first = connection.execute(sa.select(ModelCall.id).limit(1)).scalar_one()
+        connection.execute(sa.update(ModelCall).where(ModelCall.id == first).values(media=[entry]))
     yield services
     services.db.dispose()
 
