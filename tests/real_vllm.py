@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,15 +162,21 @@ def _watch(server_pid: int, controller_pid: int) -> None:
 
 
 def _wait_ready(shared: SharedVllm) -> None:
+    wait_ready(shared.url, lambda: Path(f"/proc/{shared.pid}").exists(), shared.log, "real vLLM")
+
+
+def wait_ready(url: str, alive: Callable[[], bool], log: Path, what: str) -> None:
+    """Wait until the vLLM server at ``url`` lists its models; fail with its log's tail if it exits first
+    (``alive`` says whether it still runs) or is not ready within ``START_S``."""
     deadline = time.monotonic() + START_S
     while time.monotonic() < deadline:
-        if not Path(f"/proc/{shared.pid}").exists():
-            raise AssertionError(f"real vLLM exited while starting:\n{_tail(shared.log)}")
+        if not alive():
+            raise AssertionError(f"{what} exited while starting:\n{_tail(log)}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{shared.url}/v1/models", timeout=10).status_code == 200:
+            if httpx.get(f"{url}/v1/models", timeout=10).status_code == 200:
                 return
         time.sleep(1)
-    raise AssertionError(f"real vLLM not ready after {START_S:.0f}s:\n{_tail(shared.log)}")
+    raise AssertionError(f"{what} not ready after {START_S:.0f}s:\n{_tail(log)}")
 
 
 def shared_vllm_pid() -> int | None:

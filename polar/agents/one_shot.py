@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -20,12 +21,18 @@ SYSTEM = "You answer in one short line."
 
 
 def run(instruction: str) -> int:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": instruction}]
+    return answer(messages, temperature=1.0, top_p=1.0)
+
+
+def answer(messages: list[dict[str, Any]], **sampling: Any) -> int:
+    """One chat call with ``messages`` through the session's proxy; its reply printed and written to
+    ``answer.txt``. 0, or 1 when the call failed."""
     body = {
         "model": os.environ.get("POLAR_MODEL", "polar-reference"),
-        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": instruction}],
+        "messages": messages,
         "max_tokens": int(os.environ.get("POLAR_MAX_TOKENS", "16")),
-        "temperature": 1.0,
-        "top_p": 1.0,
+        **sampling,
         "chat_template_kwargs": {"enable_thinking": False},
     }
     headers = {"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"}
@@ -35,7 +42,7 @@ def run(instruction: str) -> int:
     if reply.status_code != 200:
         print(f"the model call failed: {reply.status_code} {reply.text[:500]}", file=sys.stderr)
         return 1
-    answer = reply.json()["choices"][0]["message"].get("content") or ""
-    print(answer)
-    Path("answer.txt").write_text(answer)
+    text = reply.json()["choices"][0]["message"].get("content") or ""
+    print(text)
+    Path("answer.txt").write_text(text)
     return 0

@@ -24,10 +24,8 @@ import json
 import os
 import signal
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -42,7 +40,7 @@ from polar.stages.postrun import captured_calls
 from polar.storage import media
 from tests.live_proxy import LiveProxy
 from tests.processes import HANG_GUARD_S
-from tests.real_vllm import POLAR, START_S
+from tests.real_vllm import POLAR, wait_ready
 from tests.stacks import _live
 from tests.stage_calls import domain_services
 
@@ -95,7 +93,7 @@ def vlm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                                    start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, process, log)
+        wait_ready(url, lambda: process.poll() is None, log, "the tiny VLM's server")
         yield url
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -105,18 +103,6 @@ def vlm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-
-
-def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"the tiny VLM's server exited while starting:\n{log.read_text()[-4000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/v1/models", timeout=10).status_code == 200:
-                return
-        time.sleep(1)
-    raise AssertionError(f"the tiny VLM's server was not ready after {START_S:.0f}s:\n{log.read_text()[-4000:]}")
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from polar.local.launcher import Stack, free_port, gunicorn_spec
 from tests.polar.training.test_exports import RL_COLUMNS, BatchFactory
 from web.api import create_app
 
-SFT_COLUMNS = ["session_id", "task_id", "sample_index", "reward", "messages", "tools"]
+SFT_COLUMNS = ["session_id", "task_id", "sample_index", "reward", "messages", "tools", "images"]
 TOKEN = "test-admin-token-" + "0" * 24
 
 
