@@ -103,6 +103,12 @@ def test_the_rl_export_carries_the_spans_and_the_read_token_fetches_the_bytes(
         assert row["token_ids"][span["offset"] : span["offset"] + span["length"]] == [IMAGE_TOKEN_ID] * IMAGE_TOKENS
         data, media_type = reader.media(span["sha256"])
         assert hashlib.sha256(data).hexdigest() == span["sha256"] and media_type == "image/png"
+    sft = tmp_path / "sft.jsonl"
+    shared_stack.client.download(batch["batch_id"], "sft", "jsonl", None, sft)
+    conversation = json.loads(sft.read_text().splitlines()[0])
+    (image,) = conversation["images"]  # in order, one per <image> in the messages' text
+    assert conversation["messages"][0]["content"].startswith("<image>What colour")
+    assert hashlib.sha256(base64.b64decode(image["data"])).hexdigest() == image["sha256"]
     sha = rows[0]["media"][0]["sha256"]
     assert httpx.get(f"{shared_stack.api_url}/v1/media/{sha}", timeout=30).status_code == 401
     with pytest.raises(APIError) as refused:
