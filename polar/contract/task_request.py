@@ -27,6 +27,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+DEFAULT_PRIORITY = 50
 # The most images one task may carry (``TaskRequest.images``).
 MAX_TASK_IMAGES = 16
 # The most times a flaky prepare step may be run again after it failed (``retry_on_failure``).
@@ -198,6 +199,9 @@ class TaskRequest(_Strict):
     # lands as image-<n>.<ext> (n from 1, its place in the list), a host path under POLAR_COPY_ROOTS under its own
     # name.
     images: list[str] = Field(default_factory=list, max_length=MAX_TASK_IMAGES)
+    # Admission takes higher first (polar.lifecycle.admission); a running session is never preempted. A batch's
+    # ``priority`` is its tasks' default.
+    priority: int = Field(default=DEFAULT_PRIORITY, ge=0, le=100)
 
     @field_validator("images")
     @classmethod
@@ -221,6 +225,8 @@ class BatchRequest(_Strict):
     name: str | None = Field(default=None, max_length=512)
     defaults: dict[str, Any] = Field(default_factory=dict)
     tasks: list[TaskRequest] = Field(min_length=1)
+    # Every task's priority unless the task (or ``defaults``) names its own.
+    priority: int | None = Field(default=None, ge=0, le=100)
     # POSTed {"event": "group_finished" | "batch_finished", ...} as groups and the batch finish
     # (polar.training.callbacks).
     callback_url: str | None = Field(default=None, max_length=2048)
@@ -284,6 +290,9 @@ def parse_batch_request(body: Any) -> BatchRequest:
     tasks = body.get("tasks")
     if isinstance(defaults, Mapping) and isinstance(tasks, list):
         body = {**body, "tasks": [_merge(defaults, t) if isinstance(t, Mapping) else t for t in tasks]}
+    priority = body.get("priority")
+    if priority is not None and isinstance(body.get("tasks"), list):  # the batch's, under each task's own
+        body = {**body, "tasks": [{"priority": priority, **t} if isinstance(t, Mapping) else t for t in body["tasks"]]}
     try:
         request = BatchRequest.model_validate(body)
     except pydantic.ValidationError as exc:

@@ -6,7 +6,10 @@ a database lock so concurrent admitters (the API after a submit, run workers as 
 reconciler, init workers checking their node) never overshoot together. Init messages are recorded as due in the
 same transaction (``polar.lifecycle.outbox``) and sent after it commits.
 
-Later attempts of samples lost to the infrastructure go first: their GRPO groups are waiting on them.
+Higher ``priority`` (a task's, 0-100, default 50) goes first; within one priority, later attempts of samples lost
+to the infrastructure (their GRPO groups are waiting on them), then the oldest. Sessions already admitted are never
+preempted. The order is one partial index's (``ix_sessions_pending_admission``, migration 0024): a pass reads the
+``room`` rows it admits, not every pending session (audit G14).
 """
 
 from __future__ import annotations
@@ -24,13 +27,19 @@ from polar.lifecycle.outbox import send_due
 from polar.lifecycle.transitions import transition
 from polar.services import Services
 from polar.storage.locks import ADMISSION, exclusive
-from polar.storage.models import Session, Task
+from polar.storage.models import Session
 
 log = logging.getLogger(__name__)
 
 
+# The index migration 0024 builds for it has these columns in this order.
+ADMISSION_ORDER = (Session.priority.desc(), Session.attempt.desc(), Session.created_at, Session.batch_id,
+                   Session.task_position, Session.sample_index)  # fmt: skip
+
+
 def admit(services: Services) -> list[uuid.UUID]:
-    """Admit as many pending sessions (oldest first) as the READY buffer has room for; returns their ids."""
+    """Admit as many pending sessions (highest priority, then oldest first) as the READY buffer has room for;
+    returns their ids."""
     admitted: list[uuid.UUID] = []
     with services.db.unit() as db:
         exclusive(db, ADMISSION)
@@ -42,11 +51,7 @@ def admit(services: Services) -> list[uuid.UUID]:
         if room <= 0:
             return []
         candidates = db.scalars(
-            sa.select(Session.id)
-            .join(Task, Task.id == Session.task_pk)
-            .where(Session.state == State.PENDING.value)
-            .order_by(Session.attempt.desc(), Session.created_at, Session.batch_id, Task.position, Session.sample_index)
-            .limit(room)
+            sa.select(Session.id).where(Session.state == State.PENDING.value).order_by(*ADMISSION_ORDER).limit(room)
         ).all()
         for session_id in candidates:
             if transition(db, session_id, State.PENDING, State.INIT, by=services, detail="admitted", due=Stage.INIT):

@@ -211,6 +211,7 @@ def start_next_attempt(db: DbSession, ended: Session, by: Services, reason: str)
             task_pk=ended.task_pk,
             task_id=ended.task_id,
             task_position=ended.task_position,
+            priority=ended.priority,
             sample_index=ended.sample_index,
             attempt=ended.attempt + 1,
             state=State.PENDING.value,

@@ -156,11 +156,12 @@ def _insert_sessions(db: Any, services: Services, batch_id: uuid.UUID, tasks: li
     event = {"to_state": State.PENDING.value, "at": now, "worker": services.worker, "node": services.config.node,
              "detail": "submitted"}  # fmt: skip
     if db.get_bind().dialect.name == "postgresql":
-        columns = ["id", "batch_id", "task_pk", "task_id", "task_position", "sample_index", "state", "created_at"]
+        columns = ["id", "batch_id", "task_pk", "task_id", "task_position", "sample_index", "state", "created_at",
+                   "priority"]  # fmt: skip
         rows = sa.select(  # a set-returning function in the select list: one row per sample
             sa.func.gen_random_uuid(), Task.batch_id, Task.id, Task.task_id, Task.position,
             sa.func.generate_series(0, Task.num_samples - 1), sa.literal(State.PENDING.value),
-            sa.literal(now, sa.DateTime(timezone=True)),
+            sa.literal(now, sa.DateTime(timezone=True)), Task.spec["priority"].as_integer(),
         ).where(Task.batch_id == batch_id)  # fmt: skip
         db.execute(sa.insert(Session).from_select(columns, rows))
         firsts = sa.select(Session.id, *(sa.literal(value) for value in event.values())).where(
@@ -170,7 +171,8 @@ def _insert_sessions(db: Any, services: Services, batch_id: uuid.UUID, tasks: li
         return
     sessions = [
         {"id": uuid.uuid4(), "batch_id": batch_id, "task_pk": task["id"], "task_id": task["task_id"],
-         "task_position": task["position"], "sample_index": sample, "state": State.PENDING.value, "created_at": now}
+         "task_position": task["position"], "sample_index": sample, "state": State.PENDING.value, "created_at": now,
+         "priority": task["spec"]["priority"]}
         for task in tasks
         for sample in range(task["num_samples"])
     ]  # fmt: skip

@@ -29,7 +29,7 @@ class Base(DeclarativeBase):
     metadata = sa.MetaData(naming_convention=NAMING)
 
 
-def _partial_index(name: str, *columns: str, where: str) -> sa.Index:
+def _partial_index(name: str, *columns: Any, where: str) -> sa.Index:
     """An index of the rows where ``where`` holds, on Postgres and SQLite alike (the one condition, written once)."""
     return sa.Index(name, *columns, postgresql_where=sa.text(where), sqlite_where=sa.text(where))
 
@@ -102,6 +102,16 @@ class Session(Base):
         _partial_index("ix_sessions_due_unsent", "due_at", where="due_stage IS NOT NULL AND stage_enqueued_at IS NULL"),
         # The sessions a weight-sync pause held: few, cleared at every resume (polar.lifecycle.budget).
         _partial_index("ix_sessions_pause_held_at", "pause_held_at", where="pause_held_at IS NOT NULL"),
+        # The reconciler's sweep of ended sessions still holding runtimes, without reading the history (audit G15).
+        _partial_index(
+            "ix_sessions_runtime_held",
+            "state",
+            where="runtime_handle IS NOT NULL OR evaluator_runtime_handle IS NOT NULL",
+        ),
+        # A node's sessions by when they became ready or reached postrun: the lost-message checks' "overtaken"
+        # lookups read the rows after one time, not the node's whole history.
+        sa.Index("ix_sessions_node_ready_at", "node", "ready_at"),
+        sa.Index("ix_sessions_node_postrun_started_at", "node", "postrun_started_at"),
     )
 
     id: Mapped[uuid.UUID] = _uuid()
@@ -110,6 +120,8 @@ class Session(Base):
     task_id: Mapped[str] = mapped_column(sa.Text(), nullable=False)
     # The task's position in its batch, copied at submission so a batch's sessions page from one index.
     task_position: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=0, server_default="0")
+    # Admission takes higher first (polar.lifecycle.admission): its task's ``priority``.
+    priority: Mapped[int] = mapped_column(sa.SmallInteger(), nullable=False, default=50, server_default="50")
     sample_index: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
     attempt: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=1, server_default="1")
     state: Mapped[str] = mapped_column(sa.Text(), nullable=False, default="pending")
@@ -160,6 +172,11 @@ def _full_prompt_len(context: Any) -> int:
     """A row inserted without ``prompt_len`` (tests, tools) is as long as its prefix plus its stored tokens."""
     values = context.get_current_parameters()
     return int(values.get("prompt_prefix_len") or 0) + len(values.get("prompt_token_ids") or [])
+
+
+# Admission's order over the pending sessions alone (polar.lifecycle.admission.ADMISSION_ORDER; audit G14).
+_partial_index("ix_sessions_pending_admission", Session.priority.desc(), Session.attempt.desc(), Session.created_at,
+               Session.batch_id, Session.task_position, Session.sample_index, where="state = 'pending'")  # fmt: skip
 
 
 class ModelCall(Base):

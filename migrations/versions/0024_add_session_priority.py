@@ -1,0 +1,48 @@
+"""add each session's ``priority``, and indexes that keep admission and the reconciler off the history
+
+``sessions.priority`` (0-100, default 50): its task's; admission takes higher first (``polar.lifecycle.admission``).
+``ix_sessions_pending_admission``: admission's whole order over the pending sessions alone, so a pass reads the rows
+it admits instead of sorting every pending session (audit G14). ``ix_sessions_runtime_held`` and
+``ix_sessions_node_ready_at`` / ``_postrun_started_at``: the reconciler's sweep of sessions still holding runtimes
+and its lost-message checks' lookups of a node's later sessions, which scanned every session ever stored (audit
+G15).
+
+Revision ID: 0024
+Revises: 0023
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0024"
+down_revision = "0023"
+branch_labels = None
+depends_on = None
+
+INDEXES = (
+    ("ix_sessions_pending_admission",
+     [sa.text("priority DESC"), sa.text("attempt DESC"), "created_at", "batch_id", "task_position", "sample_index"],
+     "state = 'pending'"),
+    ("ix_sessions_runtime_held", ["state"], "runtime_handle IS NOT NULL OR evaluator_runtime_handle IS NOT NULL"),
+)  # fmt: skip
+# A node's sessions by when they became ready or reached postrun: the lost-message checks' "overtaken" lookups.
+NODE_INDEXES = (("ix_sessions_node_ready_at", ["node", "ready_at"]),
+                ("ix_sessions_node_postrun_started_at", ["node", "postrun_started_at"]))  # fmt: skip
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("sessions") as batch:
+        batch.add_column(sa.Column("priority", sa.SmallInteger(), server_default="50", nullable=False))
+    for name, columns, where in INDEXES:
+        op.create_index(name, "sessions", columns, postgresql_where=sa.text(where), sqlite_where=sa.text(where))
+    for name, columns in NODE_INDEXES:
+        op.create_index(name, "sessions", columns)
+
+
+def downgrade() -> None:
+    for name, *_ in (*INDEXES, *NODE_INDEXES):
+        op.drop_index(name, table_name="sessions")
+    with op.batch_alter_table("sessions") as batch:
+        batch.drop_column("priority")
