@@ -178,11 +178,15 @@ class PolarClient:
             time.sleep(poll_s)
 
     def feed(
-        self, batch_id: str | None = None, after: int = 0, wait_s: float = 0, limit: int = 100, groups: bool = False
-    ) -> dict[str, Any]:
-        """One page of the trainers' feed: ``{"items": [trajectory…], "next_cursor": n}``. A 429 (the API already
-        holds as many long-polls as it may) is waited out within ``wait_s``, then the page is read without waiting."""
+        self, batch_id: str | None = None, after: int = 0, wait_s: float = 0, limit: int = 100, groups: bool = False,
+        informative: bool = False,
+    ) -> dict[str, Any]:  # fmt: skip
+        """One page of the trainers' feed: ``{"items": [trajectory…], "next_cursor": n}`` (with ``informative``, whole
+        groups whose rewards vary, and ``skipped_uninformative``). A 429 (the API already holds as many long-polls as
+        it may) is waited out within ``wait_s``, then the page is read without waiting."""
         params: dict[str, Any] = {"after": after, "wait": wait_s, "limit": limit, "groups": str(groups).lower()}
+        if informative:
+            params["informative"] = "true"
         if batch_id:
             params["batch_id"] = batch_id
         deadline = time.monotonic() + wait_s
@@ -199,15 +203,22 @@ class PolarClient:
                 time.sleep(min(1.0, remaining))
                 params["wait"] = max(0.0, deadline - time.monotonic())
 
-    def iter_groups(self, batch_id: str, wait_s: float = 30) -> Iterator[list[dict[str, Any]]]:
-        """Yield each group (all samples of a task) of a batch as soon as it has finished, until the batch has."""
+    def iter_groups(
+        self, batch_id: str, wait_s: float = 30, informative: bool = False, skipped: list[int] | None = None
+    ) -> Iterator[list[dict[str, Any]]]:
+        """Yield each group (all samples of a task) of a batch as soon as it has finished, until the batch has; with
+        ``informative``, only the groups whose rewards vary, each page's count of the others appended to
+        ``skipped``."""
         cursor = 0
         while True:
             # Read before the page: once the batch has finished, every group is committed, so the pages need no
             # long-poll and the first page that moves the cursor no further is the end (no wait_s spent after the
             # last group). A page can move it and hold no item: its groups were all cancelled or out of attempts.
             finished = self.batch(batch_id)["status"] == "finished"
-            page = self.feed(batch_id, after=cursor, wait_s=0 if finished else wait_s, groups=True)
+            page = self.feed(batch_id, after=cursor, wait_s=0 if finished else wait_s, groups=True,
+                             informative=informative)  # fmt: skip
+            if skipped is not None:
+                skipped.append(int(page.get("skipped_uninformative", 0)))
             groups: dict[str, list[dict[str, Any]]] = {}
             for item in page["items"]:
                 groups.setdefault(item["group_id"], []).append(item)

@@ -177,6 +177,7 @@ class PolarRollouts:
         self.wait_s = wait_s
         self.all_chains = all_chains
         self.batch_ids: list[str] = []  # every batch submitted, in order (for a watcher, a test, a dashboard)
+        self.skipped_uninformative = 0  # groups ``collect(..., informative=True)`` left out, in all
 
     def submit(
         self, tasks: Sequence[Mapping[str, Any]], samples: int, name: str, defaults: Mapping[str, Any] | None = None
@@ -188,10 +189,13 @@ class PolarRollouts:
         self.batch_ids.append(batch_id)
         return batch_id
 
-    def collect(self, batch_id: str) -> dict[str, list[Sample]]:
-        """Every settled sample of a batch, per task id, as whole groups arrive (samples ordered by index)."""
+    def collect(self, batch_id: str, informative: bool = False) -> dict[str, list[Sample]]:
+        """Every settled sample of a batch, per task id, as whole groups arrive (samples ordered by index). With
+        ``informative``, only the groups whose rewards vary (the others train nothing: every advantage is zero),
+        the ones left out counted in ``skipped_uninformative``."""
         found: dict[str, list[Sample]] = {}
-        for group in self.client.iter_groups(batch_id, wait_s=self.wait_s):
+        skipped: list[int] = []
+        for group in self.client.iter_groups(batch_id, wait_s=self.wait_s, informative=informative, skipped=skipped):
             sessions: dict[str, list[dict[str, Any]]] = {}
             for item in group:
                 sessions.setdefault(item["session_id"], []).append(item)
@@ -200,6 +204,7 @@ class PolarRollouts:
                 found.setdefault(sample.task_id, []).append(sample)
         for samples in found.values():
             samples.sort(key=lambda s: s.sample_index)
+        self.skipped_uninformative += sum(skipped)
         return found
 
     def generate(

@@ -10,6 +10,11 @@ and a sample that was cancelled, ran out of attempts or was excluded (no model c
 without contributing trajectories: the feed carries the task class only. Each item says how its group stands
 (``polar.lifecycle.groups``): ``group_scored`` samples scored, and ``group_missing``, why each of the others is
 missing (reason -> count; empty when the whole group is scored).
+
+With ``informative``, a page of whole groups leaves out each group whose scored samples' rewards are all equal
+(one sample, all right, all wrong): in GRPO-style training every advantage of such a group is zero and it trains
+nothing, however long it took to roll out. The page says how many it left out (``skipped_uninformative``), and its
+cursor moves past them.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class FeedPage:
 
     texts: list[str]
     next_cursor: int
+    skipped_uninformative: int = 0  # whole groups left out for rewards without variance (``informative``)
 
     @property
     def items(self) -> list[dict[str, Any]]:
@@ -137,11 +143,21 @@ def _sessions_after(db: DbSession, batch_id: uuid.UUID | None, after: int, limit
         .subquery()
     )
     query = (
-        sa.select(Session.id, chosen.c.position)
+        sa.select(Session.id, chosen.c.position, Session.task_pk, Session.reward, Session.outcome_class)
         .join(chosen, chosen.c.id == Session.task_pk)
         .where(Session.feed_seq.is_not(None))
     )
     return list(db.execute(query.order_by(chosen.c.position, Session.sample_index)).all())
+
+
+def _informative(rows: Sequence[Any]) -> tuple[list[Any], int]:
+    """The rows of the groups whose scored samples' rewards differ, and how many groups were left out."""
+    rewards: dict[Any, set[float]] = {}
+    for row in rows:
+        scored = row.outcome_class == OutcomeClass.TASK.value and row.reward is not None
+        rewards.setdefault(row.task_pk, set()).update([row.reward] if scored else [])
+    flat = {task for task, values in rewards.items() if len(values) < 2}
+    return [row for row in rows if row.task_pk not in flat], len(flat)
 
 
 # What an item says of its session, read in the same statement as the session's trajectories.
@@ -160,8 +176,16 @@ _TRAJECTORY_JSON = sa.func.coalesce(
 ).label("trajectory_json")
 
 
-def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit: int, groups: bool = False) -> FeedPage:
-    """One page: the trajectories of up to ``limit`` sessions (or whole groups) past ``after``.
+def read_feed(
+    services: Services,
+    batch_id: uuid.UUID | None,
+    after: int,
+    limit: int,
+    groups: bool = False,
+    informative: bool = False,
+) -> FeedPage:
+    """One page: the trajectories of up to ``limit`` sessions (or whole groups) past ``after``; with
+    ``informative`` (whole groups only), without the groups whose rewards do not vary.
 
     A page of 10 groups of 100 is 1,000 sessions' trajectories, so it is read as plain rows in three statements
     (the trajectories with their sessions' fields, the groups' tasks, the groups' standing) and the expert routing
@@ -170,6 +194,11 @@ def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit:
         rows = _sessions_after(db, batch_id, after, limit, groups)
         if not rows:
             return FeedPage([], after)
+        cursor, skipped = max(row[1] for row in rows), 0
+        if informative:
+            rows, skipped = _informative(rows)
+            if not rows:
+                return FeedPage([], cursor, skipped)
         postgres, session_ids = is_postgres(db), [row[0] for row in rows]
         routed = routed_experts_of_sessions(db, session_ids)
         # Call ids are read only for the expert routing (a dense model's page has none to place).
@@ -202,7 +231,7 @@ def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit:
         for task in tasks.values()
     }  # fmt: skip
     texts = []
-    for session_id, position in rows:
+    for session_id, position, *_ in rows:
         for trajectory in trajectories.get(session_id, ()):
             batch, group, size, counts = of_group[trajectory.task_pk]
             stored = trajectory.trajectory_json if postgres else dump_json_text(stored_trajectory_json(trajectory))
@@ -220,7 +249,7 @@ def read_feed(services: Services, batch_id: uuid.UUID | None, after: int, limit:
                 "feed_position": position,
             })  # fmt: skip
             texts.append(f"{stored.rstrip()[:-1]}, {fields[1:]}")  # one object: the stored part, then these
-    return FeedPage(texts, max(row[1] for row in rows))
+    return FeedPage(texts, cursor, skipped)
 
 
 def wait_for_feed(
@@ -231,12 +260,13 @@ def wait_for_feed(
     groups: bool,
     wait_s: float,
     slots: WaitSlots | None = None,
+    informative: bool = False,
 ) -> FeedPage:
     """``read_feed``, long-polling up to ``wait_s`` seconds while there is nothing past the cursor. Waiting takes
     one of ``slots`` (None: no bound); with none free it raises ``Busy`` (a 429) instead of holding another
     thread."""
     deadline = time.monotonic() + wait_s
-    page = read_feed(services, batch_id, after, limit, groups)
+    page = read_feed(services, batch_id, after, limit, groups, informative)
     if page.next_cursor > after or wait_s <= 0:
         return page
     with slots.hold() if slots is not None else nullcontext(True) as held:
@@ -247,7 +277,7 @@ def wait_for_feed(
             )
         while time.monotonic() < deadline:
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
-            page = read_feed(services, batch_id, after, limit, groups)
+            page = read_feed(services, batch_id, after, limit, groups, informative)
             if page.next_cursor > after:
                 return page
     return page

@@ -59,6 +59,8 @@ class TrajectoriesJSON(TypedDict):
 class FeedPageJSON(TypedDict):
     items: list[FeedItemJSON]
     next_cursor: int  # pass as ``after`` next time
+    # With informative=true: whole groups on this page left out because their rewards do not vary.
+    skipped_uninformative: NotRequired[int]
 
 
 @with_config(_CLOSED)
@@ -174,6 +176,10 @@ _FEED = (
     Param("groups", "query", {"type": "string", "pattern": "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee]|1|0)$",
                               "default": "false"},
           "true: only whole groups (all samples of a task settled), in the order they completed."),
+    Param("informative", "query", {"type": "string", "pattern": "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee]|1|0)$",
+                                   "default": "false"},
+          "true (with groups=true): leave out the groups whose scored samples' rewards are all equal (zero "
+          "advantage); the page counts them in skipped_uninformative."),
 )  # fmt: skip
 _IDEMPOTENCY_KEY = Param(
     "Idempotency-Key", "header", {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY},

@@ -29,10 +29,7 @@ def _wait() -> float:
 
 
 def _groups() -> bool:
-    raw = (query_arg("groups", "false") or "").lower()
-    if raw not in GROUPS_VALUES:
-        raise ValidationError("groups: must be true or false", field="groups")
-    return raw in {"true", "1"}
+    return _flag("groups")
 
 
 def _slots() -> WaitSlots:
@@ -41,16 +38,30 @@ def _slots() -> WaitSlots:
     return current_app.extensions.setdefault("polar_feed_waiters", WaitSlots(limit))  # type: ignore[no-any-return]
 
 
+def _flag(name: str) -> bool:
+    raw = (query_arg(name, "false") or "").lower()
+    if raw not in GROUPS_VALUES:
+        raise ValidationError(f"{name}: must be true or false", field=name)
+    return raw in {"true", "1"}
+
+
 @blueprint.get("")
 def feed() -> Response:
     batch = query_arg("batch_id")
+    groups, informative = _groups(), _flag("informative")
+    if informative and not groups:
+        raise ValidationError("informative: only with groups=true (it leaves out whole groups)", field="informative")
     page = wait_for_feed(
         services(),
         None if batch is None else parse_id(batch, "batch"),  # an empty batch_id is no batch, not "every batch"
         after=FEED_AFTER.read(),
         limit=FEED_LIMIT.read(),
-        groups=_groups(),
+        groups=groups,
         wait_s=_wait(),
         slots=_slots(),
+        informative=informative,
     )
-    return jsonify({"items": page.fragments, "next_cursor": page.next_cursor})
+    body = {"items": page.fragments, "next_cursor": page.next_cursor}
+    if informative:
+        body["skipped_uninformative"] = page.skipped_uninformative
+    return jsonify(body)

@@ -18,7 +18,7 @@ from polar.lifecycle.sessions import session_trajectories
 from polar.services import Services
 from polar.storage.calls.read import routed_experts_of_sessions
 from polar.storage.migration import upgrade
-from polar.storage.models import ModelCall, Trajectory
+from polar.storage.models import ModelCall, Session, Trajectory
 from polar.storage.serialization import trajectory_json
 from polar.training.feed import FeedPage, read_feed, wait_for_feed
 from tests.stage_calls import command_task, domain_services, stage_functions, submit_tasks
@@ -212,3 +212,19 @@ def test_items_and_session_trajectories_say_which_are_the_main_chain(
     assert items == {"merged": [(2, True), (1, False)], "per-call": [(1, True), (1, False), (1, True)]}
     assert [t["main"] for t in session_trajectories(services, merged)] == [True, False]
     assert [t["main"] for t in session_trajectories(services, per_call)] == [True, False, True]
+
+
+def test_informative_pages_leave_out_groups_whose_rewards_do_not_vary(services: Services) -> None:
+    batch = submit(services, command_task("mixed", "true", samples=2), command_task("flat", "true", samples=2))
+    sessions = queued_sessions(services)
+    finish(services, set(sessions))
+    with services.db.unit() as db:  # one sample of "mixed" scored 0: its group has an advantage to train on
+        db.execute(sa.update(Session).where(Session.id == sessions[1]).values(reward=0.0))
+    every = read_feed(services, batch, after=0, limit=10, groups=True)
+    assert len({item["group_id"] for item in every.items}) == 2 and every.skipped_uninformative == 0
+    page = read_feed(services, batch, after=0, limit=10, groups=True, informative=True)
+    assert {item["task_id"] for item in page.items} == {"mixed"}
+    assert page.skipped_uninformative == 1 and page.next_cursor == every.next_cursor  # the cursor moves past it
+    # One group a page: the mixed group's two items, or the flat group left out, and the cursor past it either way.
+    one = read_feed(services, batch, after=0, limit=1, groups=True, informative=True)
+    assert one.next_cursor > 0 and len(one.items) + 2 * one.skipped_uninformative == 2
