@@ -29,20 +29,22 @@ Sample = tuple[uuid.UUID, int]  # (batch_id, task_position)
 
 
 def settled_samples(services: Services, samples: Collection[Sample]) -> dict[Sample, Settled]:
-    """Those of ``samples`` that have settled, with how."""
+    """Those of ``samples`` that have settled, with how. The samples are matched in SQL (the batch's index leads
+    with ``(batch_id, task_position)``): a poll reads the rows it answers, not every settled session of the waiting
+    rows' batches with its evaluation (audit G13)."""
     if not samples:
         return {}
-    wanted = set(samples)
+    wanted = sorted(set(samples))
     query = sa.select(
         Session.batch_id, Session.task_position, Session.id, Session.state, Session.outcome_class, Session.reward,
         Session.attempt, Session.error, Session.evaluation,
         Task.spec["evaluator"]["name"].as_string().label("evaluator"),
     ).join(Task, Task.id == Session.task_pk).where(
-        Session.batch_id.in_({batch_id for batch_id, _ in wanted}), is_latest_attempt(),
+        sa.tuple_(Session.batch_id, Session.task_position).in_(wanted), is_latest_attempt(),
         Session.state.in_([str(s) for s in TERMINAL]),
     )  # fmt: skip
     with services.db.unit() as db:
-        rows = [row for row in db.execute(query).all() if (row.batch_id, row.task_position) in wanted]
+        rows = db.execute(query).all()
         side, segments = _chains(db, [row.id for row in rows])
     return {
         (row.batch_id, row.task_position): Settled(row.id, row.state, row.outcome_class, row.reward, row.attempt,

@@ -33,3 +33,25 @@ def test_a_settled_session_comes_with_the_calls_outside_its_main_chain(services:
         sample = db.execute(sa.select(Session.batch_id, Session.task_position).where(Session.id == session_id)).one()
     (settled,) = settled_samples(services, [tuple(sample)]).values()
     assert settled.session_id == session_id and settled.side_calls == frozenset({side})
+
+
+def test_a_poll_reads_only_the_samples_it_answers(services: Services) -> None:
+    from tests.stage_calls import command_task, submit_tasks
+
+    batch_id = submit_tasks(services, *(command_task(f"t{i}", "true") for i in range(50)))
+    with services.db.unit() as db:  # every sample settled, with an evaluation a poll must not drag along
+        db.execute(sa.update(Session).where(Session.batch_id == batch_id)
+                   .values(state="completed", outcome_class="task", evaluation={"log_tail": "x" * 10_000}))  # fmt: skip
+    read: list[int] = []
+
+    def rows(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if "FROM sessions" in statement and "evaluation" in statement:
+            read.append(getattr(cursor, "rowcount", -1))
+
+    sa.event.listen(services.db.engine, "after_cursor_execute", rows)
+    try:
+        found = settled_samples(services, [(batch_id, 7), (batch_id, 42)])
+    finally:
+        sa.event.remove(services.db.engine, "after_cursor_execute", rows)
+    assert sorted(position for _, position in found) == [7, 42]
+    assert read == [2]  # the two rows answered, not the batch's 50 settled sessions
