@@ -1,6 +1,9 @@
-"""add each session's ``priority``, and indexes that keep admission and the reconciler off the history
+"""add each session's ``priority``, a batch's circuit breaker, and indexes that keep admission and the reconciler
+off the history
 
 ``sessions.priority`` (0-100, default 50): its task's; admission takes higher first (``polar.lifecycle.admission``).
+``batches.max_consecutive_infra_losses``, ``infra_loss_streak``, ``halted_at``, ``halted_reason``: the batch's
+circuit breaker (``polar.stages.circuit_breaker``).
 ``ix_sessions_pending_admission``: admission's whole order over the pending sessions alone, so a pass reads the rows
 it admits instead of sorting every pending session (audit G14). ``ix_sessions_runtime_held`` and
 ``ix_sessions_node_ready_at`` / ``_postrun_started_at``: the reconciler's sweep of sessions still holding runtimes
@@ -32,9 +35,21 @@ NODE_INDEXES = (("ix_sessions_node_ready_at", ["node", "ready_at"]),
                 ("ix_sessions_node_postrun_started_at", ["node", "postrun_started_at"]))  # fmt: skip
 
 
+def _breaker() -> tuple[sa.Column[object], ...]:
+    return (
+        sa.Column("max_consecutive_infra_losses", sa.Integer(), nullable=True),
+        sa.Column("infra_loss_streak", sa.Integer(), server_default="0", nullable=False),
+        sa.Column("halted_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("halted_reason", sa.Text(), nullable=True),
+    )
+
+
 def upgrade() -> None:
     with op.batch_alter_table("sessions") as batch:
         batch.add_column(sa.Column("priority", sa.SmallInteger(), server_default="50", nullable=False))
+    with op.batch_alter_table("batches") as batch:
+        for column in _breaker():
+            batch.add_column(column)
     for name, columns, where in INDEXES:
         op.create_index(name, "sessions", columns, postgresql_where=sa.text(where), sqlite_where=sa.text(where))
     for name, columns in NODE_INDEXES:
@@ -46,3 +61,6 @@ def downgrade() -> None:
         op.drop_index(name, table_name="sessions")
     with op.batch_alter_table("sessions") as batch:
         batch.drop_column("priority")
+    with op.batch_alter_table("batches") as batch:
+        for column in _breaker():
+            batch.drop_column(column.name)

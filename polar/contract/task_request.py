@@ -227,6 +227,9 @@ class BatchRequest(_Strict):
     tasks: list[TaskRequest] = Field(min_length=1)
     # Every task's priority unless the task (or ``defaults``) names its own.
     priority: int | None = Field(default=None, ge=0, le=100)
+    # The circuit breaker: after this many attempts in a row lost to the infrastructure, the batch stops admitting
+    # (its unstarted sessions cancelled) and says why (polar.stages.circuit_breaker). None: never.
+    max_consecutive_infra_losses: int | None = Field(default=None, ge=1)
     # POSTed {"event": "group_finished" | "batch_finished", ...} as groups and the batch finish
     # (polar.training.callbacks).
     callback_url: str | None = Field(default=None, max_length=2048)

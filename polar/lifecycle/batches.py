@@ -132,6 +132,7 @@ def submit_batch(
                     callback_url=request.callback_url,
                     provenance=provenance,
                     submitted_by=caller.actor if caller else None,
+                    max_consecutive_infra_losses=request.max_consecutive_infra_losses,
                 )
             )
             db.flush()

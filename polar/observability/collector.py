@@ -28,7 +28,7 @@ from polar.lifecycle.nodes import NodeInfo, nodes
 from polar.observability.queues import QueueProbe
 from polar.records.audit import EXPIRY_ACTOR
 from polar.storage.database import Database
-from polar.storage.models import AuditEvent, Session
+from polar.storage.models import AuditEvent, Batch, Session
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ class DatabaseState:
     nodes: list[NodeInfo]
     retried: dict[str, int]  # outcome of the lost attempt → attempts retried
     pauses_expired: int = 0  # weight-sync pauses Polar ended after POLAR_MAX_PAUSE (audit rows)
+    halted: int = 0  # unfinished batches their circuit breaker halted (polar.stages.circuit_breaker)
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,10 @@ def read_database(db: Database, stale_after_s: float) -> DatabaseState:
             .select_from(AuditEvent)
             .where(AuditEvent.actor == EXPIRY_ACTOR, AuditEvent.action == "resume")
         )
+        halting = sa.and_(Batch.halted_at.is_not(None), Batch.finished_at.is_(None))
+        halted = unit.scalar(sa.select(sa.func.count()).select_from(Batch).where(halting))
     return DatabaseState(
+        halted=int(halted or 0),
         sessions={str(state): int(n) for state, n in by_state},
         active={(node or NO_NODE, str(state)): int(n) for node, state, n in active},
         nodes=known,
@@ -226,3 +230,9 @@ def _database_metrics(snap: DatabaseState) -> Iterator[Metric]:
     )
     expired.add_metric([], float(snap.pauses_expired))
     yield expired
+    yield _gauge(
+        "polar_batches_halted",
+        "Unfinished batches that stopped admitting after max_consecutive_infra_losses attempts in a row were lost to "
+        "the infrastructure (their halted_reason says which).",
+        [((), float(snap.halted))],
+    )

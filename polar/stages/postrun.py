@@ -52,6 +52,7 @@ from polar.reconstruction import RECONSTRUCTIONS, CapturedCall, TrajectoryData
 from polar.reconstruction.main_chain import answer_call
 from polar.runtimes import Runtime, attach_runtime
 from polar.services import Services
+from polar.stages.circuit_breaker import count_attempt
 from polar.stages.lease import Claimed, claim, heartbeat
 from polar.stages.segments import annotate
 from polar.storage.calls.read import answered_calls, engine_failures, last_answer_at, rebuild, session_rows
@@ -243,8 +244,9 @@ def _settle(db: Any, services: Services, claimed: Claimed, ending: _Ending) -> b
     # after a cancel commits, the flag is seen; read first, the cancel waits, and its UPDATE of the pending
     # sessions sees the attempt inserted here. FOR KEY SHARE is what inserting that attempt takes anyway (its
     # foreign key): other postruns of the batch, and its ``finished_at``, are not held up.
-    flag = sa.select(Batch.cancel_requested_at).where(Batch.id == session.batch_id)
-    cancelled = db.scalar(flag.with_for_update(read=True, key_share=True)) is not None
+    # A batch its circuit breaker halted starts no more attempts either (polar.stages.circuit_breaker).
+    flags = sa.select(Batch.cancel_requested_at, Batch.halted_at).where(Batch.id == session.batch_id)
+    cancelled = any(value is not None for value in db.execute(flags.with_for_update(read=True, key_share=True)).one())
     retry = (
         ending.outcome_class is OutcomeClass.INFRASTRUCTURE
         and retries_left(session.attempt, claimed.task.max_attempts)
@@ -254,6 +256,8 @@ def _settle(db: Any, services: Services, claimed: Claimed, ending: _Ending) -> b
         start_next_attempt(db, session, services, ending.outcome.value)
     else:
         assign_position(db, session.id)
+    # After the retry: a halt cancels it with the batch's other unstarted sessions (polar.stages.circuit_breaker).
+    count_attempt(db, services, session.batch_id, ending.outcome_class, ending.outcome.value)
     return retry
 
 

@@ -59,6 +59,12 @@ class Batch(Base):
     # the configuration digest, the engines' served models and versions (polar.records.provenance).
     submitted_by: Mapped[str | None] = mapped_column(sa.Text())
     provenance: Mapped[dict[str, Any] | None] = mapped_column(json_document())
+    # The circuit breaker (polar.stages.circuit_breaker): after this many attempts in a row lost to the
+    # infrastructure the batch stops admitting, its unstarted sessions cancelled, and says why.
+    max_consecutive_infra_losses: Mapped[int | None] = mapped_column(sa.Integer())
+    infra_loss_streak: Mapped[int] = mapped_column(sa.Integer(), nullable=False, default=0, server_default="0")
+    halted_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    halted_reason: Mapped[str | None] = mapped_column(sa.Text())
 
 
 class Task(Base):

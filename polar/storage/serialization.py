@@ -44,6 +44,9 @@ class BatchJSON(TypedDict):
     created_at: Timestamp
     finished_at: Timestamp | None
     provenance: dict[str, Any] | None
+    # Its circuit breaker (max_consecutive_infra_losses): when it stopped admitting and why; None while it admits.
+    halted_at: NotRequired[Timestamp | None]
+    halted_reason: NotRequired[str | None]
 
 
 @with_config(_CLOSED)
@@ -224,6 +227,8 @@ def batch_json(batch: Batch, status: str, counts: dict[str, int], attempts: dict
         "finished_at": iso(batch.finished_at),
         # What produced the results (polar.records.provenance): Polar's version, configuration digest, engines.
         "provenance": batch.provenance,
+        "halted_at": iso(batch.halted_at),
+        "halted_reason": batch.halted_reason,
     }
 
 
