@@ -9,6 +9,11 @@ clocks never matter) each reconciler interval, with the node's READY bound and r
   node ends its sessions as infrastructure-lost so their next attempts run elsewhere.
 
 A node that never registered (an API process, a test calling stage functions itself) is never judged lost.
+
+``polar node drain NAME`` (``drain``) stops new work on a node: its READY bound no longer counts toward admission and
+its init workers take no session (another node's do), while what it already holds finishes. A drained node that
+holds no session is never judged lost when its workers stop: draining is how a node leaves. One still holding
+sessions is judged as before, so nothing waits on a machine that is gone. ``polar node undrain`` takes it back.
 """
 
 from __future__ import annotations
@@ -19,8 +24,12 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session as DbSession
 
+from polar.contract.states import State
 from polar.services import Services
-from polar.storage.models import Node
+from polar.storage.models import Node, Session
+
+# A session that still lives on its node (a drained node holding one of them can still be lost).
+ACTIVE_STATES = [State.INIT.value, State.READY.value, State.RUNNING.value]
 
 
 @dataclass(frozen=True)
@@ -29,6 +38,7 @@ class NodeInfo:
     ready_buffer: int
     run_slots: int
     alive: bool
+    drained: bool = False
 
 
 def _stale_before(db: DbSession, stale_after_s: float) -> sa.ColumnElement[bool]:
@@ -66,17 +76,39 @@ def nodes(db: DbSession, stale_after_s: float) -> list[NodeInfo]:
     """Every registered node and whether it is alive."""
     stale = _stale_before(db, stale_after_s)
     rows = db.execute(
-        sa.select(Node.name, Node.ready_buffer, Node.run_slots, stale.label("stale")).order_by(Node.name)
+        sa.select(Node.name, Node.ready_buffer, Node.run_slots, stale.label("stale"), Node.drained_at).order_by(
+            Node.name
+        )
     ).all()
-    return [NodeInfo(r.name, r.ready_buffer, r.run_slots, not r.stale) for r in rows]
+    return [NodeInfo(r.name, r.ready_buffer, r.run_slots, not r.stale, r.drained_at is not None) for r in rows]
 
 
 def lost_nodes(db: DbSession, stale_after_s: float) -> list[str]:
-    return [node.name for node in nodes(db, stale_after_s) if not node.alive]
+    """The nodes none of whose workers was seen within ``stale_after_s``, but a drained one that holds nothing."""
+    gone = [node for node in nodes(db, stale_after_s) if not node.alive]
+    holding: set[str | None] = set()
+    if any(node.drained for node in gone):
+        names = [node.name for node in gone]
+        query = sa.select(Session.node).where(Session.state.in_(ACTIVE_STATES), Session.node.in_(names)).distinct()
+        holding = set(db.scalars(query))
+    return [node.name for node in gone if not node.drained or node.name in holding]
+
+
+def drain(db: DbSession, name: str, drained: bool = True) -> bool:
+    """Drain ``name`` (no new work; what runs finishes), or take it back; False when no such node registered."""
+    value = sa.func.now() if drained else None
+    return (
+        db.execute(sa.update(Node).where(Node.name == name).values(drained_at=value).returning(Node.name)).first()
+        is not None
+    )
+
+
+def is_drained(db: DbSession, name: str) -> bool:
+    return db.scalar(sa.select(Node.drained_at.is_not(None)).where(Node.name == name)) is True
 
 
 def ready_capacity(db: DbSession, stale_after_s: float, fallback: int) -> int:
     """The READY bound of the whole deployment: the sum over live nodes, or ``fallback`` (this process's own
     bound) while no node has announced itself."""
-    live = [node.ready_buffer for node in nodes(db, stale_after_s) if node.alive]
-    return sum(live) if live else fallback
+    live = [node for node in nodes(db, stale_after_s) if node.alive]
+    return sum(node.ready_buffer for node in live if not node.drained) if live else fallback

@@ -40,6 +40,41 @@ def db_upgrade(revision: str) -> None:
     click.echo(f"migrated to {revision}")
 
 
+@main.group()
+def node() -> None:
+    """Worker nodes: drain one before taking it away (docs/operations.md)."""
+
+
+@node.command("drain")
+@click.argument("name")
+def node_drain(name: str) -> None:
+    """No new work on node NAME: admission stops counting its READY bound and its init workers take no session;
+    what it holds finishes. A drained node holding nothing is not judged lost when its workers stop."""
+    _set_drained(name, True)
+
+
+@node.command("undrain")
+@click.argument("name")
+def node_undrain(name: str) -> None:
+    """Take node NAME back after ``polar node drain``."""
+    _set_drained(name, False)
+
+
+def _set_drained(name: str, drained: bool) -> None:
+    from polar.lifecycle.nodes import drain
+    from polar.storage.database import open_database
+
+    database = open_database(load_config(), "node")
+    try:
+        with database.unit() as db:
+            found = drain(db, name, drained)
+    finally:
+        database.dispose()
+    if not found:
+        raise click.ClickException(f"no node named {name!r} has registered (POLAR_NODE of its workers)")
+    click.echo(f"node {name} {'drained: no new work there' if drained else 'takes work again'}")
+
+
 @main.command()
 @click.option("--older-than", required=True, help="Batches that finished longer ago than this: 30d, 12h, 90m, 2w.")
 @click.option("--keep-trajectories", is_flag=True,

@@ -217,6 +217,12 @@ def _database_metrics(snap: DatabaseState) -> Iterator[Metric]:
         ["node"],
     )
     yield _gauge(
+        "polar_node_drained",
+        "1 for a node drained with polar node drain (no new work; what it holds finishes).",
+        [((n.name,), float(n.drained)) for n in snap.nodes],
+        ["node"],
+    )
+    yield _gauge(
         "polar_attempts_retried",
         "Attempts lost to the infrastructure and retried, by how they were lost "
         "(stored attempts: polar gc forgets them with their batches).",

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 
 from polar.contract.states import BUFFERED, State
 from polar.contract.task_request import TaskRequest, task_from_json
+from polar.lifecycle.nodes import is_drained
 from polar.services import Services
 from polar.storage import db_clock
 from polar.storage.locks import ADMISSION, exclusive
@@ -66,7 +67,10 @@ def load(services: Services, session_id: uuid.UUID, lease: uuid.UUID | None = No
 
 
 def _node_full(db: Any, services: Services, session_id: uuid.UUID) -> bool:
+    """Whether this node has no room for one more session: its READY bound is held, or it is drained."""
     exclusive(db, ADMISSION)  # the same lock admission takes, so the two never overshoot together
+    if is_drained(db, services.config.node):
+        return True
     held = db.scalar(
         sa.select(sa.func.count())
         .select_from(Session)

@@ -324,6 +324,8 @@ class Node(Base):
     run_slots: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
     started_at: Mapped[datetime] = _created()
     seen_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), nullable=False)
+    # ``polar node drain``: no new work here; what runs finishes (polar.lifecycle.nodes).
+    drained_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
 
 
 class CallbackEvent(Base):

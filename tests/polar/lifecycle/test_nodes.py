@@ -202,3 +202,48 @@ def test_a_nodes_processes_share_one_reconciler_pass_per_interval(
     assert not orphan.exists()
     assert reconcile(node_a, every_s=STALE_S) == {}  # and that pass is the interval's one
     assert reconcile(node_a)["directories_reaped"] == 0  # a one-off call (no interval) always runs
+
+
+def test_a_drained_node_takes_no_new_work_finishes_what_it_holds_and_is_not_lost(
+    node_a: Services, node_b: Services
+) -> None:
+    from polar.lifecycle.nodes import drain
+
+    announce(node_a)
+    announce(node_b)
+    submit_tasks(node_a, command_task("t", "true", samples=9))
+    first = next(s.id for s in sessions(node_a) if s.state == "init")
+    init_session(node_a, first)  # node a holds one session
+    with node_a.db.unit() as db:
+        assert drain(db, "a") and not drain(db, "nowhere")
+        assert ready_capacity(db, STALE_S, 100) == 3  # b's bound alone
+        assert [(n.name, n.drained) for n in nodes(db, STALE_S)] == [("a", True), ("b", False)]
+    second = next(s.id for s in sessions(node_a) if s.state == "init" and s.node is None)
+    init_session(node_a, second)  # handed back: another node's init worker takes it
+    assert {s.id: s.node for s in sessions(node_a)}[second] is None
+    init_session(node_b, second)
+    assert {s.id: s.node for s in sessions(node_b)}[second] == "b"
+    age(node_a, "a")  # its workers stop while it still holds a session: judged lost, so nothing waits on it
+    with node_a.db.unit() as db:
+        assert lost_nodes(db, STALE_S) == ["a"]
+        db.execute(sa.update(Session).where(Session.node == "a").values(state="completed"))
+        assert lost_nodes(db, STALE_S) == []  # drained and holding nothing: it left, it was not lost
+        assert drain(db, "a", drained=False) and lost_nodes(db, STALE_S) == ["a"]
+
+
+def test_polar_node_drain_and_undrain(node_a: Services, database_url: str) -> None:
+    from click.testing import CliRunner
+
+    from polar.local.cli import main
+
+    announce(node_a)
+    runner, env = CliRunner(), {"POLAR_DATABASE_URL": database_url}
+    drained = runner.invoke(main, ["node", "drain", "a"], env=env)
+    assert drained.exit_code == 0 and "node a drained" in drained.output
+    with node_a.db.unit() as db:
+        assert [n.drained for n in nodes(db, STALE_S)] == [True]
+    assert runner.invoke(main, ["node", "undrain", "a"], env=env).exit_code == 0
+    missing = runner.invoke(main, ["node", "drain", "elsewhere"], env=env)
+    assert missing.exit_code == 1 and "no node named 'elsewhere'" in missing.output
+    with node_a.db.unit() as db:
+        assert [n.drained for n in nodes(db, STALE_S)] == [False]
