@@ -4,6 +4,7 @@ off the history
 ``sessions.priority`` (0-100, default 50): its task's; admission takes higher first (``polar.lifecycle.admission``).
 ``batches.max_consecutive_infra_losses``, ``infra_loss_streak``, ``halted_at``, ``halted_reason``: the batch's
 circuit breaker (``polar.stages.circuit_breaker``). ``nodes.drained_at``: ``polar node drain`` (no new work there).
+``tasks.stopped_at``: the group stopped early (``early_stop``, ``polar.stages.early_stop``).
 ``ix_sessions_pending_admission``: admission's whole order over the pending sessions alone, so a pass reads the rows
 it admits instead of sorting every pending session (audit G14). ``ix_sessions_runtime_held`` and
 ``ix_sessions_node_ready_at`` / ``_postrun_started_at``: the reconciler's sweep of sessions still holding runtimes
@@ -52,6 +53,8 @@ def upgrade() -> None:
             batch.add_column(column)
     with op.batch_alter_table("nodes") as batch:
         batch.add_column(sa.Column("drained_at", sa.DateTime(timezone=True), nullable=True))
+    with op.batch_alter_table("tasks") as batch:
+        batch.add_column(sa.Column("stopped_at", sa.DateTime(timezone=True), nullable=True))
     for name, columns, where in INDEXES:
         op.create_index(name, "sessions", columns, postgresql_where=sa.text(where), sqlite_where=sa.text(where))
     for name, columns in NODE_INDEXES:
@@ -61,6 +64,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     for name, *_ in (*INDEXES, *NODE_INDEXES):
         op.drop_index(name, table_name="sessions")
+    with op.batch_alter_table("tasks") as batch:
+        batch.drop_column("stopped_at")
     with op.batch_alter_table("nodes") as batch:
         batch.drop_column("drained_at")
     with op.batch_alter_table("sessions") as batch:

@@ -75,6 +75,11 @@ PrepareStep = Annotated[
 ]
 
 
+class EarlyStop(_Strict):
+    # Once this many samples of the group settled with a task outcome, the rest are cancelled (polar.stages.early_stop).
+    min_usable: int = Field(ge=1)
+
+
 class Limits(_Strict):
     cpus: float | None = Field(default=None, gt=0)
     memory_mb: int | None = Field(default=None, gt=0)
@@ -202,6 +207,8 @@ class TaskRequest(_Strict):
     # Admission takes higher first (polar.lifecycle.admission); a running session is never preempted. A batch's
     # ``priority`` is its tasks' default.
     priority: int = Field(default=DEFAULT_PRIORITY, ge=0, le=100)
+    # Stop the group's stragglers once enough samples are usable (polar.stages.early_stop); None: every sample runs.
+    early_stop: EarlyStop | None = None
 
     @field_validator("images")
     @classmethod
@@ -212,6 +219,13 @@ class TaskRequest(_Strict):
             if not (image.startswith("data:") or image.startswith("/")):
                 raise ValueError(f"[{index}]: must be a data URL (data:image/png;base64,...) or an absolute host path")
         return images
+
+    @model_validator(mode="after")
+    def _early_stop_within_samples(self) -> TaskRequest:
+        if self.early_stop is not None and self.early_stop.min_usable > self.num_samples:
+            raise ValueError(f"early_stop.min_usable: {self.early_stop.min_usable} is more than num_samples "
+                             f"({self.num_samples})")  # fmt: skip
+        return self
 
     @field_validator("task_id")
     @classmethod

@@ -111,9 +111,22 @@ def claim(
     return load(services, session_id, lease) if taken else None
 
 
+# Whether a session is to stop: its batch cancelled, or its group stopped early (polar.stages.early_stop).
+_CANCELLED = sa.or_(
+    sa.select(Batch.cancel_requested_at.is_not(None)).where(Batch.id == Session.batch_id).scalar_subquery(),
+    sa.select(Task.stopped_at.is_not(None)).where(Task.id == Session.task_pk).scalar_subquery(),
+)
+
+
+def cancelled_now(services: Services, session_id: uuid.UUID) -> bool:
+    """Whether the session's batch has been cancelled or its group stopped early."""
+    with services.db.unit() as db:
+        return bool(db.scalar(sa.select(_CANCELLED).where(Session.id == session_id)))
+
+
 def _beat(services: Services, session_id: uuid.UUID, lease: uuid.UUID) -> tuple[bool, bool]:
-    """Refresh the lease: (still ours, the session's batch has been cancelled meanwhile)."""
-    cancelled = sa.select(Batch.cancel_requested_at.is_not(None)).where(Batch.id == Session.batch_id).scalar_subquery()
+    """Refresh the lease: (still ours, the session's batch has been cancelled or its group stopped meanwhile)."""
+    cancelled = _CANCELLED
     with services.db.unit() as db:
         row = db.execute(
             sa.update(Session)
@@ -134,9 +147,9 @@ def heartbeat(
     on_beat: Callable[[], None] | None = None,
 ) -> Iterator[None]:
     """Refresh the lease every ``heartbeat_interval_s`` while the body runs; call ``on_cancel`` (once) when the
-    session's batch is cancelled, and ``on_lost`` (once) when the lease has gone to another holder (or the
-    session moved on without us), so a long stage can stop its work; ``on_beat`` after each beat that found the
-    lease still ours (the run re-reads its budget there)."""
+    session's batch is cancelled or its group stopped early, and ``on_lost`` (once) when the lease has gone to
+    another holder (or the session moved on without us), so a long stage can stop its work; ``on_beat`` after each
+    beat that found the lease still ours (the run re-reads its budget there)."""
     stop = threading.Event()
 
     def beat() -> None:

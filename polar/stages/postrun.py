@@ -53,10 +53,11 @@ from polar.reconstruction.main_chain import answer_call
 from polar.runtimes import Runtime, attach_runtime
 from polar.services import Services
 from polar.stages.circuit_breaker import count_attempt
+from polar.stages.early_stop import stop_if_enough
 from polar.stages.lease import Claimed, claim, heartbeat
 from polar.stages.segments import annotate
 from polar.storage.calls.read import answered_calls, engine_failures, last_answer_at, rebuild, session_rows
-from polar.storage.models import Batch, CallRefusal, Session, Trajectory
+from polar.storage.models import Batch, CallRefusal, Session, Task, Trajectory
 from polar.storage.prompts import prompt_views
 from polar.storage.storable import storing
 from polar.training.callbacks import record_session_events
@@ -244,9 +245,11 @@ def _settle(db: Any, services: Services, claimed: Claimed, ending: _Ending) -> b
     # after a cancel commits, the flag is seen; read first, the cancel waits, and its UPDATE of the pending
     # sessions sees the attempt inserted here. FOR KEY SHARE is what inserting that attempt takes anyway (its
     # foreign key): other postruns of the batch, and its ``finished_at``, are not held up.
-    # A batch its circuit breaker halted starts no more attempts either (polar.stages.circuit_breaker).
+    # A batch its circuit breaker halted starts no more attempts either (polar.stages.circuit_breaker), nor a group
+    # stopped early (polar.stages.early_stop).
     flags = sa.select(Batch.cancel_requested_at, Batch.halted_at).where(Batch.id == session.batch_id)
     cancelled = any(value is not None for value in db.execute(flags.with_for_update(read=True, key_share=True)).one())
+    cancelled = cancelled or db.scalar(sa.select(Task.stopped_at).where(Task.id == session.task_pk)) is not None
     retry = (
         ending.outcome_class is OutcomeClass.INFRASTRUCTURE
         and retries_left(session.attempt, claimed.task.max_attempts)
@@ -256,6 +259,9 @@ def _settle(db: Any, services: Services, claimed: Claimed, ending: _Ending) -> b
         start_next_attempt(db, session, services, ending.outcome.value)
     else:
         assign_position(db, session.id)
+        early = claimed.task.early_stop
+        if early is not None and ending.outcome_class is OutcomeClass.TASK:
+            stop_if_enough(db, services, session, early.min_usable)
     # After the retry: a halt cancels it with the batch's other unstarted sessions (polar.stages.circuit_breaker).
     count_attempt(db, services, session.batch_id, ending.outcome_class, ending.outcome.value)
     return retry

@@ -27,7 +27,7 @@ from polar.runtimes.bounds import SandboxBounds
 from polar.services import Services
 from polar.stages.engine_gate import wait_for_engine
 from polar.stages.handoff import send_to_postrun
-from polar.stages.lease import Claimed, heartbeat, load
+from polar.stages.lease import Claimed, cancelled_now, heartbeat, load
 from polar.storage import db_clock
 from polar.storage.models import Session
 from polar.storage.outage import ride_out
@@ -131,6 +131,8 @@ def _run(services: Services, claimed: Claimed, key: str) -> tuple[Outcome, int |
             unanswered = wait_for_engine(services, services.config.engine_wait_s, stopped)
             if unanswered is not None and not stopped.is_set():
                 return Outcome.ENGINE_FAILED, None, unanswered
+            if not stopped.is_set() and cancelled_now(services, session_id):  # before a beat could tell
+                cancel()
             if not stopped.is_set():
                 ride_out(
                     lambda: start_run_budget(services, session_id, claimed.held, timeout_s),
@@ -146,7 +148,7 @@ def _run(services: Services, claimed: Claimed, key: str) -> tuple[Outcome, int |
     except UnsafePath as exc:  # a prepare step linked the harness's config or log somewhere: it never started
         return Outcome.PREPARE_FAILED, None, f"the harness was not started: {exc}"
     if cancelled.is_set():
-        return Outcome.CANCELLED, exit_code, "the batch was cancelled while the harness ran"
+        return Outcome.CANCELLED, exit_code, "the batch was cancelled, or the group stopped early, as the harness ran"
     return outcome, exit_code, error
 
 

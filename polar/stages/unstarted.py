@@ -16,16 +16,23 @@ from polar.storage.models import Session, SessionEvent
 from polar.training.feed import complete_groups, lock_positions
 
 
-def cancel_unstarted(db: DbSession, services: Services, batch_id: uuid.UUID, detail: str) -> int:
-    """Every pending session of the batch ends ``cancelled`` (its event saying ``detail``) with its feed position
-    in one UPDATE (one pass over a 100,000-session batch's rows, not one per concern), its event in one ``INSERT ...
-    SELECT``, and the groups it completes get their position: a few statements however many sessions there are."""
+def cancel_unstarted(
+    db: DbSession, services: Services, batch_id: uuid.UUID, detail: str, task_pk: uuid.UUID | None = None
+) -> int:
+    """Every pending session of the batch (of its task ``task_pk``, when given) ends ``cancelled`` (its event saying
+    ``detail``) with its feed position in one UPDATE (one pass over a 100,000-session batch's rows, not one per
+    concern), its event in one ``INSERT ... SELECT``, and the groups it completes get their position: a few
+    statements however many sessions there are."""
     last = lock_positions(db)
     now = db_clock.now(db)
     order = (Session.task_position, Session.sample_index, Session.attempt)
     pending = (
         sa.select(Session.id, sa.func.row_number().over(order_by=order).label("n"))
-        .where(Session.batch_id == batch_id, Session.state == State.PENDING.value)
+        .where(
+            Session.batch_id == batch_id,
+            Session.state == State.PENDING.value,
+            *([Session.task_pk == task_pk] if task_pk is not None else []),
+        )
         .subquery("pending")
     )
     rows = db.execute(

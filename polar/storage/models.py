@@ -83,6 +83,8 @@ class Task(Base):
     task_id: Mapped[str] = mapped_column(sa.Text(), nullable=False)
     num_samples: Mapped[int] = mapped_column(sa.Integer(), nullable=False)
     spec: Mapped[dict[str, Any]] = mapped_column(json_document(), nullable=False)
+    # When its group stopped early (``early_stop``, polar.stages.early_stop): the rest of its samples cancelled.
+    stopped_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     created_at: Mapped[datetime] = _created()
     # The feed position at which the task's group completed: its last sample settled (polar.training.feed).
     group_feed_seq: Mapped[int | None] = mapped_column(sa.BigInteger())

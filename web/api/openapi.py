@@ -30,6 +30,7 @@ IMPLICIT_METHODS = frozenset({"HEAD", "OPTIONS"})  # Flask answers them for ever
 _CACHE = "polar.openapi"
 _SCHEMAS = "#/components/schemas/{model}"
 _ARGUMENT = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
+_PATH_SCHEMAS = {"sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}
 _PATH_IDS = {"batch_id": "A batch id (a UUID).", "session_id": "A session id (a UUID).",
              "sha256": "An image's sha256 (64 lower-case hex digits)."}  # fmt: skip
 
@@ -123,7 +124,8 @@ def _operation(endpoint: str, rule: Rule, refs: dict[Any, dict[str, Any]]) -> di
     operation = OPERATIONS[endpoint]
     parameters = [
         {"name": name, "in": "path", "required": True, "description": _PATH_IDS.get(name, name),
-         "schema": {"type": "string", "format": "uuid"} if name.endswith("_id") else {"type": "string"}}
+         "schema": _PATH_SCHEMAS.get(name) or ({"type": "string", "format": "uuid"} if name.endswith("_id")
+                                               else {"type": "string"})}
         for name in sorted(rule.arguments)
     ] + [
         {"name": p.name, "in": p.where, "required": False, "description": p.description, "schema": p.schema}

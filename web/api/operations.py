@@ -178,7 +178,7 @@ _FEED = (
           "true: only whole groups (all samples of a task settled), in the order they completed."),
     Param("informative", "query", {"type": "string", "pattern": "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee]|1|0)$",
                                    "default": "false"},
-          "true (with groups=true): leave out the groups whose scored samples' rewards are all equal (zero "
+          "true: whole groups (as groups=true) without those whose scored samples' rewards are all equal (zero "
           "advantage); the page counts them in skipped_uninformative."),
 )  # fmt: skip
 _IDEMPOTENCY_KEY = Param(
@@ -254,6 +254,7 @@ OPERATIONS: dict[str, Operation] = {
             )
         },
         description="By the sha256 a trajectory's, call's or export row's ``media`` names (docs/training-data.md).",
+        errors={400: "The sha256 is not 64 lower-case hex digits."},
     ),
     "sessions.show": Operation("One session", "sessions", "read", {200: Reply("The session.", SessionJSON)}),
     "sessions.events": Operation(

@@ -48,9 +48,8 @@ def _flag(name: str) -> bool:
 @blueprint.get("")
 def feed() -> Response:
     batch = query_arg("batch_id")
-    groups, informative = _groups(), _flag("informative")
-    if informative and not groups:
-        raise ValidationError("informative: only with groups=true (it leaves out whole groups)", field="informative")
+    informative = _flag("informative")
+    groups = _groups() or informative  # it leaves out whole groups: it serves whole groups
     page = wait_for_feed(
         services(),
         None if batch is None else parse_id(batch, "batch"),  # an empty batch_id is no batch, not "every batch"

@@ -29,11 +29,13 @@ def services(database_url: str, tmp_path: Path) -> Services:
     return domain_services(database_url, tmp_path, ready_buffer=2, plugin_modules=("tests.e2e",))
 
 
-def run_all(services: Services) -> None:
-    """Every queued stage to the end, a model call answered in each run (so a loss is the infrastructure's)."""
+def run_all(services: Services, postrun_first: bool = False) -> None:
+    """Every queued stage to the end, a model call answered in each run (so a loss is the infrastructure's); with
+    ``postrun_first``, a session that has run is finished before the next one runs."""
     functions, sent = stage_functions(), services.dispatcher.sent  # type: ignore[attr-defined]
     while sent:
-        stage, session_id = sent.pop(0)
+        index = next((i for i, (stage, _) in enumerate(sent) if stage is Stage.POSTRUN), 0) if postrun_first else 0
+        stage, session_id = sent.pop(index)
         if stage is Stage.POSTRUN:
             add_call(services, session_id)
         functions[stage](services, session_id)
