@@ -24,7 +24,7 @@ from polar.contract.states import BUFFERED, State
 from polar.errors import PolarError
 from polar.lifecycle.nodes import ready_capacity
 from polar.lifecycle.outbox import send_due
-from polar.lifecycle.transitions import transition
+from polar.lifecycle.transitions import transition_all
 from polar.services import Services
 from polar.storage.locks import ADMISSION, exclusive
 from polar.storage.models import Session
@@ -53,9 +53,8 @@ def admit(services: Services) -> list[uuid.UUID]:
         candidates = db.scalars(
             sa.select(Session.id).where(Session.state == State.PENDING.value).order_by(*ADMISSION_ORDER).limit(room)
         ).all()
-        for session_id in candidates:
-            if transition(db, session_id, State.PENDING, State.INIT, by=services, detail="admitted", due=Stage.INIT):
-                admitted.append(session_id)
+        admitted = transition_all(db, candidates, State.PENDING, State.INIT, by=services, detail="admitted",
+                                  due=Stage.INIT)  # fmt: skip
     send_due(services, admitted)  # what the broker does not take now stays due: the reconciler sends it
     return admitted
 

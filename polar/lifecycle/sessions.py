@@ -14,6 +14,7 @@ from polar.lifecycle.attempts import DEFAULT_MAX_ATTEMPTS
 from polar.services import Services
 from polar.storage.calls.read import (
     CALL_COLUMNS,
+    answered_seconds,
     rebuild,
     routed_experts_of_sessions,
     rows_by_session,
@@ -30,6 +31,7 @@ from polar.storage.serialization import (
     TrajectoryJSON,
     call_json,
     session_json,
+    time_record,
     trajectory_json,
 )
 
@@ -45,7 +47,10 @@ def get_session(services: Services, session_id: uuid.UUID) -> SessionJSON:
         ).first()
         if row is None:
             raise NotFound(f"session {session_id} not found")
-        return session_json(row[0], _max_attempts(row[1]))
+        timeout = row[1].get("timeout_seconds") if isinstance(row[1], dict) else None
+        found = session_json(row[0], _max_attempts(row[1]))
+        found["time"] = time_record(row[0], timeout, answered_seconds(db, session_id))
+        return found
 
 
 def list_sessions(

@@ -80,6 +80,42 @@ def transition(
     return False
 
 
+def transition_all(
+    db: DbSession,
+    session_ids: Iterable[uuid.UUID],
+    expected: State,
+    new: State,
+    *,
+    by: Services,
+    detail: str | None = None,
+    due: Stage | None = None,
+) -> list[uuid.UUID]:
+    """:func:`transition` for many sessions in one UPDATE and one INSERT of their events (admission moves a READY
+    buffer's room of them at once): those still in ``expected`` move, and are returned in the order given."""
+    ids = list(session_ids)
+    if not ids:
+        return []
+    if new not in ALLOWED.get(expected, frozenset()) or new in TERMINAL or _STAMP.get(new):
+        raise ValueError(f"transition_all {expected} -> {new} is not supported")
+    values: dict[str, Any] = {"state": new.value, "heartbeat_at": None, "lease": None, "worker": by.worker}
+    if due is not None:
+        values.update(make_due(db, due, True))
+    changed = set(db.scalars(
+        sa.update(Session).where(Session.id.in_(ids), Session.state == expected.value).values(**values)
+        .returning(Session.id)
+    ))  # fmt: skip
+    moved = [session_id for session_id in ids if session_id in changed]  # in the order given (admission's)
+    if moved:
+        text = storable_text(detail) if detail is not None else None
+        columns = ["session_id", "from_state", "to_state", "at", "worker", "node", "detail"]
+        events = sa.select(
+            Session.id, sa.literal(expected.value), sa.literal(new.value), db_clock.now(db), sa.literal(by.worker),
+            sa.literal(by.config.node, sa.Text), sa.literal(text, sa.Text),
+        ).where(Session.id.in_(moved))  # fmt: skip
+        db.execute(sa.insert(SessionEvent.__table__).from_select(columns, events))
+    return moved
+
+
 def record_event(
     db: DbSession,
     session_id: uuid.UUID,

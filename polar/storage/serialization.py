@@ -50,6 +50,22 @@ class BatchJSON(TypedDict):
 
 
 @with_config(_CLOSED)
+class TimeJSON(TypedDict):
+    """Where a session's time went (``time_record``): each null until the session got that far."""
+
+    queued_s: float | None  # submitted, waiting for admission
+    init_s: float | None  # its runtime made and its prepare steps run
+    ready_s: float | None  # prepared, waiting for a run slot
+    engine_gate_s: float | None  # run slot taken, waiting for an engine to answer before the harness starts
+    harness_s: float | None  # the harness ran
+    model_calls_s: float | None  # of that, in answered model calls (their sum: parallel calls add up)
+    between_calls_s: float | None  # of that, outside model calls: the tools, the harness itself
+    paused_s: float | None  # budget given back for weight-sync pauses that held it
+    postrun_s: float | None  # reconstruction, evaluation, teardown
+    total_s: float | None  # submitted to ended
+
+
+@with_config(_CLOSED)
 class TimingsJSON(TypedDict):
     pending_s: float | None
     init_s: float | None
@@ -82,6 +98,8 @@ class SessionJSON(TypedDict):
     created_at: Timestamp
     finished_at: Timestamp | None
     timings: TimingsJSON
+    # Where its time went, finer than ``timings``: one session's JSON only (``GET /v1/sessions/<id>``).
+    time: NotRequired[TimeJSON]
 
 
 @with_config(_CLOSED)
@@ -229,6 +247,28 @@ def batch_json(batch: Batch, status: str, counts: dict[str, int], attempts: dict
         "provenance": batch.provenance,
         "halted_at": iso(batch.halted_at),
         "halted_reason": batch.halted_reason,
+    }
+
+
+def time_record(session: Session, timeout_s: float | None, model_calls_s: float | None) -> TimeJSON:
+    """Where ``session``'s time went, from its stage stamps, its task's budget (``timeout_s``: what a deadline
+    beyond it was given back for pauses) and its answered calls' summed latency."""
+    harness = _seconds(session.budget_started_at, session.run_finished_at)
+    paused = None
+    if session.deadline_at is not None and session.budget_started_at is not None and timeout_s is not None:
+        paused = max(0.0, (session.deadline_at - session.budget_started_at).total_seconds() - timeout_s)
+    between = None if harness is None or model_calls_s is None else max(0.0, harness - model_calls_s)
+    return {
+        "queued_s": _seconds(session.created_at, session.init_started_at),
+        "init_s": _seconds(session.init_started_at, session.ready_at),
+        "ready_s": _seconds(session.ready_at, session.run_started_at),
+        "engine_gate_s": _seconds(session.run_started_at, session.budget_started_at),
+        "harness_s": harness,
+        "model_calls_s": model_calls_s if session.run_started_at is not None else None,
+        "between_calls_s": between,
+        "paused_s": paused,
+        "postrun_s": _seconds(session.postrun_started_at, session.finished_at),
+        "total_s": _seconds(session.created_at, session.finished_at),
     }
 
 

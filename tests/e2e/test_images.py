@@ -138,6 +138,11 @@ def test_the_console_shows_a_calls_image(batch: dict[str, Any], shared_stack: Ru
         caption = page.evaluate("document.querySelector('.image figcaption').textContent")
         page.screenshot(tmp_path / "call-with-image.png")
         assert page.errors == []
+        page.goto(f"{shared_stack.api_url}/ui/sessions/{session['session_id']}")  # where its time went
+        rows = page.evaluate("[...document.querySelectorAll('#time-record th')].map(h => h.textContent.trim())")
+        page.screenshot(tmp_path / "session-time.png")
+        assert page.errors == []
+    assert rows[:5] == ["queued", "init", "ready", "engine gate", "harness"] and rows[-1] == "total"
     sha = call["media"][0]["sha256"]
     assert shown == [[30, f"{shared_stack.api_url}/ui/media/{sha}"]]  # task 2's image: 30x28, decoded
     assert "message 0 (user)" in caption and "30\u00d728" in caption and f"({IMAGE_TOKENS})" in caption

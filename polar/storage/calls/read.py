@@ -211,6 +211,12 @@ def answered_calls(db: Any, session_id: uuid.UUID) -> Sequence[Any]:
     ).all()
 
 
+def answered_seconds(db: Any, session_id: uuid.UUID) -> float:
+    """The summed wall time of the session's answered calls, as the proxy timed them (parallel calls add up)."""
+    total = db.scalar(sa.select(sa.func.sum(ModelCall.latency_ms)).where(*_answered(session_id)))
+    return float(total or 0) / 1000
+
+
 def last_answer_at(db: Any, session_id: uuid.UUID) -> datetime | None:
     """When the session's last answer that reached its harness was recorded (None: it got none)."""
     return db.scalar(sa.select(sa.func.max(ModelCall.created_at)).where(*_answered(session_id)))
