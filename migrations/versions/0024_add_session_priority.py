@@ -87,16 +87,14 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # Plain DROP COLUMN (SQLite 3.35+ has it): a batch-mode copy of ``batches`` or ``sessions`` would break the
+    # views SQLite keeps over them (``audit_trail``).
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP VIEW session_time")
     for name, *_ in (*INDEXES, *NODE_INDEXES):
         op.drop_index(name, table_name="sessions")
-    with op.batch_alter_table("tasks") as batch:
-        batch.drop_column("stopped_at")
-    with op.batch_alter_table("nodes") as batch:
-        batch.drop_column("drained_at")
-    with op.batch_alter_table("sessions") as batch:
-        batch.drop_column("priority")
-    with op.batch_alter_table("batches") as batch:
-        for column in _breaker():
-            batch.drop_column(column.name)
+    op.drop_column("tasks", "stopped_at")
+    op.drop_column("nodes", "drained_at")
+    for column in _breaker():
+        op.drop_column("batches", column.name)
+    op.drop_column("sessions", "priority")
