@@ -18,6 +18,8 @@ class CapturedCall:
     finish_reason: str | None
     # Its images (``ModelCall.media``: sha256, media_type, offset and length in its prompt ids, …), in prompt order.
     media: Sequence[Mapping[str, Any]] = ()
+    # The policy versions it started and ended under (``model_calls.policy_version`` / ``_end``).
+    policy_versions: tuple[str | None, str | None] = (None, None)
 
 
 @dataclass(frozen=True)

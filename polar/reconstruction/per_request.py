@@ -22,6 +22,7 @@ def reconstruct(calls: Sequence[CapturedCall]) -> list[TrajectoryData]:
                     "prompt_tokens": len(prompt),
                     "completion_tokens": len(completion),
                     "finish_reason": call.finish_reason,
+                    "policy_versions": list(dict.fromkeys(v for v in call.policy_versions if v is not None)),
                 },
             )
         )

@@ -79,6 +79,7 @@ class _Chain:
     breaks: list[dict[str, Any]] = field(default_factory=list)
     spans: list[list[int]] = field(default_factory=list)
     media: list[dict[str, Any]] = field(default_factory=list)
+    versions: list[str | None] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
@@ -100,6 +101,9 @@ class _Chain:
         self.logprobs += [0.0] * len(interstitial)
         self.logprobs += _fit(call.logprobs, len(completion))
         self.call_ids.append(call.call_id)
+        for version in call.policy_versions:
+            if version not in self.versions:
+                self.versions.append(version)
         self.last_seq = call.seq
         self.finish_reasons.append(call.finish_reason)
         self.prompt_tokens += len(interstitial)
@@ -120,6 +124,9 @@ class _Chain:
                 "spans": self.spans,
                 "num_breaks": len(self.breaks),
                 "breaks": self.breaks,
+                # The policy versions its sampled tokens came from, in the order they first appear (one for an
+                # on-policy trajectory; calls stamped with none are left out).
+                "policy_versions": [version for version in self.versions if version is not None],
             },
             media=self.media,
         )

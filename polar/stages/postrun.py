@@ -73,7 +73,15 @@ def captured_calls(services: Services, session_id: uuid.UUID) -> list[CapturedCa
     prompts = prompt_views(rows)
     return [
         CapturedCall(
-            str(r.id), r.seq, r.agent, prompts[r.id], r.completion_token_ids, r.logprobs, r.finish_reason, r.media or ()
+            str(r.id),
+            r.seq,
+            r.agent,
+            prompts[r.id],
+            r.completion_token_ids,
+            r.logprobs,
+            r.finish_reason,
+            r.media or (),
+            (r.policy_version, r.policy_version_end),
         )
         for r in rows
     ]

@@ -205,6 +205,8 @@ def answered_calls(db: Any, session_id: uuid.UUID) -> Sequence[Any]:
             ModelCall.logprobs,
             ModelCall.finish_reason,
             ModelCall.media,
+            ModelCall.policy_version,
+            ModelCall.policy_version_end,
         )
         .where(*_answered(session_id))
         .order_by(ModelCall.seq)

@@ -17,7 +17,7 @@ def test_one_trajectory_per_call_in_seq_order() -> None:
     assert first.token_ids == [1, 2, 5, 6]
     assert first.loss_mask == [0, 0, 1, 1]
     assert first.logprobs == [0.0, 0.0, -0.25, -0.125]
-    assert first.stats == {"prompt_tokens": 2, "completion_tokens": 2, "finish_reason": "stop"}
+    assert first.stats == {"prompt_tokens": 2, "completion_tokens": 2, "finish_reason": "stop", "policy_versions": []}
     assert second.call_ids == ["b"] and second.agent == "main"
     assert second.token_ids == [1, 2, 3, 4, 7]
     assert second.loss_mask == [0, 0, 0, 0, 1]

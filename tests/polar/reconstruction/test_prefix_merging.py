@@ -78,6 +78,7 @@ def test_three_turn_chain_is_one_trajectory() -> None:
         "spans": [[len(p0), len(p0) + 3], [len(p1), len(p1) + 2], [len(p2), len(p2) + 4]],
         "num_breaks": 0,
         "breaks": [],
+        "policy_versions": [],  # calls stamped with no policy version
     }
 
 
@@ -320,3 +321,15 @@ def test_images_are_spans_of_the_trajectory_each_from_the_call_that_brought_it()
         assert trajectory.token_ids[span["offset"] : span["offset"] + span["length"]] == [IMAGE] * 4
         assert set(trajectory.loss_mask[span["offset"] : span["offset"] + span["length"]]) == {0}
     assert reconstruct([call(1, first_prompt, [200, END])])[0].media == []
+
+
+def test_a_trajectory_records_the_policy_versions_its_sampled_tokens_came_from() -> None:
+    first_prompt = [*turn(SYSTEM, 100), *turn(USER, 101), *cue()]
+    first = CapturedCall("a", 1, None, first_prompt, [200, END], [-0.1, -0.2], "stop", (), ("v1", "v1"))
+    second_prompt = [*first_prompt, 200, END, NL, *turn(USER, 102), *cue()]
+    second = CapturedCall("b", 2, None, second_prompt, [201, END], [-0.3, -0.4], "stop", (), ("v1", "v2"))
+    (trajectory,) = reconstruct([first, second])
+    assert trajectory.stats["policy_versions"] == ["v1", "v2"]  # the second call spanned a weight update
+    (on_policy,) = reconstruct([first])
+    assert on_policy.stats["policy_versions"] == ["v1"]
+    assert reconstruct([call(1, first_prompt, [200, END])])[0].stats["policy_versions"] == []
