@@ -67,6 +67,11 @@ class ClientRequest:
     model: str | None
     options: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def images(self) -> tuple[Any, ...]:
+        """Its images (``polar.protocols.images.ImageInput``, in prompt order); empty without any."""
+        return tuple(self.options.get("images") or ())
+
 
 @dataclass(frozen=True)
 class EngineAnswer:

@@ -77,7 +77,7 @@ class EngineAsker:
         None for a call with images: a token prompt carries no pixels, and the ids the engine reports for one are
         expanded (one per vision embedding) where its processor expects one placeholder; such a call is asked from
         its messages, and its media entries say so (``tito``)."""
-        if not engine.TOKEN_IN or not self.tito_enabled(call.session_id) or call.request.options.get("images"):
+        if not engine.TOKEN_IN or not self.tito_enabled(call.session_id) or call.request.images:
             return None
         messages, tools = chat_body.get("messages") or [], chat_body.get("tools") or []
         session_id, agent = call.session_id, call.agent
@@ -114,7 +114,7 @@ class EngineAsker:
     ) -> None:
         """Keep this answered call as its agent's newest TITO chain tip, so the next call finds it without reading
         the session back."""
-        if not engine.TOKEN_IN or not self.tito_enabled(call.session_id) or call.request.options.get("images"):
+        if not engine.TOKEN_IN or not self.tito_enabled(call.session_id) or call.request.images:
             return  # a later token prompt must not continue expanded image ids (see ``link``)
         found = tito.tip_of(call_id, chat_body, answer)
         if found is not None:

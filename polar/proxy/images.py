@@ -8,8 +8,8 @@ engines fetch for it). Each refusal is a 400 in the caller's protocol naming the
 
 The spans of a call's images (``polar.storage.media.media_entries``) need the id of the image token the engine's
 processor expands each image into. It is ``POLAR_IMAGE_TOKEN_ID`` when set, else learned from the engine once per
-engine and model: its ``/tokenize`` of the same message with and without a small image (not expanded, as vLLM's
-is not) differs by the one placeholder id.
+engine and model: its ``/tokenize`` of the same message with and without a small image differs by that one id
+(however many times the image is expanded into it: vLLM 0.32's ``/tokenize`` expands it as its answers do).
 """
 
 from __future__ import annotations

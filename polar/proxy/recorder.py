@@ -86,7 +86,7 @@ class CallRecorder:
         references in its payloads, and lists them with their spans in the prompt (``image_token_id``: the engine's
         image token; ``tito_fallback``: asked from its messages although its session uses TITO)."""
         answer = EngineAnswer(reply.body) if reply.status_code == 200 else None
-        images = call.request.options.get("images") or ()
+        images = call.request.images
         request, normalized = call.body, engine_body
         entries = None
         if images:  # the bytes stored once, the payloads holding references (polar.storage.media)

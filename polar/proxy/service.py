@@ -198,7 +198,7 @@ class ProxyService:
             return self._refuse(protocol, key, session_id, outage)
 
     def _check_images(self, session_id: uuid.UUID, request: ClientRequest) -> None:
-        images = request.options.get("images") or ()
+        images = request.images
         if images:
             image_bounds.check_call(images, self.config)
             image_bounds.check_session(self.db, session_id, images, self.config.max_images_per_session)
@@ -306,7 +306,7 @@ class ProxyService:
         link = self.asker.link(engine, call, chat_body)
         engine_body = capture_fields(chat_body)  # what a failed call is recorded as sent
         parents = None
-        images = call.request.options.get("images") or ()
+        images = call.request.images
         try:
             request = self.asker.request(call, chat_body, link)
             if call.size >= PREFETCH_FROM_BYTES:

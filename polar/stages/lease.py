@@ -126,13 +126,12 @@ def cancelled_now(services: Services, session_id: uuid.UUID) -> bool:
 
 def _beat(services: Services, session_id: uuid.UUID, lease: uuid.UUID) -> tuple[bool, bool]:
     """Refresh the lease: (still ours, the session's batch has been cancelled or its group stopped meanwhile)."""
-    cancelled = _CANCELLED
     with services.db.unit() as db:
         row = db.execute(
             sa.update(Session)
             .where(Session.id == session_id, Session.lease == lease)
             .values(heartbeat_at=db_clock.now(db))
-            .returning(cancelled)
+            .returning(_CANCELLED)
         ).first()
     return (row is not None, bool(row and row[0]))
 
